@@ -1,0 +1,107 @@
+"""`moemesh model eval|train|stats`: the model's own commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from .registry import DEFAULT_MODEL, WEIGHTS_DIR
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    model = sub.add_parser("model", help="evaluate, train or profile the MoE model")
+    msub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+
+    ev = msub.add_parser("eval", help="held-out bits per byte and perplexity")
+    ev.add_argument("--model", default=DEFAULT_MODEL, help="name or checkpoint folder (tiny-moe)")
+    ev.add_argument(
+        "--variant",
+        action="append",
+        choices=["fp16", "int8", "int4"],
+        help="expert variant to score with, repeatable (default: fp16 only), e.g. --variant int4",
+    )
+    ev.add_argument("--windows", type=int, default=128, help="held-out windows of 256 bytes (128)")
+    ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ev.set_defaults(handler=_eval)
+
+    tr = msub.add_parser("train", help="train tiny-moe from scratch, deterministically")
+    tr.add_argument("--out", type=Path, default=WEIGHTS_DIR / DEFAULT_MODEL, help="output folder")
+    tr.add_argument("--steps", type=int, help="training steps (default 2400)")
+    tr.add_argument("--threads", type=int, help="torch threads (default 2; changes the result)")
+    tr.set_defaults(handler=_train)
+
+
+def _progress():
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        transient=True,
+    )
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from . import load
+    from .evaluate import evaluate, heldout_batch, perplexity_delta_pct
+    from .executors import variant_executor
+
+    if args.windows < 1:
+        raise ValueError(f"--windows must be >= 1, got {args.windows}")
+    model = load(args.model)
+    batch = heldout_batch(count=args.windows)
+    variants = args.variant or ["fp16"]
+    if "fp16" not in variants:
+        variants = ["fp16", *variants]
+    results: dict[str, dict] = {}
+    started = time.perf_counter()
+    with _progress() as bar:
+        for variant in variants:
+            task = bar.add_task(f"eval {variant}", total=batch.shape[0], info="")
+            executor = None if variant == "fp16" else variant_executor(model, variant)
+            results[variant] = evaluate(
+                model,
+                batch,
+                executor,
+                progress=lambda d, t, task=task: bar.update(task, completed=d),
+            )
+    exact = results["fp16"]
+    out = {"model": str(args.model), **exact, "variants": {}}
+    for variant, res in results.items():
+        out["variants"][variant] = {**res, "perplexity_delta_pct": perplexity_delta_pct(exact, res)}
+    out["seconds"] = round(time.perf_counter() - started, 2)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"model {args.model}: {exact['tokens']} held-out bytes")
+        for variant, res in out["variants"].items():
+            print(
+                f"  {variant:5s} bits/byte {res['bits_per_byte']:.4f}  perplexity "
+                f"{res['perplexity']:.4f}  ({res['perplexity_delta_pct']:+.2f}%)"
+            )
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .config import ModelConfig
+    from .train import TrainSettings, train
+
+    settings = TrainSettings()
+    overrides = {k: v for k, v in (("steps", args.steps), ("threads", args.threads)) if v}
+    if any(v < 1 for v in overrides.values()):
+        raise ValueError(f"--steps and --threads must be >= 1, got {overrides}")
+    settings = TrainSettings(**{**settings.__dict__, **overrides})
+    with _progress() as bar:
+        task = bar.add_task("train", total=settings.steps, info="")
+
+        def show(step: int, bpb: float, secs: float) -> None:
+            bar.update(task, completed=step, info=f"bits/byte {bpb:.3f}  {secs:.0f}s")
+
+        info = train(ModelConfig(), settings, args.out, show)
+    print(json.dumps({"out": str(args.out), **info}, indent=2))
+    return 0

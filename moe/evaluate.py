@@ -1,0 +1,48 @@
+"""Held-out quality of a model: bits per byte and perplexity, exact or with other executors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from .corpus import as_tokens, corpus_bytes, windows
+from .model import Executor, MoEModel, bits_per_byte
+
+EVAL_SEQ = 256
+EVAL_WINDOWS = 128
+
+
+def heldout_batch(seq: int = EVAL_SEQ, count: int = EVAL_WINDOWS) -> torch.Tensor:
+    """The first `count` non-overlapping windows of held-out text (never trained on)."""
+    return windows(as_tokens(corpus_bytes("heldout", limit=seq * count)), seq, count)
+
+
+def evaluate(
+    model: MoEModel,
+    batch: torch.Tensor,
+    executor: Executor | None = None,
+    chunk: int = 16,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, float | int]:
+    """Mean teacher-forced NLL over all windows, as bits per byte and perplexity (per token)."""
+    total, count = 0.0, 0
+    for start in range(0, batch.shape[0], chunk):
+        nll = model.token_nll(batch[start : start + chunk], executor)
+        total += float(nll.sum())
+        count += nll.numel()
+        if progress is not None:
+            progress(min(start + chunk, batch.shape[0]), batch.shape[0])
+    mean = total / count
+    return {
+        "nll": round(mean, 6),
+        "bits_per_byte": round(bits_per_byte(mean), 4),
+        "perplexity": round(math.exp(mean), 4),
+        "tokens": count,
+    }
+
+
+def perplexity_delta_pct(base: dict, other: dict) -> float:
+    """Perplexity change in percent (DESIGN's quality_delta_pct)."""
+    return round(100.0 * (other["perplexity"] / base["perplexity"] - 1.0), 4)

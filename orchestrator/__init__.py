@@ -1,0 +1,1 @@
+"""Orchestrator: topologies and scenarios, offline placement, runtimes, faults, the CLI."""

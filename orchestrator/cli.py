@@ -1,0 +1,57 @@
+"""The `moemesh` command: one parser, subcommands contributed by each package.
+
+Each package that offers commands has a `commands.py` with `register(subparsers)`; handlers
+take the parsed args and return an exit code. Exit codes (DESIGN §3): 0 ok, 2 bad input (the
+message names the problem), 1 failure. Library code raises; only this module decides codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Packages whose commands.py adds subcommands, in the order `moemesh --help` lists them.
+COMMAND_MODULES = ("moe.commands",)
+
+
+class BadInput(Exception):
+    """Raised by a handler for input the user can fix; printed and mapped to exit code 2."""
+
+
+def _bad_input_types() -> tuple[type[BaseException], ...]:
+    from moe.errors import MoEError
+
+    return (BadInput, ValueError, FileNotFoundError, MoEError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moemesh",
+        description="Emulator for distributed edge Mixture-of-Experts inference.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("moemesh: interrupted", file=sys.stderr)
+        return 130
+    except _bad_input_types() as exc:
+        print(f"moemesh: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the top of the program: report, never a traceback wall
+        print(f"moemesh: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
