@@ -13,7 +13,10 @@ import sys
 from collections.abc import Sequence
 
 # Packages whose commands.py adds subcommands, in the order `moemesh --help` lists them.
-COMMAND_MODULES = ("moe.commands",)
+COMMAND_MODULES = (
+    "moe.commands",
+    "orchestrator.commands",
+)
 
 
 class BadInput(Exception):

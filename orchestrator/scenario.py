@@ -1,0 +1,694 @@
+"""Scenario: one experiment described as plain, frozen, validated data (STYLE 3).
+
+A scenario names a topology (inline, or a file path relative to the scenario file), the model,
+the offline placement, the router policies to compare on the same seeded workload, the quality
+budget, the time-dilation factor and a fault timeline. `load_scenario(path)` reads and checks
+it; every bad value is an `InputError` with file, line and field. Nothing here starts anything:
+the runtimes, the placement and the fault runner read these objects.
+
+All times in a scenario are scenario time (what results report). With time dilation TDF, the
+wall clock runs TDF times slower: emulated delays and service times are multiplied by TDF and
+arrival rates divided by it (DESIGN §5). Fault times count from the workload's start, warm-up
+included. Link values are ONE-WAY (see `orchestrator.topology`).
+
+The YAML form, with every default:
+
+    name: quickstart                    # default: the file's stem
+    topology: topologies/edge5.yaml     # or an inline topology mapping
+    model: tiny-moe                     # or {name: mixtral-8x7b, mode: modeled}
+    runtime: local                      # local | netns | docker
+    shaper: auto                        # tc | app | auto (the runtime picks)
+    time_dilation: 1.0                  # >= 1
+    quality_budget_pct: 2.0             # per-token quality budget of the router
+    placement: {policy: hetroute, redundancy: 2.0, variants: [fp16, int8, int4]}
+    policies: [local-first, random, greedy, hetroute, ordermoe, hetroute+ordermoe]
+    workload:
+      arrival: poisson                  # poisson: rate_rps | closed: concurrency, think: 0s
+      rate_rps: 2
+      home: users                       # users (topology shares) | uniform | {node: weight}
+      prompt_tokens: [16, 48]           # a number or an inclusive [min, max] range
+      gen_tokens: 16
+      duration: 2m                      # or requests: N (exactly one)
+      warmup: 0s
+      seed: 0
+    faults:
+      - {at: 30s, link-down: edge1 edge2, for: 10s}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from moe import DEFAULT_MODEL, MoEError
+from moe import profiles as model_profiles
+from moe.config import ModelConfig
+from moe.registry import builtin_models, model_dir
+from netem.parse import parse_delay_ms, parse_loss_pct, parse_rate_mbit
+from netem.spec import LinkSpec
+from orchestrator.topology import Topology, load_topology, topology_from_data, topology_to_data
+from orchestrator.units import parse_duration_s
+from orchestrator.yamlio import Loc, Section, describe, load_yaml, locate
+
+__all__ = [
+    "FAULT_ACTIONS",
+    "PLACEMENT_POLICIES",
+    "ROUTER_POLICIES",
+    "RUNTIMES",
+    "SHAPERS",
+    "Fault",
+    "IntRange",
+    "LinkChange",
+    "ModelChoice",
+    "PlacementSpec",
+    "Scenario",
+    "Workload",
+    "load_scenario",
+    "scenario_from_data",
+    "scenario_to_data",
+]
+
+ROUTER_POLICIES = ("local-first", "random", "greedy", "hetroute", "ordermoe",
+                   "hetroute+ordermoe")
+PLACEMENT_POLICIES = ("hetroute", "ordermoe", "prism", "popularity", "random", "layer-shard")
+PLACEMENT_VARIANTS = ("fp16", "int8", "int4")
+RUNTIMES = ("local", "netns", "docker")
+SHAPERS = ("tc", "app", "auto")
+ARRIVALS = ("poisson", "closed")
+MODES = ("real", "modeled")
+SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+FAULT_ACTIONS = {  # action -> node names it takes
+    "link-down": 2, "link-up": 2, "link-degrade": 2,
+    "node-down": 1, "node-up": 1, "node-slow": 1,
+}
+_UNDO = {"link-down": "link-up", "link-up": "link-down", "link-degrade": "link-up",
+         "node-down": "node-up", "node-up": "node-down", "node-slow": "node-slow"}
+# Dataclass field → the YAML key people write (errors name the YAML key).
+ALIASES = {"at_s": "at", "for_s": "for", "duration_s": "duration", "warmup_s": "warmup",
+           "think_s": "think", "change": ""}
+
+
+def _positive_int(value: Any, name: str, low: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}: must be a whole number >= {low}, got {describe(value)}")
+
+
+def _finite(value: Any, name: str, *, ge: float | None = None, gt: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name}: must be a finite number, got {describe(value)}")
+    if ge is not None and value < ge:
+        raise ValueError(f"{name}: must be >= {ge:g}, got {value!r}")
+    if gt is not None and value <= gt:
+        raise ValueError(f"{name}: must be > {gt:g}, got {value!r}")
+
+
+def _floats(obj: object, *names: str) -> None:
+    """Store validated numbers as floats, so 2 and 2.0 read back alike."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None:
+            object.__setattr__(obj, name, float(value))
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """`real`: real tensors of a checkpoint (`tiny-moe`, a built-in name or a folder path);
+    `modeled`: payload sizes and FLOPs of a profile from `moe.profiles` (paper-scale models)."""
+
+    name: str = DEFAULT_MODEL
+    mode: str = "real"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name: must be a model name, got {describe(self.name)}")
+        if self.mode == "modeled" and self.name not in model_profiles.names():
+            raise ValueError(f"name: no model profile {self.name!r} for the modeled mode "
+                             f"(profiles: {', '.join(model_profiles.names())})")
+        if self.mode == "real" and not (self.name == DEFAULT_MODEL
+                                        or self.name in builtin_models()
+                                        or Path(self.name).is_dir()):
+            hint = (" (it is a profile: use `mode: modeled`)"
+                    if self.name in model_profiles.names() else "")
+            raise ValueError(f"name: {self.name!r} is neither a built-in model "
+                             f"({DEFAULT_MODEL}) nor a checkpoint folder{hint}")
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    """The offline placement: policy and knobs. `redundancy` is the memory redundancy ratio:
+    bytes of all replicas / bytes of one full-precision copy of every expert (1.0 = one copy)."""
+
+    policy: str = "hetroute"
+    redundancy: float = 2.0
+    variants: tuple[str, ...] = PLACEMENT_VARIANTS  # precisions it may place; fp16 always
+    seed: int | None = None  # None: the workload's seed
+
+    def __post_init__(self) -> None:
+        if self.policy not in PLACEMENT_POLICIES:
+            raise ValueError(f"policy: must be one of {', '.join(PLACEMENT_POLICIES)}, "
+                             f"got {self.policy!r}")
+        _finite(self.redundancy, "redundancy", ge=1.0)
+        object.__setattr__(self, "variants", tuple(self.variants))
+        bad = [v for v in self.variants if v not in PLACEMENT_VARIANTS]
+        if bad or len(set(self.variants)) != len(self.variants) or "fp16" not in self.variants:
+            raise ValueError(f"variants: must be distinct values of {', '.join(PLACEMENT_VARIANTS)}"
+                             f" including fp16 (every expert keeps a full-precision replica), "
+                             f"got {list(self.variants)}")
+        if self.seed is not None:
+            _positive_int(self.seed, "seed", low=0)
+        _floats(self, "redundancy")
+
+
+@dataclass(frozen=True)
+class IntRange:
+    """Token counts drawn uniformly from lo..hi (inclusive); lo == hi is a fixed length."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        _positive_int(self.lo, "min")
+        _positive_int(self.hi, "max")
+        if self.hi < self.lo:
+            raise ValueError(f"max: must be >= min ({self.lo}), got {self.hi}")
+
+    @property
+    def mean(self) -> float:
+        return (self.lo + self.hi) / 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests: when they arrive, at which home node, how long they are, for how long.
+
+    poisson: open loop, exponential gaps at `rate_rps`; closed: `concurrency` users each send a
+    request, wait for it, pause `think_s`, repeat. Stop after `duration_s` or `requests`.
+    `home`: "users" (the topology's user shares), "uniform", or (node, weight) pairs.
+    """
+
+    arrival: str = "poisson"
+    rate_rps: float | None = None
+    concurrency: int | None = None
+    think_s: float = 0.0
+    home: str | tuple[tuple[str, float], ...] = "users"
+    prompt_tokens: IntRange = IntRange(32, 32)
+    gen_tokens: IntRange = IntRange(16, 16)
+    duration_s: float | None = None
+    requests: int | None = None
+    warmup_s: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival: must be one of {', '.join(ARRIVALS)}, "
+                             f"got {self.arrival!r}")
+        if self.arrival == "poisson":
+            if self.rate_rps is None:
+                raise ValueError("rate_rps: missing: a poisson workload needs a rate")
+            _finite(self.rate_rps, "rate_rps", gt=0)
+            for name in ("concurrency", "think_s"):
+                if getattr(self, name) not in (None, 0.0):
+                    raise ValueError(f"{name}: only for `arrival: closed`")
+        else:
+            if self.concurrency is None:
+                raise ValueError("concurrency: missing: a closed workload needs concurrency")
+            _positive_int(self.concurrency, "concurrency")
+            if self.rate_rps is not None:
+                raise ValueError("rate_rps: only for `arrival: poisson`")
+            _finite(self.think_s, "think_s", ge=0)
+        if (self.duration_s is None) == (self.requests is None):
+            raise ValueError("duration_s: give exactly one of `duration` and `requests`")
+        if self.duration_s is not None:
+            _finite(self.duration_s, "duration_s", gt=0)
+        if self.requests is not None:
+            _positive_int(self.requests, "requests")
+        _finite(self.warmup_s, "warmup_s", ge=0)
+        if self.duration_s is not None and self.warmup_s >= self.duration_s:
+            raise ValueError(f"warmup_s: must be shorter than the duration "
+                             f"({self.duration_s:g} s), got {self.warmup_s:g} s")
+        _positive_int(self.seed, "seed", low=0)
+        if not isinstance(self.home, str):
+            pairs = tuple((str(n), w) for n, w in self.home)
+            for node, weight in pairs:
+                _finite(weight, f"home.{node}", ge=0)
+            if not pairs or sum(w for _, w in pairs) <= 0:
+                raise ValueError("home: the weights must sum to more than 0")
+            object.__setattr__(self, "home", tuple((n, float(w)) for n, w in pairs))
+        elif self.home not in ("users", "uniform"):
+            raise ValueError(f"home: must be users, uniform or a node → weight mapping, "
+                             f"got {self.home!r}")
+        _floats(self, "rate_rps", "think_s", "duration_s", "warmup_s")
+
+    def home_shares(self, topology: Topology) -> dict[str, float]:
+        """Probability that a request's home is each node (sums to 1)."""
+        if self.home == "users":
+            return topology.user_shares()
+        if self.home == "uniform":
+            return {n: 1 / len(topology.nodes) for n in topology.names}
+        total = sum(w for _, w in self.home)
+        return {n: dict(self.home).get(n, 0.0) / total for n in topology.names}
+
+    @property
+    def expected_requests(self) -> float | None:
+        """Requests the workload will send (mean), when known before it runs."""
+        if self.requests is not None:
+            return float(self.requests)
+        if self.arrival == "poisson" and self.duration_s is not None:
+            return self.rate_rps * self.duration_s
+        return None
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """A link-degrade: the LinkSpec fields it replaces (None keeps the topology's value)."""
+
+    delay_ms: float | None = None
+    jitter_ms: float | None = None
+    rate_mbit: float | None = None
+    loss_pct: float | None = None
+
+    def __post_init__(self) -> None:
+        given = {f.name: getattr(self, f.name) for f in fields(self)
+                 if getattr(self, f.name) is not None}
+        if not given:
+            raise ValueError("delay_ms: link-degrade needs at least one of delay_ms, "
+                             "jitter_ms, rate_mbit, loss_pct")
+        for name, value in given.items():
+            _finite(value, name, ge=0)
+            object.__setattr__(self, name, float(value))
+
+    def apply(self, spec: LinkSpec) -> LinkSpec:
+        """The degraded one-way spec (LinkSpec validates the result)."""
+        return replace(spec, **{f.name: getattr(self, f.name) for f in fields(self)
+                                if getattr(self, f.name) is not None})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One timeline entry: at `at_s` (scenario seconds from the workload's start) do `action`.
+
+    Link actions act on both directions A→B and B→A unless `oneway` (then A→B only).
+    `link-up` restores the topology's spec (also after a degrade). With `for_s`, `undo()` gives
+    the entry that reverts it `for_s` later.
+    """
+
+    at_s: float
+    action: str
+    target: tuple[str, ...]
+    for_s: float | None = None
+    change: LinkChange | None = None  # link-degrade only
+    factor: float | None = None  # node-slow only: service times x factor
+    oneway: bool = False
+
+    def __post_init__(self) -> None:
+        if self.action not in FAULT_ACTIONS:
+            raise ValueError(f"action: must be one of {', '.join(FAULT_ACTIONS)}, "
+                             f"got {self.action!r}")
+        object.__setattr__(self, "target", tuple(self.target))
+        arity = FAULT_ACTIONS[self.action]
+        if len(self.target) != arity or not all(isinstance(t, str) for t in self.target):
+            want = "two node names A B" if arity == 2 else "one node name"
+            raise ValueError(f"{self.action}: needs {want}, got {list(self.target)}")
+        if arity == 2 and self.target[0] == self.target[1]:
+            raise ValueError(f"{self.action}: a link joins two different nodes, "
+                             f"got {self.target[0]!r} twice")
+        _finite(self.at_s, "at_s", ge=0)
+        if self.for_s is not None:
+            _finite(self.for_s, "for_s", gt=0)
+        if (self.change is not None) != (self.action == "link-degrade"):
+            raise ValueError(f"{self.action}: a LinkChange goes with link-degrade, and only "
+                             f"with it")
+        if self.factor is not None and self.action != "node-slow":
+            raise ValueError(f"factor: only for node-slow, not {self.action}")
+        if self.action == "node-slow":
+            _finite(self.factor, "factor", gt=0)
+        if self.oneway and arity != 2:
+            raise ValueError(f"oneway: only for link actions, not {self.action}")
+        _floats(self, "at_s", "for_s", "factor")
+
+    @property
+    def is_link(self) -> bool:
+        return FAULT_ACTIONS[self.action] == 2
+
+    def directions(self) -> tuple[tuple[str, str], ...]:
+        """The one-way links a link action touches."""
+        if not self.is_link:
+            return ()
+        a, b = self.target
+        return ((a, b),) if self.oneway else ((a, b), (b, a))
+
+    def undo(self) -> Fault | None:
+        """The entry that reverts this one `for_s` later (None without `for_s`)."""
+        if self.for_s is None:
+            return None
+        return Fault(self.at_s + self.for_s, _UNDO[self.action], self.target,
+                     factor=1.0 if self.action == "node-slow" else None, oneway=self.oneway)
+
+    def describe(self) -> str:
+        text = f"{self.action} {' '.join(self.target)}"
+        if self.change is not None:
+            text += " " + " ".join(f"{f.name}={getattr(self.change, f.name):g}"
+                                   for f in fields(self.change)
+                                   if getattr(self.change, f.name) is not None)
+        if self.factor is not None:
+            text += f" x{self.factor:g}"
+        if self.is_link:
+            text += " (one-way)" if self.oneway else " (both ways)"
+        if self.for_s is not None:
+            text += f" for {self.for_s:g} s"
+        return text
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One experiment: every router policy in `policies` runs on the same seeded workload."""
+
+    name: str
+    topology: Topology
+    workload: Workload
+    model: ModelChoice = ModelChoice()
+    policies: tuple[str, ...] = ROUTER_POLICIES
+    placement: PlacementSpec = PlacementSpec()
+    quality_budget_pct: float = 2.0
+    time_dilation: float = 1.0
+    runtime: str = "local"
+    shaper: str = "auto"
+    faults: tuple[Fault, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not SCENARIO_NAME.match(self.name):
+            raise ValueError(f"name: must be 1-64 letters, digits, '.', '_' or '-' (it names "
+                             f"result folders), got {describe(self.name)}")
+        object.__setattr__(self, "policies", tuple(self.policies))
+        object.__setattr__(self, "faults", tuple(self.faults))
+        for i, policy in enumerate(self.policies):
+            if policy not in ROUTER_POLICIES:
+                raise ValueError(f"policies[{i}]: must be one of {', '.join(ROUTER_POLICIES)}, "
+                                 f"got {describe(policy)}")
+            if policy in self.policies[:i]:
+                raise ValueError(f"policies[{i}]: {policy!r} is listed twice")
+        if not self.policies:
+            raise ValueError("policies: name at least one router policy")
+        _finite(self.quality_budget_pct, "quality_budget_pct", ge=0)
+        if self.quality_budget_pct > 100:
+            raise ValueError(f"quality_budget_pct: must be <= 100, got {self.quality_budget_pct}")
+        _finite(self.time_dilation, "time_dilation", ge=1.0)
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"runtime: must be one of {', '.join(RUNTIMES)}, "
+                             f"got {self.runtime!r}")
+        if self.shaper not in SHAPERS:
+            raise ValueError(f"shaper: must be one of {', '.join(SHAPERS)}, got {self.shaper!r}")
+        if self.runtime == "local" and self.shaper == "tc":
+            raise ValueError("shaper: tc needs the netns or docker runtime (local nodes share "
+                             "127.0.0.1: use shaper app or auto)")
+        names = self.topology.names
+        if not isinstance(self.workload.home, str):
+            for node, _ in self.workload.home:
+                if node not in names:
+                    raise ValueError(f"workload.home.{node}: unknown node "
+                                     f"(nodes: {', '.join(names)})")
+        for i, fault in enumerate(self.faults):
+            self._check_fault(i, fault)
+        _floats(self, "quality_budget_pct", "time_dilation")
+
+    def _check_fault(self, i: int, fault: Fault) -> None:
+        names = self.topology.names
+        for node in fault.target:
+            if node not in names:
+                raise ValueError(f"faults[{i}].{fault.action}: unknown node {node!r} "
+                                 f"(nodes: {', '.join(names)})")
+        end = self.workload.duration_s
+        if end is not None and fault.at_s >= end:
+            raise ValueError(f"faults[{i}].at: {fault.at_s:g} s is not before the workload's "
+                             f"end ({end:g} s)")
+        if fault.change is not None:
+            for a, b in fault.directions():
+                try:
+                    fault.change.apply(self.topology.link(a, b))
+                except ValueError as exc:
+                    raise ValueError(f"faults[{i}].link-degrade: {a}→{b} would be invalid: "
+                                     f"{exc}") from None
+
+    @property
+    def seed(self) -> int:
+        return self.workload.seed
+
+    def timeline(self) -> tuple[Fault, ...]:
+        """Every fault and every revert of one with `for`, in time order (stable)."""
+        events = list(self.faults) + [u for u in (f.undo() for f in self.faults) if u]
+        return tuple(sorted(events, key=lambda f: f.at_s))
+
+
+# ----------------------------------------------------------------------------- YAML edge
+
+
+def _names(raw: Any, loc: Loc) -> list[Any]:
+    """Positional fault arguments: "edge1 edge2" or [edge1, edge2]."""
+    if isinstance(raw, str):
+        return raw.split()
+    if isinstance(raw, list):
+        return list(raw)
+    raise loc.error(f"must be node names like 'edge1 edge2', got {describe(raw)}")
+
+
+_CHANGE_PARSERS = {"delay_ms": parse_delay_ms, "jitter_ms": parse_delay_ms,
+                   "rate_mbit": parse_rate_mbit, "loss_pct": parse_loss_pct}
+
+
+def _read_faults(raw: Any, loc: Loc) -> tuple[Fault, ...]:
+    if not isinstance(raw, list):
+        raise loc.error(f"must be a list of faults, got {describe(raw)}")
+    return tuple(_read_fault(item, loc.item(raw, i)) for i, item in enumerate(raw))
+
+
+def _read_fault(data: Any, loc: Loc) -> Fault:
+    sec = Section(data, loc, "a fault mapping like {at: 30s, link-down: edge1 edge2}")
+    actions = [k for k in FAULT_ACTIONS if k in sec]
+    if len(actions) != 1:
+        raise loc.error(f"needs exactly one action ({', '.join(FAULT_ACTIONS)}), "
+                        f"got {', '.join(actions) or 'none'}")
+    action = actions[0]
+    args = sec.value(action, _names)
+    at_s = sec.unit("at", parse_duration_s)
+    for_s = sec.unit("for", parse_duration_s, None)
+    oneway = sec.boolean("oneway", False)
+    values = {k: sec.unit(k, parse) for k, parse in _CHANGE_PARSERS.items() if k in sec}
+    change = None
+    if action == "link-degrade":
+        try:
+            change = LinkChange(**values)
+        except ValueError as exc:
+            raise locate(exc, data, loc, None if values else {"delay_ms": action}) from None
+    elif values:
+        raise sec.at(next(iter(values))).error(f"only for link-degrade, not {action}")
+    factor = sec.raw("factor", None)
+    if action == "node-slow" and len(args) == 2:
+        if factor is not None:
+            raise sec.at("factor").error("given twice: as `node-slow: N FACTOR` and `factor`")
+        text = args.pop()
+        try:
+            factor = float(text)
+        except (TypeError, ValueError):
+            raise sec.at(action).error(f"factor must be a number, got {text!r}") from None
+    if action == "node-slow" and factor is None:
+        raise sec.at(action).error("needs a factor: `node-slow: edge2 3` or `factor: 3`")
+    sec.done()
+    try:
+        return Fault(at_s, action, tuple(args), for_s=for_s, change=change, factor=factor,
+                     oneway=oneway)
+    except ValueError as exc:
+        raise locate(exc, data, loc, ALIASES) from None
+
+
+def _tokens(raw: Any, loc: Loc) -> IntRange:
+    if isinstance(raw, list) and len(raw) == 2:
+        lo, hi = raw
+    elif isinstance(raw, int) and not isinstance(raw, bool):
+        lo = hi = raw
+    else:
+        raise loc.error(f"must be a token count or a [min, max] range, got {describe(raw)}")
+    try:
+        return IntRange(lo, hi)
+    except ValueError as exc:
+        raise loc.error(str(exc)) from None
+
+
+def _home(raw: Any, loc: Loc) -> Any:
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, dict):
+        return tuple(raw.items())
+    raise loc.error(f"must be users, uniform or a node → weight mapping, got {describe(raw)}")
+
+
+def _read_workload(data: Any, loc: Loc) -> Workload:
+    sec = Section(data, loc, "a workload mapping (arrival, rate_rps, duration, ...)")
+    kwargs = {
+        "arrival": sec.str("arrival", "poisson"),
+        "rate_rps": sec.raw("rate_rps", None),
+        "concurrency": sec.raw("concurrency", None),
+        "think_s": sec.unit("think", parse_duration_s, 0.0),
+        "home": sec.value("home", _home, "users"),
+        "prompt_tokens": sec.value("prompt_tokens", _tokens, IntRange(32, 32)),
+        "gen_tokens": sec.value("gen_tokens", _tokens, IntRange(16, 16)),
+        "duration_s": sec.unit("duration", parse_duration_s, None),
+        "requests": sec.raw("requests", None),
+        "warmup_s": sec.unit("warmup", parse_duration_s, 0.0),
+        "seed": sec.raw("seed", 0),
+    }
+    sec.done()
+    try:
+        return Workload(**kwargs)
+    except ValueError as exc:
+        raise locate(exc, data, loc, ALIASES) from None
+
+
+def _read_model(raw: Any, loc: Loc, base: Path) -> ModelChoice:
+    if isinstance(raw, str):
+        name, mode, at = raw, None, loc
+    else:
+        sec = Section(raw, loc, "a model name or {name, mode}")
+        name, mode, at = sec.str("name"), sec.str("mode", None, MODES), sec.at("name")
+        sec.done()
+    if name != DEFAULT_MODEL and name not in builtin_models() and (base / name).is_dir():
+        name = str((base / name).resolve())  # a checkpoint folder relative to the scenario
+    if mode is None:
+        real = name == DEFAULT_MODEL or name in builtin_models() or Path(name).is_dir()
+        mode = "modeled" if not real and name in model_profiles.names() else "real"
+    try:
+        return ModelChoice(name, mode)
+    except ValueError as exc:
+        raise at.error(str(exc).removeprefix("name: ").removeprefix("mode: ")) from None
+
+
+def _read_placement(data: Any, loc: Loc) -> PlacementSpec:
+    if isinstance(data, str):
+        data_map: Any = {"policy": data}
+        sec = Section(data_map, loc)
+    else:
+        sec = Section(data, loc, "a placement policy name or {policy, redundancy, ...}")
+        data_map = data
+    kwargs = {"policy": sec.str("policy", "hetroute"), "redundancy": sec.raw("redundancy", 2.0),
+              "variants": sec.list("variants", PLACEMENT_VARIANTS),
+              "seed": sec.raw("seed", None)}
+    sec.done()
+    try:
+        return PlacementSpec(**kwargs)
+    except ValueError as exc:
+        raise locate(exc, data_map, loc) from None
+
+
+def _read_topology(raw: Any, loc: Loc, base: Path, name: str) -> Topology:
+    if isinstance(raw, str):
+        path = base / raw
+        if not path.is_file():
+            raise loc.error(f"topology file {str(path)!r} not found (paths are relative to "
+                            f"the scenario file)")
+        return load_topology(path)
+    return topology_from_data(raw, loc, default_name=name)
+
+
+def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "scenario"
+                       ) -> Scenario:
+    """Validate parsed YAML into a Scenario; `base` is the folder relative paths start from."""
+    sec = Section(data, loc, "a scenario mapping (topology, model, workload, ...)")
+    topology = sec.value("topology", lambda raw, at: _read_topology(raw, at, base, default_name))
+    kwargs = {
+        "name": sec.raw("name", default_name),
+        "description": sec.text("description", ""),
+        "model": sec.value("model", lambda raw, at: _read_model(raw, at, base), ModelChoice()),
+        "runtime": sec.raw("runtime", "local"),
+        "shaper": sec.raw("shaper", "auto"),
+        "time_dilation": sec.raw("time_dilation", 1.0),
+        "quality_budget_pct": sec.raw("quality_budget_pct", 2.0),
+        "placement": sec.value("placement", _read_placement, PlacementSpec()),
+        "policies": sec.list("policies", ROUTER_POLICIES),
+        "workload": sec.value("workload", _read_workload),
+        "faults": sec.value("faults", _read_faults, ()),
+    }
+    sec.done()
+    try:
+        scenario = Scenario(topology=topology, **kwargs)
+    except ValueError as exc:
+        raise locate(exc, data, loc, ALIASES) from None
+    _check_context(scenario, sec)
+    return scenario
+
+
+def _check_context(scenario: Scenario, sec: Section) -> None:
+    """Real mode: prompt + generation must fit the model's context (when its config is here)."""
+    if scenario.model.mode != "real":
+        return
+    try:
+        config = ModelConfig.load(model_dir(scenario.model.name) / "config.json")
+    except (MoEError, OSError, ValueError):  # no weights here yet: the run's moe.load says so
+        return
+    w = scenario.workload
+    longest = w.prompt_tokens.hi + w.gen_tokens.hi
+    if longest > config.max_seq:
+        raise sec.at("workload").error(
+            f"prompt_tokens + gen_tokens reach {longest} tokens, more than the model's "
+            f"context ({scenario.model.name}: {config.max_seq})")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; its stem is the default name."""
+    path = Path(path)
+    return scenario_from_data(load_yaml(path), Loc(str(path)), path.parent,
+                              default_name=path.stem)
+
+
+def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
+    """Plain data (topology inline) that `scenario_from_data` reads back to an equal Scenario."""
+    w = scenario.workload
+    workload: dict[str, Any] = {"arrival": w.arrival}
+    if w.arrival == "poisson":
+        workload["rate_rps"] = w.rate_rps
+    else:
+        workload.update(concurrency=w.concurrency, think=w.think_s)
+    workload["home"] = w.home if isinstance(w.home, str) else dict(w.home)
+    for key, rng in (("prompt_tokens", w.prompt_tokens), ("gen_tokens", w.gen_tokens)):
+        workload[key] = rng.lo if rng.lo == rng.hi else [rng.lo, rng.hi]
+    if w.duration_s is not None:
+        workload["duration"] = w.duration_s
+    else:
+        workload["requests"] = w.requests
+    workload.update(warmup=w.warmup_s, seed=w.seed)
+    p = scenario.placement
+    placement: dict[str, Any] = {"policy": p.policy, "redundancy": p.redundancy,
+                                 "variants": list(p.variants)}
+    if p.seed is not None:
+        placement["seed"] = p.seed
+    data: dict[str, Any] = {"name": scenario.name}
+    if scenario.description:
+        data["description"] = scenario.description
+    data.update({
+        "topology": topology_to_data(scenario.topology),
+        "model": {"name": scenario.model.name, "mode": scenario.model.mode},
+        "runtime": scenario.runtime, "shaper": scenario.shaper,
+        "time_dilation": scenario.time_dilation,
+        "quality_budget_pct": scenario.quality_budget_pct,
+        "placement": placement, "policies": list(scenario.policies), "workload": workload,
+        "faults": [_fault_data(f) for f in scenario.faults],
+    })
+    return data
+
+
+def _fault_data(fault: Fault) -> dict[str, Any]:
+    out: dict[str, Any] = {"at": fault.at_s, fault.action: " ".join(fault.target)}
+    if fault.change is not None:
+        out.update({f.name: getattr(fault.change, f.name) for f in fields(fault.change)
+                    if getattr(fault.change, f.name) is not None})
+    if fault.factor is not None:
+        out["factor"] = fault.factor
+    if fault.oneway:
+        out["oneway"] = True
+    if fault.for_s is not None:
+        out["for"] = fault.for_s
+    return out
