@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     tr = msub.add_parser("train", help="train tiny-moe from scratch, deterministically")
     tr.add_argument("--out", type=Path, default=WEIGHTS_DIR / DEFAULT_MODEL, help="output folder")
-    tr.add_argument("--steps", type=int, help="training steps (default 2400)")
-    tr.add_argument("--threads", type=int, help="torch threads (default 2; changes the result)")
+    tr.add_argument("--steps", type=int, help="training steps (default 1500)")
+    tr.add_argument("--threads", type=int, help="torch threads (default 1; changes the result)")
     tr.set_defaults(handler=_train)
 
 

@@ -24,8 +24,8 @@ from .model import MoEModel, bits_per_byte, combine_experts
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 2400
-    batch: int = 32
+    steps: int = 1500
+    batch: int = 16
     seq: int = 256
     lr: float = 3e-3
     min_lr: float = 3e-4
@@ -33,7 +33,7 @@ class TrainSettings:
     weight_decay: float = 0.05
     aux_loss: float = 0.01  # Switch-style load balancing keeps all experts in use
     seed: int = 1234
-    threads: int = 2
+    threads: int = 1
 
 
 def _lr_at(step: int, s: TrainSettings) -> float:
