@@ -1,0 +1,275 @@
+"""The router's HTTP endpoints on the home node, mounted into the node's aiohttp app.
+
+`attach(node)` is the composition point (DESIGN §2: `moemesh node` mounts the expert service
+and the router in one app; `services` never imports `router`). Call it after building the
+`services.Node` and before starting it:
+
+    node = Node(settings); router.app.attach(node); async with node: ...
+
+Endpoints (JSON):
+* `POST /v1/generate` {"prompt": str | "tokens": [int], "max_tokens": int, "policy": str,
+  "budget"?: float, "records"?: bool} → {"text", "tokens", "completed", "failed", "ttft_ms",
+  "latency_ms", "records"}
+* `POST /v1/score` {"text": str | "tokens": [int], "policy", "budget"?, "records"?} →
+  {"nll", "tokens", "failed_tokens", "records"}
+  On a node in modeled compute (no weights) generate is trace-driven (`router.trace_engine`:
+  the prompt only sets how many tokens to prefill) and score is refused.
+* `PUT /v1/mesh` (control token) the router's view of the whole mesh (`router.mesh`)
+* `GET /v1/router` (control token) counters, breakers, scales, estimates
+
+Until a mesh is PUT the router knows only its own node: every expert it holds, nothing else.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from services.client import ClientSettings, NodeClient
+from services.wire import DTYPE_BYTES
+
+from .dispatch import Dispatcher
+from .engine import Engine
+from .errors import BadRouterInput
+from .mesh import DEFAULT_CAPACITY, Mesh, NodeInfo
+from .policies import make_policy
+from .quality import QualityTable
+from .settings import Settings
+from .trace_engine import TraceEngine
+from .transport import MeshTransport
+from .types import ModelShape, NodeEstimate, Placement, Replica
+
+__all__ = ["ROUTER_KEY", "RouterService", "attach", "load_quality", "setup_routes"]
+
+log = logging.getLogger(__name__)
+
+
+def load_quality(model: str, layers: int, experts: int) -> QualityTable:
+    """The model's measured gate statistics, or neutral tables (said loudly) without them."""
+    from moe.errors import MoEError
+    from moe.gatestats import load_stats
+
+    try:
+        stats = load_stats(model)
+    except (MoEError, OSError, ValueError) as exc:
+        log.warning("router: no gate statistics for %s (%s); quantized replicas get default "
+                    "penalties and there are no substitutes", model, exc)
+        return QualityTable.neutral(layers, experts)
+    if (stats.layers, stats.experts) != (layers, experts):
+        raise BadRouterInput(f"gate statistics of {model} cover {stats.layers}x{stats.experts} "
+                             f"experts, the model has {layers}x{experts}")
+    return QualityTable.from_stats(stats)
+
+
+class RouterService:
+    """The home node's router: a Dispatcher for the current mesh and an Engine over it."""
+
+    def __init__(self, node: Any, quality: QualityTable | None = None,
+                 settings: Settings | None = None) -> None:
+        self.node = node
+        self.home = node.settings.name
+        self.model = node.compute.model if node.compute.real else None
+        self.base_settings = settings or Settings()
+        self.shape = ModelShape.from_profile(
+            node.shape, act_bytes=DTYPE_BYTES[self.base_settings.wire_dtype]
+        )
+        self.quality = quality or load_quality(
+            node.settings.model, node.shape.layers, node.shape.experts
+        )
+        self.client = NodeClient(
+            ClientSettings(name=self.home, token=node.settings.token), links=node.links
+        )
+        self.mesh: Mesh | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._default_key: tuple | None = None
+
+    # -- the mesh -----------------------------------------------------------------------------
+    def configure(self, mesh: Mesh) -> Dispatcher:
+        """Make `mesh` current; requests in flight finish on the dispatcher they started on."""
+        transport = MeshTransport(
+            self.home, {n: info.url for n, info in mesh.nodes.items()}, self.client,
+            local=self.node.device,
+        )
+        self.mesh = mesh
+        self._dispatcher = Dispatcher(mesh, self.shape, self.quality, transport, self.model)
+        return self._dispatcher
+
+    def _own_mesh(self) -> Mesh:
+        """A mesh of this node alone, holding what its own placement holds."""
+        prof = self.node.settings.profile
+        tdf = self.node.settings.time_dilation
+        placed = tuple(self.node.tiers.placement())
+        reps = [Replica(p.layer, p.expert, self.home, p.variant, p.tier) for p in placed]
+        prior = NodeEstimate(prof.gpu_tflops * 1e12 / tdf, prof.h2d_gbps * 1e9 / tdf,
+                             capacity=DEFAULT_CAPACITY)
+        return Mesh(self.home, {self.home: NodeInfo(self.home, self.node.url, prior)}, {},
+                    Placement.of(reps), tdf, self.base_settings.dilated(tdf))
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self.mesh is None:
+            key = tuple(self.node.tiers.placement())
+            if self._dispatcher is None or key != self._default_key:
+                self._default_key = key
+                self.configure(self._own_mesh())
+                self.mesh = None
+        assert self._dispatcher is not None
+        return self._dispatcher
+
+    def engine(self) -> Engine | TraceEngine:
+        """Real weights: the model's dense part here. Modeled compute: a trace-driven engine
+        (expert choices from a seeded trace, payloads of the real size, no NLL)."""
+        if self.model is None:
+            prof = self.node.settings.profile
+            flops = prof.gpu_tflops * 1e12 / self.node.settings.time_dilation
+            return TraceEngine(self.node.shape, self.dispatcher, flops)
+        return Engine(self.model, self.dispatcher)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+ROUTER_KEY: web.AppKey[RouterService] = web.AppKey("router", RouterService)
+
+
+def attach(node: Any, quality: QualityTable | None = None,
+           settings: Settings | None = None) -> RouterService:
+    """Mount the router on a `services.Node` that has not started yet."""
+    svc = RouterService(node, quality, settings)
+    setup_routes(node.app, svc)
+    return svc
+
+
+def setup_routes(app: web.Application, svc: RouterService) -> None:
+    app[ROUTER_KEY] = svc
+    app.router.add_post("/v1/generate", _generate)
+    app.router.add_post("/v1/score", _score)
+    app.router.add_put("/v1/mesh", _put_mesh)
+    app.router.add_get("/v1/router", _status, allow_head=False)
+
+    async def _close(app: web.Application) -> None:
+        await svc.close()
+
+    app.on_cleanup.append(_close)
+
+
+# -- handlers ------------------------------------------------------------------------------------
+def _bad(detail: str, status: int = 400, code: str = "malformed") -> web.Response:
+    return web.json_response({"error": code, "detail": detail}, status=status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        data = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRouterInput(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRouterInput("body must be a JSON object")
+    return data
+
+
+def _tokens(data: dict[str, Any], text_key: str) -> torch.Tensor:
+    if "tokens" in data:
+        toks = data["tokens"]
+        if not isinstance(toks, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in toks
+        ):
+            raise BadRouterInput("tokens must be a list of integers")
+        return torch.tensor(toks, dtype=torch.long)
+    text = data.get(text_key)
+    if not isinstance(text, str):
+        raise BadRouterInput(f"give {text_key!r} (a string) or 'tokens' (a list of ints)")
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+
+
+def _common(data: dict[str, Any], allowed: set[str]) -> tuple[Any, float | None, bool, int]:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise BadRouterInput(f"unknown field(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(sorted(allowed))}")
+    budget = data.get("budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
+                               or not 0 <= budget <= 1):
+        raise BadRouterInput(f"budget is a fraction in 0..1 (0.02 = 2%), got {budget!r}")
+    seed = data.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise BadRouterInput(f"seed must be an integer, got {seed!r}")
+    return data.get("policy", "hetroute"), budget, bool(data.get("records", True)), seed
+
+
+async def _generate(request: web.Request) -> web.Response:
+    svc = request.app[ROUTER_KEY]
+    try:
+        data = await _body(request)
+        name, budget, records, seed = _common(
+            data, {"prompt", "tokens", "max_tokens", "policy", "budget", "records", "seed"})
+        max_tokens = data.get("max_tokens", 16)
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+            raise BadRouterInput(f"max_tokens must be an integer, got {max_tokens!r}")
+        engine = svc.engine()
+        policy = make_policy(name, engine.dispatcher.settings, seed)
+        prompt = _tokens(data, "prompt")
+        if isinstance(engine, TraceEngine):
+            result = await engine.generate(prompt.numel(), max_tokens, policy, budget, seed)
+        else:
+            result = await engine.generate(prompt, max_tokens, policy, budget)
+    except BadRouterInput as exc:
+        return _bad(str(exc))
+    return web.json_response(result.to_json(records))
+
+
+async def _score(request: web.Request) -> web.Response:
+    svc = request.app[ROUTER_KEY]
+    try:
+        data = await _body(request)
+        name, budget, records, seed = _common(
+            data, {"text", "tokens", "policy", "budget", "records", "seed"})
+        engine = svc.engine()
+        if isinstance(engine, TraceEngine):
+            raise BadRouterInput(
+                f"this node computes in modeled mode ({svc.node.shape.name}): there are no "
+                "weights to score a text with; use /v1/generate (trace-driven) instead"
+            )
+        policy = make_policy(name, engine.dispatcher.settings, seed)
+        result = await engine.score(_tokens(data, "text"), policy, budget)
+    except BadRouterInput as exc:
+        return _bad(str(exc))
+    return web.json_response(result.to_json(records))
+
+
+def _authorized(request: web.Request) -> web.Response | None:
+    token = request.app[ROUTER_KEY].node.settings.token
+    if token is None:
+        return _bad("this node has no control token: start it with MOEMESH_TOKEN set",
+                    401, "unauthorized")
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return _bad(f"{'missing' if not given else 'wrong'} control token: send "
+                    "'Authorization: Bearer <MOEMESH_TOKEN>'", 401, "unauthorized")
+    return None
+
+
+async def _put_mesh(request: web.Request) -> web.Response:
+    if (denied := _authorized(request)) is not None:
+        return denied
+    svc = request.app[ROUTER_KEY]
+    try:
+        mesh = Mesh.from_json(await _body(request), svc.home, svc.base_settings)
+        mesh.placement.check(svc.node.shape.layers, svc.node.shape.experts)
+        dispatcher = svc.configure(mesh)
+    except BadRouterInput as exc:
+        return _bad(str(exc))
+    return web.json_response({"home": svc.home, "nodes": sorted(mesh.nodes),
+                              "replicas": len(mesh.placement.replicas),
+                              "settings": dispatcher.settings.to_json()})
+
+
+async def _status(request: web.Request) -> web.Response:
+    if (denied := _authorized(request)) is not None:
+        return denied
+    return web.json_response(request.app[ROUTER_KEY].dispatcher.status())

@@ -1,0 +1,383 @@
+"""The dispatcher: one MoE layer of a token group, planned, scattered, gathered, combined.
+
+For each row (token) of the group the policy plans the layer; the rows' choices are grouped
+into ONE batched request per chosen node (items of the same expert and variant stacked), sent
+concurrently (the home node's own items in-process), and the answers are combined with the
+gate weights in the order `moe.combine_experts` uses, so exact plans reproduce the local
+result. When a request fails (timeout, refused, cut link), the node joins the affected rows'
+exclusions and only their missing slots are planned again, inside the layer's deadline and
+the token's; the node's or link's circuit breaker counts the failure. A row ends failed with
+a reason ("no_replica", "deadline", "replans_exhausted") when nothing more can be done.
+
+Ownership: each layer's requests run in one TaskGroup and are awaited or cancelled with it;
+the estimators' in-flight entries are removed in `finally`, so a cancelled token leaks none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from moe import MoEModel
+from services.errors import NodeRefused
+from services.wire import DTYPE_BYTES, ForwardResponse, Item, decode_tensor, encode_tensor
+
+from .breaker import Breakers
+from .cost import branch_cost
+from .errors import NoFeasiblePlan
+from .estimators import Estimators
+from .mesh import Mesh
+from .policies import Policy
+from .quality import QualityTable
+from .records import ChoiceRecord, Counters, LayerRecord, TokenRecord
+from .tables import PlanView
+from .transport import RETRYABLE, Transport, classify
+from .types import Choice, ModelShape, PlanRequest
+
+__all__ = ["Dispatcher"]
+
+SYNC_MS = 1.0  # the plan view is refreshed from the estimators at most this often
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1e3
+
+
+@dataclass
+class _Member:
+    row: int
+    slot: int
+    choice: Choice
+    cpu_loaded: bool
+
+
+@dataclass
+class _Batch:
+    """Everything one node gets in this round: items keyed by (served expert, variant)."""
+
+    node: str
+    groups: dict[tuple[int, str], list[_Member]] = field(default_factory=dict)
+
+
+class Dispatcher:
+    """Plans and dispatches MoE layers for the home node; shared by all its requests."""
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        shape: ModelShape,
+        quality: QualityTable,
+        transport: Transport,
+        model: MoEModel | None = None,
+    ) -> None:
+        self.mesh = mesh
+        self.model = model
+        self.settings = mesh.settings
+        self.shape = shape
+        self.home = mesh.home
+        self.transport = transport
+        self.view = PlanView(mesh.placement, shape, quality, mesh.home, nodes=list(mesh.nodes))
+        self.estimators = Estimators(
+            mesh.home, {n: info.prior for n, info in mesh.nodes.items()}, mesh.links
+        )
+        self.breakers = Breakers(
+            mesh.home, mesh.nodes, self.settings.breaker_failures, self.settings.breaker_open_ms
+        )
+        self.counters = Counters()
+        self._ids = itertools.count()
+        self._synced_at = -1e18
+        self._snapshot = self.estimators.estimates()
+        self.sync(force=True)
+
+    # -- the plan view ------------------------------------------------------------------------
+    def sync(self, force: bool = False) -> None:
+        """Refresh the plan view from the estimators and the breakers (throttled)."""
+        now = now_ms()
+        if not force and now - self._synced_at < SYNC_MS:
+            return
+        self._synced_at = now
+        self._snapshot = self.estimators.estimates(now)
+        self.view.refresh(self._snapshot)
+        for name in self.mesh.nodes:
+            self.view.set_up(name, self.breakers.usable(name, now))
+
+    # -- one layer of one token group ---------------------------------------------------------
+    async def run_layer(
+        self,
+        layer: int,
+        x: Tensor,
+        idx: Tensor,
+        weights: Tensor,
+        tokens: Sequence[TokenRecord],
+        policy: Policy,
+        deadline_ms: float,
+    ) -> Tensor:
+        """The MoE output [N, d] of `layer` for rows x [N, d]; rows whose token has failed
+        (or fails here) get zeros. `tokens[i]` is row i's record (budget, choices)."""
+        start = now_ms()
+        n_rows, k = idx.shape
+        if policy.in_process:
+            return self._run_in_process(layer, x, idx, weights, tokens, start)
+        experts = idx.tolist()
+        gate = weights.float().tolist()
+        layer_deadline = min(start + self.settings.layer_ms, deadline_ms)
+        recs = [LayerRecord(layer) for _ in range(n_rows)]
+        pending = {r: list(range(k)) for r in range(n_rows) if not tokens[r].done}
+        entered = list(pending)
+        excluded: dict[int, set[str]] = {}
+        outputs: dict[tuple[int, int], tuple[int, Tensor, float]] = {}
+        rounds = 0
+        while pending:
+            self.sync()
+            batches = self._plan(layer, pending, experts, gate, excluded, tokens, recs, policy,
+                                 first=rounds == 0)
+            if not batches:
+                break
+            if rounds:
+                self.counters.retries += len(batches)
+            results = await self._scatter(layer, x, batches, layer_deadline)
+            retry: dict[int, list[int]] = {}
+            for node, batch in batches.items():
+                res = results[node]
+                if isinstance(res, BaseException):
+                    for members in batch.groups.values():
+                        for m in members:
+                            retry.setdefault(m.row, []).append(m.slot)
+                            excluded.setdefault(m.row, set()).add(node)
+                    continue
+                self._gather(node, batch, res, tokens, recs, outputs)
+            pending = {r: sorted(s) for r, s in retry.items() if not tokens[r].done}
+            if not pending:
+                break
+            rounds += 1
+            self.counters.reroutes += len(pending)
+            for r, slots in pending.items():
+                recs[r].replans += 1
+                tokens[r].reroutes += 1
+                tokens[r].retries += len(slots)
+            if rounds > self.settings.max_replans:
+                for r in pending:
+                    tokens[r].fail("replans_exhausted")
+                break
+            if now_ms() >= layer_deadline:
+                for r in pending:
+                    tokens[r].fail("deadline")
+                break
+        wall = now_ms() - start
+        for r in entered:
+            recs[r].latency_ms = wall
+            tokens[r].layers.append(recs[r])
+        return self._combine(x, outputs, tokens)
+
+    def _plan(self, layer, pending, experts, gate, excluded, tokens, recs, policy, first):
+        """Plan every pending row; group the choices into one batch per node.
+
+        Rows are planned one after another against the same view, and each row's work is
+        added to its nodes' fixed cost while the group is planned (restored after), so a
+        later row sees the batch the earlier ones already make there: a branch's cost is
+        that of the whole batched request, as the node will serve it."""
+        batches: dict[str, _Batch] = {}
+        view = self.view
+        saved = view.fixed[:]
+        loaded: set[tuple[str, tuple[int, int, str]]] = set()
+        try:
+            for row, slots in pending.items():
+                tok = tokens[row]
+                req = PlanRequest(
+                    layer,
+                    tuple(experts[row][s] for s in slots),
+                    tuple(gate[row][s] for s in slots),
+                    max(tok.budget_left, 0.0),
+                    1,
+                    frozenset(excluded.get(row, ())),
+                )
+                try:
+                    plan = policy.plan(view, req)
+                except NoFeasiblePlan:
+                    tok.fail("no_replica")
+                    continue
+                self.counters.plans += 1
+                if first:
+                    recs[row].predicted_ms = plan.latency_ms
+                for c in plan.choices:
+                    r = c.replica
+                    i = view.index[r.node]
+                    cpu_loaded = r.tier == "cpu" and r.key not in view.resident[i]
+                    view.fixed[i] += view.per_row[i]
+                    if cpu_loaded and (r.node, r.key) not in loaded:
+                        loaded.add((r.node, r.key))
+                        view.fixed[i] += self.shape.expert_bytes[r.variant] * (
+                            view.load_per_byte[i])
+                    member = _Member(row, slots[c.slot], c, cpu_loaded)
+                    batch = batches.setdefault(r.node, _Batch(r.node))
+                    batch.groups.setdefault((r.expert, r.variant), []).append(member)
+        finally:
+            view.fixed[:] = saved
+        return batches
+
+    async def _scatter(self, layer, x, batches, layer_deadline):
+        """One request per node, concurrently; each result is an answer or an exception."""
+        results: dict[str, ForwardResponse | BaseException] = {}
+        async with asyncio.TaskGroup() as tg:
+            for batch in batches.values():
+                tg.create_task(self._send(layer, x, batch, layer_deadline, results))
+        return results
+
+    async def _send(self, layer, x, batch: _Batch, layer_deadline: float, results) -> None:
+        s = self.settings
+        node = batch.node
+        dtype = s.wire_dtype
+        items = []
+        for (served, variant), members in batch.groups.items():
+            rows = x[[m.row for m in members]]
+            items.append(Item(layer, served, variant, dtype, len(members),
+                              encode_tensor(rows, dtype)))
+        assignment = [(m.choice.replica, 1) for ms in batch.groups.values() for m in ms]
+        snap = self._snapshot
+        predicted = branch_cost(snap.unscaled(), self.shape, self.home, self.home, node,
+                                assignment)
+        expected = predicted.scaled(snap.scales).total_ms
+        t0 = now_ms()
+        own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected))
+        limit = min(own, layer_deadline - t0)
+        if limit <= 0:  # the layer's time is up: nobody's fault, no breaker counts it
+            results[node] = TimeoutError(f"layer {layer}: deadline passed before sending")
+            return
+        ticket = self.estimators.sent(node, predicted, t0)
+        self.breakers.on_send(node)
+        if not self.breakers.usable(node, t0):  # a half-open probe: one at a time
+            self.view.set_up(node, False)
+        self.counters.requests += 1
+        done = False
+        try:
+            res = await self.transport.forward(
+                node, items, f"{node}-{next(self._ids)}", limit / 1e3
+            )
+            self._check_answer(node, items, res)
+            t1 = now_ms()
+            self.estimators.answered(
+                node, ticket, predicted, t1 - t0,
+                {"queue_ms": res.timing.queue_ms, "load_ms": res.timing.load_ms,
+                 "compute_ms": res.timing.compute_ms},
+                {"queue": res.state.queue, "busy_ms": res.state.busy_ms,
+                 "resident": res.state.resident},
+                t1,
+            )
+            self.breakers.success(node)
+            self.view.set_up(node, self.breakers.usable(node, t1))
+            done = True
+            results[node] = res
+            if node != self.home:
+                self.counters.bytes_out += sum(len(i.x) for i in items)
+                self.counters.bytes_in += sum(len(y) for y in res.ys)
+        except RETRYABLE as exc:
+            self.counters.failures += 1
+            kind = classify(exc)
+            cut_short = limit < own and isinstance(exc, TimeoutError)
+            if kind != "busy" and not cut_short:  # a layer deadline is nobody's fault
+                self.breakers.failure(node, kind, now_ms())
+                self.view.set_up(node, self.breakers.usable(node, now_ms()))
+            results[node] = exc
+        finally:
+            if not done:
+                self.estimators.failed(node, ticket)
+
+    def _check_answer(self, node: str, items: list[Item], res: ForwardResponse) -> None:
+        """An answer must carry one output of the right size per item (else: a node fault)."""
+        d = self.shape.d_model
+        if len(res.ys) != len(items):
+            raise NodeRefused(node, 200, "bad_answer",
+                              f"{len(res.ys)} outputs for {len(items)} items")
+        for item, y in zip(items, res.ys, strict=True):
+            if len(y) != item.rows * d * DTYPE_BYTES[item.dtype]:
+                raise NodeRefused(node, 200, "bad_answer",
+                                  f"output of {len(y)} bytes for {item.rows} rows of "
+                                  f"expert {item.expert}")
+
+    def _gather(self, node, batch, res, tokens, recs, outputs) -> None:
+        """Take one node's answer: outputs per (row, slot), quality spent, records."""
+        d = self.shape.d_model
+        local = node == self.home
+        row_bytes = d * DTYPE_BYTES[self.settings.wire_dtype]
+        for y_bytes, ((served, _variant), members) in zip(res.ys, batch.groups.items(),
+                                                          strict=True):
+            y = decode_tensor(y_bytes, self.settings.wire_dtype, len(members), d).float()
+            for j, m in enumerate(members):
+                c = m.choice
+                tok = tokens[m.row]
+                outputs[(m.row, m.slot)] = (served, y[j], c.weight)
+                tok.quality += c.penalty
+                r = c.replica
+                tok.choices.append(ChoiceRecord(
+                    r.layer, c.expert, r.expert, r.node, r.variant, c.kind, local, m.cpu_loaded
+                ))
+                rec = recs[m.row]
+                if node not in rec.nodes:
+                    rec.nodes = (*rec.nodes, node)
+                if not local:
+                    rec.bytes_out += row_bytes
+                    rec.bytes_in += row_bytes
+
+    def _combine(self, x: Tensor, outputs, tokens) -> Tensor:
+        """Σ gate-weighted outputs per row, experts in ascending order (moe.combine_experts'
+        order, so an exact plan gives the local result). Failed rows stay zero."""
+        out = torch.zeros_like(x)
+        by_expert: dict[int, list[tuple[int, Tensor, float]]] = {}
+        for (row, _slot), (served, y, w) in outputs.items():
+            if tokens[row].status == "failed":
+                continue
+            by_expert.setdefault(served, []).append((row, y, w))
+        for e in sorted(by_expert):
+            entries = by_expert[e]
+            rows = torch.tensor([r for r, _, _ in entries])
+            ys = torch.stack([y for _, y, _ in entries])
+            ws = torch.tensor([w for _, _, w in entries], dtype=x.dtype)
+            out.index_add_(0, rows, (ys * ws[:, None]).to(x.dtype))
+        return out
+
+    def _run_in_process(self, layer, x, idx, weights, tokens, start) -> Tensor:
+        """The `exact` policy: the home node's own model, every expert fp16, no network."""
+        if self.model is None:  # modeled compute: no weights to be exact with
+            for tok in tokens:
+                tok.fail("exact_needs_weights")
+            return torch.zeros_like(x)
+        with torch.no_grad():
+            y = self.model.run_experts(layer, x, idx, weights)
+        wall = now_ms() - start
+        for r, tok in enumerate(tokens):
+            if tok.done:
+                continue
+            for e in idx[r].tolist():
+                tok.choices.append(ChoiceRecord(layer, e, e, self.home, "fp16", "exact",
+                                                True, False))
+            tok.layers.append(LayerRecord(layer, wall, wall, (self.home,)))
+        return y
+
+    # -- introspection --------------------------------------------------------------------------
+    def status(self) -> dict:
+        return {
+            "home": self.home,
+            "counters": self.counters.to_json(),
+            "breakers": self.breakers.states(),
+            "scales": vars_of(self.estimators.scales),
+            "estimates": {
+                n: {"wait_ms": round(e.wait_ms, 4), "queue": round(e.queue, 3),
+                    "stable": e.stable}
+                for n, e in self._snapshot.nodes.items()
+            },
+            "links_ms": {
+                f"{a}->{b}": round(link.delay_ms, 4)
+                for (a, b), link in self._snapshot.links.items()
+            },
+        }
+
+
+def vars_of(obj) -> dict:
+    return {name: getattr(obj, name) for name in obj.__slots__}
+

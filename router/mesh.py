@@ -1,0 +1,125 @@
+"""The router's picture of the mesh: nodes (URL, device, capacity), one-way links, placement.
+
+The home node learns it from `PUT /v1/mesh` (the orchestrator knows the whole topology; each
+node's own `PUT /v1/links` and `PUT /v1/placement` only tell it about itself):
+
+    {"nodes": {NAME: {"url": "http://10.0.0.2:8000", "profile": "hetroute-m" | {...},
+                      "capacity": 32}},
+     "links": {A: {B: {"delay_ms", "jitter_ms", "rate_mbit", "loss_pct"}}},   # ONE-WAY, A→B
+     "placement": {NAME: [{"layer", "expert", "variant", "tier"}, ...]},
+     "time_dilation": 1.0,
+     "settings": {...router settings overrides...}}
+
+Links not listed are unshaped (loopback). Profiles are `services.device` profiles; the
+router turns them into priors (FLOP/s and host-to-device bytes/s, in real time under time
+dilation, since the nodes stretch what they emulate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BadRouterInput
+from .estimators import UNSHAPED
+from .settings import Settings
+from .types import LinkEstimate, NodeEstimate, Placement
+
+__all__ = ["DEFAULT_CAPACITY", "Mesh", "NodeInfo"]
+
+DEFAULT_CAPACITY = 32  # requests waiting at a node before HetRoute calls it unstable
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    url: str
+    prior: NodeEstimate
+
+
+@dataclass(frozen=True)
+class Mesh:
+    home: str
+    nodes: Mapping[str, NodeInfo]
+    links: Mapping[tuple[str, str], LinkEstimate]
+    placement: Placement
+    time_dilation: float = 1.0
+    settings: Settings = field(default_factory=Settings)
+
+    def __post_init__(self) -> None:
+        if self.home not in self.nodes:
+            raise BadRouterInput(
+                f"the mesh does not list this node {self.home!r}; it lists "
+                f"{', '.join(sorted(self.nodes)) or 'none'}"
+            )
+        unknown = sorted(set(self.placement.nodes) - set(self.nodes))
+        if unknown:
+            raise BadRouterInput(f"placement names unknown node(s) {', '.join(unknown)}")
+
+    def link(self, a: str, b: str) -> LinkEstimate:
+        return self.links.get((a, b), UNSHAPED)
+
+    @classmethod
+    def from_json(cls, data: Any, home: str, base: Settings | None = None) -> Mesh:
+        """Parse the body of PUT /v1/mesh (see the module docstring); errors name the field."""
+        from netem.spec import LinkSpec
+        from services.device import DeviceProfile, load_profile
+
+        if not isinstance(data, Mapping):
+            raise BadRouterInput("mesh must be a JSON object with nodes, links, placement")
+        unknown = sorted(set(data) - {"nodes", "links", "placement", "time_dilation", "settings"})
+        if unknown:
+            raise BadRouterInput(
+                f"unknown mesh field(s) {', '.join(unknown)}; known: nodes, links, "
+                "placement, time_dilation, settings"
+            )
+        tdf = data.get("time_dilation", 1.0)
+        if isinstance(tdf, bool) or not isinstance(tdf, int | float) or not tdf > 0:
+            raise BadRouterInput(f"time_dilation must be a number > 0, got {tdf!r}")
+        raw_nodes = data.get("nodes")
+        if not isinstance(raw_nodes, Mapping) or not raw_nodes:
+            raise BadRouterInput("mesh.nodes must be a non-empty object of node name -> {url}")
+        nodes = {}
+        for name, info in raw_nodes.items():
+            if not isinstance(info, Mapping) or not isinstance(info.get("url"), str):
+                raise BadRouterInput(f"mesh.nodes.{name} needs a url string, got {info!r}")
+            extra = sorted(set(info) - {"url", "profile", "capacity"})
+            if extra:
+                raise BadRouterInput(f"mesh.nodes.{name}: unknown field(s) {', '.join(extra)}")
+            prof = info.get("profile")
+            try:
+                if isinstance(prof, Mapping):
+                    profile = DeviceProfile.from_json(prof, name=f"{name}-profile")
+                else:
+                    profile = load_profile(prof)
+            except ValueError as exc:
+                raise BadRouterInput(f"mesh.nodes.{name}.profile: {exc}") from None
+            capacity = info.get("capacity", DEFAULT_CAPACITY)
+            nodes[name] = NodeInfo(
+                name,
+                info["url"].rstrip("/"),
+                NodeEstimate(
+                    flops_per_s=profile.gpu_tflops * 1e12 / tdf,
+                    h2d_bytes_per_s=profile.h2d_gbps * 1e9 / tdf,
+                    capacity=capacity,
+                ),
+            )
+        links = {}
+        raw_links = data.get("links", {})
+        if not isinstance(raw_links, Mapping):
+            raise BadRouterInput("mesh.links must map A -> {B: link}")
+        for a, row in raw_links.items():
+            if not isinstance(row, Mapping):
+                raise BadRouterInput(f"mesh.links.{a} must map peer names to links")
+            for b, spec in row.items():
+                if a not in nodes or b not in nodes:
+                    raise BadRouterInput(f"mesh.links.{a}.{b}: unknown node")
+                try:
+                    parsed = LinkSpec.from_json(spec)
+                except ValueError as exc:
+                    raise BadRouterInput(f"mesh.links.{a}.{b}: {exc}") from None
+                links[(a, b)] = LinkEstimate.from_spec(parsed, tdf)
+        placement = Placement.from_json(data.get("placement", {}))
+        settings = Settings.from_json(data.get("settings"), base).dilated(tdf)
+        return cls(home, nodes, links, placement, float(tdf), settings)

@@ -1,0 +1,223 @@
+"""The one interface every policy has, and the candidate filters they share.
+
+A policy turns a `PlanRequest` (one token's top-k experts at one layer, its gate weights and
+what is left of its quality budget) into a `Plan` against a `PlanView` (candidate tables and
+cost coefficients). Policies never do I/O; they raise `NoFeasiblePlan` when some expert has
+no reachable replica at all. Every policy keeps a plan's quality spend within the budget:
+full-precision exact replicas spend nothing, so they always fit.
+
+Filters (HetRoute's order): `exact_options` are replicas of the expert itself (fp16 or
+quantized) on reachable nodes, optionally only stable ones (queue below capacity), each
+fitting the budget alone; `substitute_options` are replicas of similar experts that fit;
+`fallback_options` are reachable full-precision replicas whatever their load.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from ..errors import NoFeasiblePlan
+from ..settings import Settings
+from ..tables import Candidate, PlanView
+from ..types import Choice, Plan, PlanRequest
+from .search import EPS, Option, evaluate
+
+__all__ = [
+    "Policy",
+    "add_fallbacks",
+    "build_plan",
+    "exact_options",
+    "excluded",
+    "fallback_options",
+    "hetroute_options",
+    "infeasible",
+    "substitute_options",
+]
+
+
+class Policy(ABC):
+    """Plans one layer for one token. `in_process` policies ignore placement: the home node
+    computes every expert with its own copy of the model (the `exact` reference)."""
+
+    name: str = ""
+    in_process: bool = False
+
+    def __init__(self, settings: Settings | None = None, seed: int = 0) -> None:
+        self.settings = settings or Settings()
+        self.seed = seed
+
+    @abstractmethod
+    def plan(self, view: PlanView, req: PlanRequest) -> Plan:
+        """The assignment of every slot of `req`; raises NoFeasiblePlan."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+def excluded(view: PlanView, req: PlanRequest) -> set[int]:
+    """Node indices this token may not use: breakers open, or failed earlier in the layer."""
+    out = {i for i, up in enumerate(view.up) if not up}
+    for name in req.exclude:
+        i = view.index.get(name)
+        if i is not None:
+            out.add(i)
+    return out
+
+
+def _option(
+    view: PlanView, c: Candidate, weight: float, rows: int, lam: float, extra: float, kind: str
+) -> Option:
+    pen = weight * c.penalty
+    return (c.node, view.var_ms(c, rows), pen, lam * pen + extra, c, kind)
+
+
+def exact_options(
+    view: PlanView,
+    req: PlanRequest,
+    slot: int,
+    lam: float,
+    skip: set[int],
+    *,
+    stable_only: bool,
+    budget: float | None = None,
+    extra: float = 0.0,
+) -> list[Option]:
+    """Replicas of the expert itself that are reachable (and stable) and fit the budget."""
+    left = (req.budget_left if budget is None else budget) + EPS
+    w = req.weights[slot]
+    out = []
+    for c in view.exact(req.layer, req.experts[slot]):
+        if c.node in skip or (stable_only and not view.stable[c.node]):
+            continue
+        if w * c.penalty > left:
+            continue
+        out.append(_option(view, c, w, req.rows, lam, extra, c.kind))
+    return out
+
+
+def substitute_options(
+    view: PlanView,
+    req: PlanRequest,
+    slot: int,
+    lam: float,
+    skip: set[int],
+    *,
+    stable_only: bool,
+    budget: float | None = None,
+    future: Sequence[float] | None = None,
+    lookahead_weight: float = 0.0,
+) -> list[Option]:
+    """Replicas of similar experts (not already in the token's top-k) that fit the budget;
+    `future[j]` adds OrderMoE's expected future cost of running expert j."""
+    left = (req.budget_left if budget is None else budget) + EPS
+    w = req.weights[slot]
+    taken = req.experts
+    out = []
+    for c in view.substitutes(req.layer, req.experts[slot]):
+        if c.node in skip or (stable_only and not view.stable[c.node]):
+            continue
+        if c.replica.expert in taken or w * c.penalty > left:
+            continue
+        extra = lookahead_weight * w * future[c.replica.expert] if future is not None else 0.0
+        out.append(_option(view, c, w, req.rows, lam, extra, "substitute"))
+    return out
+
+
+def fallback_options(
+    view: PlanView, req: PlanRequest, slot: int, lam: float, skip: set[int], extra: float = 0.0
+) -> list[Option]:
+    """Reachable full-precision replicas of the expert, load ignored (never quality)."""
+    w = req.weights[slot]
+    return [
+        _option(view, c, w, req.rows, lam, extra, "fallback")
+        for c in view.exact(req.layer, req.experts[slot])
+        if c.node not in skip and c.replica.variant == "fp16"
+    ]
+
+
+def hetroute_options(
+    view: PlanView,
+    req: PlanRequest,
+    lam: float,
+    skip: set[int],
+    *,
+    substitutes_always: bool = False,
+    future: Sequence[float] | None = None,
+    lookahead_weight: float = 0.0,
+) -> tuple[list[list[Option]], list[float]]:
+    """Per slot, HetRoute's survivors: exact replicas on reachable stable nodes that fit;
+    substitutes when none survives (or always); else the full-precision fallback. Returns
+    the option lists and each slot's lookahead term; raises NoFeasiblePlan for a slot with
+    nothing at all."""
+    extras = [
+        lookahead_weight * w * future[e] if future is not None else 0.0
+        for e, w in zip(req.experts, req.weights, strict=True)
+    ]
+    opts = []
+    for slot in range(len(req.experts)):
+        o = exact_options(view, req, slot, lam, skip, stable_only=True, extra=extras[slot])
+        if substitutes_always or not o:
+            o += substitute_options(
+                view, req, slot, lam, skip, stable_only=True,
+                future=future, lookahead_weight=lookahead_weight,
+            )
+        if not o:
+            o = fallback_options(view, req, slot, lam, skip, extras[slot])
+        if not o:
+            raise infeasible(view, req, skip, slot)
+        opts.append(o)
+    return opts, extras
+
+
+def add_fallbacks(
+    view: PlanView,
+    req: PlanRequest,
+    opts: list[list[Option]],
+    lam: float,
+    skip: set[int],
+    extras: Sequence[float],
+) -> None:
+    """Give every slot its reachable full-precision replicas too (when the survivors cannot
+    be combined within the budget): an all-fp16 pick spends nothing, so one then exists."""
+    for slot, o in enumerate(opts):
+        have = {id(x[4]) for x in o}
+        o.extend(
+            f for f in fallback_options(view, req, slot, lam, skip, extras[slot])
+            if id(f[4]) not in have
+        )
+
+
+def infeasible(
+    view: PlanView, req: PlanRequest, skip: set[int], slot: int | None = None
+) -> NoFeasiblePlan:
+    """The error for the first slot (or `slot`) without a reachable full-precision replica."""
+    slots = range(len(req.experts)) if slot is None else [slot]
+    for i in slots:
+        cands = view.exact(req.layer, req.experts[i])
+        if not any(c.node not in skip and c.replica.variant == "fp16" for c in cands):
+            break
+    else:
+        i = slots[0]
+    cands = view.exact(req.layer, req.experts[i])
+    if not cands:
+        return NoFeasiblePlan(req.layer, req.experts[i], "the placement holds no replica of it")
+    fp16 = sorted({view.names[c.node] for c in cands if c.replica.variant == "fp16"})
+    down = sorted({view.names[c.node] for c in cands if c.node in skip})
+    return NoFeasiblePlan(
+        req.layer,
+        req.experts[i],
+        f"no full-precision replica reachable (fp16 holders: {', '.join(fp16) or 'none'}; "
+        f"unreachable now: {', '.join(down) or 'none'}) and no quantized replica or "
+        f"substitute fits the remaining budget {req.budget_left:.4g}",
+    )
+
+
+def build_plan(view: PlanView, req: PlanRequest, picks: Sequence[Option]) -> Plan:
+    """The Plan of one complete pick, with the compiled cost model's prediction."""
+    j, lat, pen = evaluate(view.fixed, picks)
+    choices = tuple(
+        Choice(slot, req.experts[slot], req.weights[slot], o[4].replica, o[5], o[2])
+        for slot, o in enumerate(picks)
+    )
+    return Plan(req.layer, choices, lat, pen, j)

@@ -1,0 +1,28 @@
+"""Per-expert greedy (HetRoute's ablation): HetRoute's candidates, but each expert goes to its
+own cheapest replica alone (standalone branch cost plus priced quality), blind to where the
+other experts go and to the bottleneck they make together."""
+
+from __future__ import annotations
+
+from ..tables import PlanView
+from ..types import Plan, PlanRequest
+from .base import Policy, add_fallbacks, build_plan, excluded, hetroute_options, infeasible
+from .search import greedy
+
+__all__ = ["Greedy"]
+
+
+class Greedy(Policy):
+    name = "greedy"
+
+    def plan(self, view: PlanView, req: PlanRequest) -> Plan:
+        lam = self.settings.quality_ms
+        skip = excluded(view, req)
+        opts, extras = hetroute_options(view, req, lam, skip)
+        picks = greedy(view.fixed, opts, req.budget_left)
+        if picks is None:
+            add_fallbacks(view, req, opts, lam, skip, extras)
+            picks = greedy(view.fixed, opts, req.budget_left)
+            if picks is None:
+                raise infeasible(view, req, skip)
+        return build_plan(view, req, picks)

@@ -1,0 +1,134 @@
+"""What the router records per token, and the counters experiments aggregate.
+
+A `TokenRecord` is one token's life: every MoE layer it went through (wall latency of the
+layer, the nodes used, the bytes its rows moved, replans), every expert choice (exact,
+quantized, substitute or fallback; local or remote; CPU-loaded or resident), the quality it
+spent, and how it ended: "ok", or "failed" with a reason. `to_json` is the wire form of
+`/v1/generate` and `/v1/score` answers; `mix_of` buckets choices like DESIGN §3's summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MIX_KEYS", "ChoiceRecord", "Counters", "LayerRecord", "TokenRecord", "mix_of"]
+
+MIX_KEYS = ("local_exact", "remote_exact", "cpu_loaded", "substitute", "fallback")
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceRecord:
+    layer: int
+    expert: int  # what the gate asked for
+    served: int  # what ran (differs for a substitute)
+    node: str
+    variant: str
+    kind: str  # exact | quantized | substitute | fallback
+    local: bool
+    cpu_loaded: bool  # a CPU-tier replica not resident when planned: it had to be copied
+
+    @property
+    def mix(self) -> str:
+        if self.kind in ("substitute", "fallback"):
+            return self.kind
+        if self.cpu_loaded:
+            return "cpu_loaded"
+        return "local_exact" if self.local else "remote_exact"
+
+    def to_json(self) -> list[Any]:
+        return [self.layer, self.expert, self.served, self.node, self.variant, self.kind,
+                self.local, self.cpu_loaded]
+
+
+@dataclass(slots=True)
+class LayerRecord:
+    layer: int
+    latency_ms: float = 0.0  # wall time of the layer's dispatch, replans included
+    predicted_ms: float = 0.0  # the plan's predicted bottleneck (this token's own plan)
+    nodes: tuple[str, ...] = ()
+    bytes_out: int = 0  # activations this token sent to other nodes
+    bytes_in: int = 0  # and received back
+    replans: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer, "latency_ms": round(self.latency_ms, 4),
+            "predicted_ms": round(self.predicted_ms, 4), "nodes": list(self.nodes),
+            "bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "replans": self.replans,
+        }
+
+
+@dataclass(slots=True)
+class TokenRecord:
+    index: int
+    budget: float
+    status: str = "running"
+    reason: str | None = None
+    latency_ms: float = 0.0
+    quality: float = 0.0  # spent from the budget (fraction)
+    retries: int = 0
+    reroutes: int = 0
+    layers: list[LayerRecord] = field(default_factory=list)
+    choices: list[ChoiceRecord] = field(default_factory=list)
+
+    @property
+    def budget_left(self) -> float:
+        return self.budget - self.quality
+
+    @property
+    def done(self) -> bool:
+        return self.status != "running"
+
+    def fail(self, reason: str) -> None:
+        if self.status == "running":
+            self.status = "failed"
+            self.reason = reason
+
+    @property
+    def bytes(self) -> int:
+        return sum(layer.bytes_out + layer.bytes_in for layer in self.layers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "status": self.status, "reason": self.reason,
+            "latency_ms": round(self.latency_ms, 4), "quality": self.quality,
+            "retries": self.retries, "reroutes": self.reroutes, "bytes": self.bytes,
+            "mix": mix_of(self.choices),
+            "quantized": sum(c.kind == "quantized" for c in self.choices),
+            "layers": [layer.to_json() for layer in self.layers],
+            "choices": [c.to_json() for c in self.choices],
+        }
+
+
+def mix_of(choices: list[ChoiceRecord]) -> dict[str, int]:
+    out = dict.fromkeys(MIX_KEYS, 0)
+    for c in choices:
+        out[c.mix] += 1
+    return out
+
+
+@dataclass(slots=True)
+class Counters:
+    """Totals since the dispatcher started (GET /v1/router answers them)."""
+
+    tokens: int = 0
+    failed_tokens: int = 0
+    rerouted_tokens: int = 0
+    requests: int = 0
+    retries: int = 0
+    reroutes: int = 0
+    failures: int = 0  # failed requests to nodes (each may have been retried)
+    plans: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens, "failed_tokens": self.failed_tokens,
+            "rerouted_tokens": self.rerouted_tokens, "requests": self.requests,
+            "retries": self.retries, "reroutes": self.reroutes, "failures": self.failures,
+            "plans": self.plans, "bytes_out": self.bytes_out, "bytes_in": self.bytes_in,
+            "reasons": dict(self.reasons),
+        }

@@ -1,0 +1,110 @@
+"""Every knob of the router in one frozen, validated object (planning and dispatch).
+
+Times are real milliseconds on this host: under time dilation the caller scales the limits
+(`Settings.dilated`), so a scenario's deadlines keep their meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from .errors import BadRouterInput
+
+__all__ = ["Settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Planning: budget is the per-token quality budget (fraction, 0.02 = 2%); quality_ms
+    prices one unit of quality loss in ms of latency; exhaustive_limit, beam_width and
+    swap_passes shape the joint search; lookahead (H) and lookahead_weight shape OrderMoE's
+    expected future cost.
+
+    Dispatch: request_ms bounds one batched request to one node; layer_ms one layer with its
+    replans; token_ms a whole token; max_replans the replans one layer may take. A request's
+    own limit is min(request_ms, max(min_request_ms, timeout_factor × predicted)).
+    breaker_failures consecutive failures open a node's or link's circuit for breaker_open_ms,
+    then one probe may pass (half-open).
+    """
+
+    # planning
+    budget: float = 0.02
+    quality_ms: float = 1000.0
+    exhaustive_limit: int = 64
+    beam_width: int = 8
+    swap_passes: int = 4
+    lookahead: int = 3
+    lookahead_weight: float = 1.0
+    # dispatch
+    request_ms: float = 2000.0
+    min_request_ms: float = 500.0
+    timeout_factor: float = 8.0
+    layer_ms: float = 5000.0
+    token_ms: float = 30000.0
+    max_replans: int = 3
+    breaker_failures: int = 3
+    breaker_open_ms: float = 2000.0
+    wire_dtype: str = "f32"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "wire_dtype":
+                if value not in ("f32", "f16", "bf16"):
+                    raise BadRouterInput(f"wire_dtype must be f32, f16 or bf16, got {value!r}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise BadRouterInput(f"setting {f.name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise BadRouterInput(f"setting {f.name} must be finite and >= 0, got {value!r}")
+            if f.type == "int" and not isinstance(value, int):
+                raise BadRouterInput(f"setting {f.name} must be an integer, got {value!r}")
+        if self.beam_width < 1:
+            raise BadRouterInput(f"beam_width must be >= 1, got {self.beam_width}")
+        if self.budget > 1:
+            raise BadRouterInput(f"budget is a fraction (0.02 = 2%), got {self.budget}")
+        for name in ("request_ms", "layer_ms", "token_ms", "breaker_failures"):
+            if getattr(self, name) <= 0:
+                raise BadRouterInput(f"setting {name} must be > 0, got {getattr(self, name)}")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None, base: Settings | None = None) -> Settings:
+        """Overrides from a JSON object; unknown keys are errors that list the known ones."""
+        base = base or cls()
+        if not data:
+            return base
+        if not isinstance(data, Mapping):
+            raise BadRouterInput(f"settings must be a JSON object, got {data!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BadRouterInput(
+                f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        values = dict(data)
+        for f in fields(cls):
+            # JSON has one number type: accept 3.0 for an integer setting.
+            v = values.get(f.name)
+            if f.type == "int" and isinstance(v, float) and v.is_integer():
+                values[f.name] = int(v)
+        return replace(base, **values)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def dilated(self, factor: float) -> Settings:
+        """Deadlines stretched by the time-dilation factor (emulated time runs slower)."""
+        if not factor > 0:
+            raise BadRouterInput(f"time_dilation must be > 0, got {factor!r}")
+        return replace(
+            self,
+            request_ms=self.request_ms * factor,
+            min_request_ms=self.min_request_ms * factor,
+            layer_ms=self.layer_ms * factor,
+            token_ms=self.token_ms * factor,
+            breaker_open_ms=self.breaker_open_ms * factor,
+            quality_ms=self.quality_ms * factor,
+        )

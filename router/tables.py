@@ -1,0 +1,208 @@
+"""The compiled form of the cost model that the policies plan with, per token, quickly.
+
+`PlanView` is built once per placement: per (layer, expert) the exact replicas and the
+substitute replicas become small `Candidate` records. Per node it keeps a few coefficients
+derived from the current `Estimates` (refreshed node by node as answers arrive), so one
+candidate's cost for one token is a handful of float operations:
+
+    fixed[n]       = scale_tx·(delay(src→n) + delay(n→gather)) + scale_wait·wait_n   (0 tx if local)
+    per_row[n]     = scale_tx·row_bytes·(1/bw(src→n) + 1/bw(n→gather)) + scale_compute·flops/thr_n
+    load(c)        = scale_load·expert_bytes(v)/h2d_n   if c is CPU-tier and not resident on n
+    T_n(A)         = fixed[n] + Σ_{items of A on n} (rows·per_row[n] + load(item))
+
+which is `router.cost.branch_cost` term by term (tests check that they agree). The one
+difference: the reference counts one load per distinct replica of a batch, this form one per
+item; within one token two items share a replica only when two slots pick the same substitute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import Estimates
+from .errors import BadRouterInput
+from .quality import QualityTable
+from .types import ModelShape, Placement, Replica
+
+__all__ = ["Candidate", "PlanView"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A replica able to serve one expert slot: `expert` is the one the gate asked for,
+    `replica.expert` the one that runs (they differ for a substitute). `penalty` is the
+    unweighted quality loss (substitution + quantization)."""
+
+    replica: Replica
+    node: int
+    expert: int
+    penalty: float
+    load_bytes: int  # bytes to copy to the device if not resident (0 for GPU tier)
+    kind: str  # exact | quantized | substitute
+
+
+class PlanView:
+    """What a policy sees: candidates per expert and per-node cost coefficients."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        shape: ModelShape,
+        quality: QualityTable,
+        home: str,
+        nodes: Sequence[str] | None = None,
+        gather: str | None = None,
+    ) -> None:
+        names = list(nodes) if nodes is not None else sorted(set(placement.nodes) | {home})
+        if home not in names:
+            names.append(home)
+        missing = sorted(set(placement.nodes) - set(names))
+        if missing:
+            raise BadRouterInput(f"placement uses unknown node(s) {', '.join(missing)}")
+        self.placement = placement
+        self.shape = shape
+        self.quality = quality
+        self.home = home
+        self.gather = gather or home
+        self.names: list[str] = names
+        self.index: dict[str, int] = {n: i for i, n in enumerate(names)}
+        self.home_index = self.index[home]
+        count = len(names)
+        self.fixed: list[float] = [0.0] * count
+        self.per_row: list[float] = [0.0] * count
+        self.load_per_byte: list[float] = [0.0] * count
+        self.delay: list[float] = [0.0] * count  # round-trip propagation, for "nearest"
+        self.up: list[bool] = [True] * count
+        self.stable: list[bool] = [True] * count
+        self.resident: list[frozenset[tuple[int, int, str]]] = [frozenset()] * count
+        self.version = 0
+        self._exact: dict[tuple[int, int], tuple[Candidate, ...]] = {}
+        self._subs: dict[tuple[int, int], tuple[Candidate, ...]] = {}
+        self._future: np.ndarray | None = None
+        self._future_version = -1
+        self._future_at = 0.0
+        self._build_candidates()
+
+    # -- static tables, once per placement ------------------------------------------------------
+    def _build_candidates(self) -> None:
+        q = self.quality
+        if q.layers < max((r.layer for r in self.placement.replicas), default=-1) + 1:
+            raise BadRouterInput(
+                f"quality table covers {q.layers} layers, the placement more"
+            )
+        for layer in range(q.layers):
+            for e in range(q.experts):
+                self._exact[(layer, e)] = tuple(
+                    self._candidate(r, e) for r in self.placement.of_expert(layer, e)
+                )
+        for layer in range(q.layers):
+            for e in range(q.experts):
+                subs: list[Candidate] = []
+                for j, _ in q.substitutes(layer, e):
+                    subs.extend(self._candidate(r, e) for r in self.placement.of_expert(layer, j))
+                self._subs[(layer, e)] = tuple(subs)
+
+    def _candidate(self, r: Replica, expert: int) -> Candidate:
+        penalty = self.quality.penalty(r.layer, expert, r)
+        if r.expert != expert:
+            kind = "substitute"
+        else:
+            kind = "exact" if r.variant == "fp16" else "quantized"
+        load = self.shape.expert_bytes[r.variant] if r.tier == "cpu" else 0
+        return Candidate(r, self.index[r.node], expert, penalty, load, kind)
+
+    def exact(self, layer: int, expert: int) -> tuple[Candidate, ...]:
+        return self._exact.get((layer, expert), ())
+
+    def substitutes(self, layer: int, expert: int) -> tuple[Candidate, ...]:
+        return self._subs.get((layer, expert), ())
+
+    # -- per-node coefficients, refreshed online ------------------------------------------------
+    def refresh(self, est: Estimates, names: Iterable[str] | None = None) -> None:
+        """Recompute the coefficients of `names` (all nodes by default) from `est`."""
+        s = est.scales
+        sh = self.shape
+        src, gather = self.home, self.gather
+        for name in self.names if names is None else names:
+            i = self.index[name]
+            n = est.node(name)
+            fixed = s.wait * n.wait_ms
+            per_row = s.compute * 1e3 * sh.expert_flops / n.flops_per_s
+            delay = 0.0
+            if name != src:
+                link = est.link(src, name)
+                fixed += s.tx * link.delay_ms
+                per_row += s.tx * sh.row_bytes * link.ms_per_byte
+                delay += link.delay_ms
+            if name != gather:
+                link = est.link(name, gather)
+                fixed += s.tx * link.delay_ms
+                per_row += s.tx * sh.row_bytes * link.ms_per_byte
+                delay += link.delay_ms
+            self.fixed[i] = fixed
+            self.per_row[i] = per_row
+            self.load_per_byte[i] = s.load * 1e3 / n.h2d_bytes_per_s
+            self.delay[i] = delay
+            self.stable[i] = n.stable
+            self.resident[i] = n.resident
+        self.version += 1
+
+    def set_up(self, name: str, up: bool) -> None:
+        """Mark a node reachable or not (circuit breakers of the node and its link)."""
+        i = self.index[name]
+        if self.up[i] != up:
+            self.up[i] = up
+            self.version += 1
+
+    def var_ms(self, c: Candidate, rows: int = 1) -> float:
+        """What one item adds to its node's branch: rows' transfer and compute, and a load."""
+        n = c.node
+        v = rows * self.per_row[n]
+        if c.load_bytes and c.replica.key not in self.resident[n]:
+            v += c.load_bytes * self.load_per_byte[n]
+        return v
+
+    def standalone_ms(self, c: Candidate, rows: int = 1) -> float:
+        """T_n if this candidate were the only item sent to its node."""
+        return self.fixed[c.node] + self.var_ms(c, rows)
+
+    # -- OrderMoE's expected future cost ---------------------------------------------------------
+    def future(self, horizon: int, min_interval_s: float = 0.1) -> np.ndarray:
+        """[layers, experts]: expected cheapest cost of the experts the next `horizon` layers
+        will ask for, given the expert used now (from the transition statistics).
+
+        Recomputed when the coefficients changed, at most every `min_interval_s`."""
+        now = time.monotonic()
+        stale = self._future is None or (
+            self._future_version != self.version and now - self._future_at >= min_interval_s
+        )
+        if stale:
+            q = self.quality
+            cheapest = np.zeros((q.layers, q.experts))
+            for (layer, e), cands in self._exact.items():
+                costs = [self.standalone_ms(c) for c in cands if self.up[c.node]]
+                cheapest[layer, e] = min(costs) if costs else 0.0
+            future = np.zeros((q.layers, q.experts))
+            for layer in range(q.layers):
+                reach = np.eye(q.experts)
+                for h in range(1, horizon + 1):
+                    if layer + h >= q.layers:
+                        break
+                    reach = reach @ q.transition[layer + h - 1]
+                    future[layer] += reach @ cheapest[layer + h]
+            self._future = future
+            self._future_version = self.version
+            self._future_at = now
+        assert self._future is not None
+        return self._future
+
+    def replica_node(self, replica: Replica) -> int:
+        return self.index[replica.node]
+
+    @property
+    def nodes(self) -> Mapping[str, int]:
+        return self.index

@@ -1,0 +1,82 @@
+"""How the dispatcher reaches a node: the services client over HTTP, or the home node's own
+device in-process (no HTTP for local items), behind one `forward` call.
+
+Failures are sorted into three kinds for the circuit breakers (`classify`):
+"node" (refused connection, shutting down, not placed: the node is the problem), "link"
+(timeouts, an answer lost on the way back: the path is the problem) and "busy" (503
+overloaded: try elsewhere, but nothing is broken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from services.client import NodeClient
+from services.errors import NodeRefused, NodeTimeout, NodeUnreachable, ServiceError
+from services.wire import ForwardResponse, Item
+
+__all__ = ["RETRYABLE", "MeshTransport", "Transport", "classify"]
+
+# What makes the dispatcher replan; anything else is a bug and fails the token loudly.
+RETRYABLE = (NodeUnreachable, NodeTimeout, NodeRefused, ServiceError, TimeoutError,
+             ConnectionError)
+
+
+class Transport(Protocol):
+    async def forward(
+        self, node: str, items: Sequence[Item], req: str, timeout_s: float
+    ) -> ForwardResponse: ...
+
+
+class LocalDevice(Protocol):
+    """The part of `services.worker.Device` the home node's in-process path uses."""
+
+    def submit(self, items: Sequence[Item]) -> asyncio.Future: ...
+
+    def state(self, layers: Any = None) -> Any: ...
+
+
+def classify(exc: BaseException) -> str:
+    """"node", "link" or "busy" (see the module docstring)."""
+    if isinstance(exc, NodeRefused):
+        if exc.status == 503 and exc.code == "overloaded":
+            return "busy"
+        if exc.code == "link_down":
+            return "link"
+        return "node"
+    if isinstance(exc, ServiceError):  # raised in-process by the home node's device
+        return "busy" if exc.code == "overloaded" else "node"
+    if isinstance(exc, NodeUnreachable):
+        return "node"
+    return "link"  # NodeTimeout, TimeoutError, ConnectionError from a shaper
+
+
+class MeshTransport:
+    """Remote nodes through `NodeClient` (shaped by the home node's links when it has an
+    `app` shaper); the home node itself through its `Device` queue, in-process."""
+
+    def __init__(
+        self,
+        home: str,
+        urls: Mapping[str, str],
+        client: NodeClient,
+        local: LocalDevice | None = None,
+    ) -> None:
+        self.home = home
+        self.urls = dict(urls)
+        self.client = client
+        self.local = local
+
+    async def forward(
+        self, node: str, items: Sequence[Item], req: str, timeout_s: float
+    ) -> ForwardResponse:
+        if node == self.home and self.local is not None:
+            async with asyncio.timeout(timeout_s):
+                ys, timing = await self.local.submit(items)
+            state = self.local.state({i.layer for i in items})
+            return ForwardResponse(tuple(ys), timing, state)
+        return await self.client.forward(
+            self.urls[node], items, req=req, peer=node, timeout_s=timeout_s
+        )

@@ -1,0 +1,171 @@
+"""The dispatcher on in-process nodes (real sockets, app-shaped links): numbers and failover."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+import torch
+
+from router.policies import make_policy
+from tests.router.conftest import TOKEN, experts, mesh_body, start_inproc_mesh
+
+# h holds experts 0-3, a holds all eight, b holds 4-7 in fp16 and all eight in int8.
+PLACEMENT = {
+    "h": experts(2, range(0, 4)),
+    "a": experts(2, range(0, 8)),
+    "b": experts(2, range(4, 8)) + experts(2, range(0, 8), "int8"),
+}
+DELAYS = {("h", "a"): 2.0, ("a", "h"): 2.0, ("h", "b"): 1.0, ("b", "h"): 1.0}
+
+
+def tokens(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), generator=g)
+
+
+async def test_exact_plans_reproduce_the_local_nll(stack, router_compute, small_model) -> None:
+    mesh = await start_inproc_mesh(stack, router_compute, PLACEMENT, DELAYS)
+    engine = mesh.router.engine()
+    text = tokens(48)
+    want = small_model.nll(text)
+    exact = await engine.score(text, make_policy("exact"))
+    assert exact.nll == pytest.approx(want, abs=1e-6)
+    assert exact.failed == 0
+    for name in ("hetroute", "greedy", "local-first", "random"):
+        res = await engine.score(text, make_policy(name, engine.dispatcher.settings), budget=0.0)
+        assert res.failed == 0
+        kinds = {c.kind for r in res.records for c in r.choices}
+        assert kinds == {"exact"}, (name, kinds)
+        assert res.nll == pytest.approx(want, abs=1e-5), name
+        per_row = {len(r.choices) for r in res.records}
+        assert per_row == {2 * 2}  # every row: 2 layers x top-2
+    used = {c.node for r in res.records for c in r.choices}
+    assert used >= {"a", "b"} or used >= {"h", "a"}  # the work really left the home node
+    assert engine.dispatcher.counters.bytes_out > 0
+
+
+async def test_quantized_replicas_change_the_numbers_within_budget(
+    stack, router_compute, small_model
+) -> None:
+    # only b holds experts 0-3 apart from h, and only in int8; h is cut off from the plan
+    placement = {"h": experts(2, range(0, 8)), "b": experts(2, range(0, 8), "int8")}
+    mesh = await start_inproc_mesh(stack, router_compute, placement,
+                                   {("h", "b"): 0.0, ("b", "h"): 0.0})
+    engine = mesh.router.engine()
+    engine.dispatcher.breakers.node["h"].failure(0.0)
+    for _ in range(3):
+        engine.dispatcher.breakers.node["h"].failure(1e18)  # open until far in the future
+    engine.dispatcher.sync(force=True)
+    text = tokens(32, seed=1)
+    res = await engine.score(text, make_policy("hetroute"), budget=1.0)
+    assert {c.kind for r in res.records for c in r.choices} == {"quantized"}
+    assert all(r.quality <= 1.0 for r in res.records)
+    assert res.nll != pytest.approx(small_model.nll(text), abs=1e-7)
+    # with no budget left for int8 and no reachable fp16 replica, every token fails, named
+    res = await engine.score(text, make_policy("hetroute"), budget=0.0)
+    assert res.failed == res.tokens
+    assert {r.reason for r in res.records} == {"no_replica"}
+
+
+async def test_a_node_stopped_mid_generation_loses_no_token(stack, router_compute) -> None:
+    # a is the nearest holder of experts 4-7; b (also fp16 4-7) is farther
+    delays = {("h", "a"): 0.5, ("a", "h"): 0.5, ("h", "b"): 3.0, ("b", "h"): 3.0}
+    mesh = await start_inproc_mesh(stack, router_compute, PLACEMENT, delays)
+    engine = mesh.router.engine()
+    prompt = tokens(8, seed=2)
+    reference = await engine.generate(prompt, 24, make_policy("exact"))
+    policy = make_policy("greedy", engine.dispatcher.settings)
+    task = asyncio.create_task(engine.generate(prompt, 24, policy, budget=0.0))
+    while engine.dispatcher.counters.plans < 40:
+        await asyncio.sleep(0.001)
+    assert not task.done()
+    await mesh.nodes["a"].stop()
+    result = await task
+    assert result.failed is None
+    assert len(result.tokens) == 24
+    assert result.tokens == reference.tokens  # exact plans: the same greedy text
+    used = [{c.node for c in r.choices} for r in result.records]
+    assert "a" in set().union(*used[:3])  # a served before it stopped
+    assert "a" not in set().union(*used[-4:])  # and b after
+    c = engine.dispatcher.counters
+    assert c.failures >= 1 and c.rerouted_tokens >= 1
+    assert engine.dispatcher.breakers.states()["a"]["node"] == "open"
+
+
+async def test_generate_and_score_over_http(stack, router_compute) -> None:
+    mesh = await start_inproc_mesh(stack, router_compute, PLACEMENT, DELAYS)
+    url = mesh.nodes["h"].url
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/generate", json={
+            "prompt": "def f(x):", "max_tokens": 5, "policy": "hetroute"}) as resp:
+            body = await resp.json()
+            assert resp.status == 200, body
+        assert body["completed"] == 5 and body["failed"] is None
+        assert len(body["records"]) == 5
+        assert set(body["records"][0]["mix"]) == {
+            "local_exact", "remote_exact", "cpu_loaded", "substitute", "fallback"}
+        async with session.post(url + "/v1/score", json={
+            "text": "import os\n", "policy": "nope"}) as resp:
+            bad = await resp.json()
+        assert resp.status == 400 and "unknown policy 'nope'" in bad["detail"]
+        async with session.get(url + "/v1/router") as resp:
+            assert resp.status == 401
+        async with session.get(url + "/v1/router", headers=auth) as resp:
+            status = await resp.json()
+        assert status["counters"]["tokens"] >= 5
+        # a new mesh over the control plane: only h and b, no quantized budget
+        body = mesh_body({"h": url, "b": mesh.nodes["b"].url},
+                         {"h": PLACEMENT["h"], "b": PLACEMENT["b"]}, DELAYS,
+                         settings={"budget": 0.0})
+        del body["links"]["h"]["a"], body["links"]["a"]
+        async with session.put(url + "/v1/mesh", json=body, headers=auth) as resp:
+            answer = await resp.json()
+            assert resp.status == 200, answer
+        assert answer["nodes"] == ["b", "h"] and answer["settings"]["budget"] == 0.0
+        async with session.post(url + "/v1/generate", json={
+            "prompt": "x = 1", "max_tokens": 3, "policy": "greedy"}) as resp:
+            body = await resp.json()
+        used = {c[3] for r in body["records"] for c in r["choices"]}
+        assert used <= {"h", "b"} and body["failed"] is None
+        bad = {"nodes": {"h": {"url": url}}, "links": {}, "placement": {"h": [
+            {"layer": 0, "expert": 0, "variant": "int8"}]}}
+        async with session.put(url + "/v1/mesh", json=bad, headers=auth) as resp:
+            assert resp.status == 400
+            assert "no full-precision (fp16) replica" in (await resp.json())["detail"]
+
+
+async def test_a_cut_link_times_out_opens_its_breaker_and_tokens_reroute(
+    stack, router_compute
+) -> None:
+    delays = {("h", "a"): 0.5, ("a", "h"): 0.5, ("h", "b"): 3.0, ("b", "h"): 3.0}
+    mesh = await start_inproc_mesh(stack, router_compute, PLACEMENT, delays,
+                                   settings={"min_request_ms": 60.0, "breaker_failures": 2})
+    engine = mesh.router.engine()
+    prompt = tokens(6, seed=4)
+    await mesh.nodes["h"].links.shaper.link_down("a")  # h -> a blackholed: sends hang
+    result = await engine.generate(prompt, 8, make_policy("greedy"), budget=0.0)
+    assert result.failed is None and len(result.tokens) == 8
+    d = engine.dispatcher
+    assert d.breakers.states()["a"] == {"node": "closed", "link": "open"}
+    assert d.counters.failures == 2 and d.counters.rerouted_tokens >= 1
+    assert "a" not in {c.node for r in result.records for c in r.choices}
+
+
+async def test_a_layer_deadline_too_short_fails_tokens_with_a_reason(
+    stack, router_compute
+) -> None:
+    delays = {("h", "a"): 20.0, ("a", "h"): 20.0, ("h", "b"): 20.0, ("b", "h"): 20.0}
+    placement = {"h": [], "a": PLACEMENT["a"], "b": PLACEMENT["b"]}
+    mesh = await start_inproc_mesh(stack, router_compute, placement, delays,
+                                   settings={"layer_ms": 10.0, "breaker_failures": 1})
+    engine = mesh.router.engine()
+    result = await engine.score(tokens(5, seed=5), make_policy("hetroute"), budget=0.0)
+    assert result.failed == result.tokens
+    assert {r.reason for r in result.records} == {"deadline"}
+    assert all(r.status in ("ok", "failed") for r in result.records)
+    # nobody's fault: the breakers stay closed
+    assert all(s["link"] == "closed" for n, s in
+               engine.dispatcher.breakers.states().items() if n != "h")
