@@ -15,6 +15,8 @@ from collections.abc import Sequence
 # Packages whose commands.py adds subcommands, in the order `moemesh --help` lists them.
 COMMAND_MODULES = (
     "moe.commands",
+    "services.commands",
+    "router.commands",
     "orchestrator.commands",
 )
 

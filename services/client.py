@@ -1,0 +1,147 @@
+"""Async client for other nodes' data and control planes (used by the router and orchestrator).
+
+One `NodeClient` holds one aiohttp session: a pool of keep-alive connections shared by every
+node it talks to, and every limit in one `ClientSettings`. Errors are typed
+(services.errors): `NodeRefused` (the node answered an error), `NodeUnreachable`, `NodeTimeout`.
+With `links` (a node's `Links`) and a peer name, a request first waits as the link from this
+node to that peer would make it (the `app` shaper), and names this node in `X-Moemesh-From`
+so the peer shapes its answer on its own link back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from .errors import NodeRefused, NodeTimeout, NodeUnreachable
+from .routes import FORWARD_PATH, SELF_HEADER
+from .wire import CONTENT_TYPE, ForwardResponse, Item, pack_request, unpack_error, unpack_response
+
+__all__ = ["ClientSettings", "NodeClient"]
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Every limit of the client in one place (seconds, connections)."""
+
+    connect_s: float = 2.0  # to open a connection
+    forward_s: float = 10.0  # a whole forward request, shaping wait included
+    control_s: float = 30.0  # a whole control-plane call
+    pool_size: int = 256  # connections open at once, all nodes together
+    per_node: int = 32  # connections open at once to one node
+    keepalive_s: float = 30.0  # an idle connection is kept this long
+    token: str | None = None  # control-plane token; None: $MOEMESH_TOKEN
+    name: str | None = None  # this node's name, sent as X-Moemesh-From
+
+
+class _Transmitter(Protocol):
+    async def transmit(self, peer: str, nbytes: int, timeout_s: float | None = None) -> None: ...
+
+
+class NodeClient:
+    def __init__(self, settings: ClientSettings | None = None,
+                 links: _Transmitter | None = None) -> None:
+        self.settings = settings or ClientSettings()
+        self.links = links
+        token = self.settings.token or os.environ.get("MOEMESH_TOKEN") or None
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            s = self.settings
+            connector = aiohttp.TCPConnector(limit=s.pool_size, limit_per_host=s.per_node,
+                                             keepalive_timeout=s.keepalive_s)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=s.connect_s),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> NodeClient:
+        self._open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, method: str, url: str, path: str, *, limit_s: float,
+                    body: bytes | None = None,
+                    headers: dict[str, str] | None = None, peer: str | None = None,
+                    ) -> tuple[bytes, str]:
+        session = self._open()
+        try:
+            async with asyncio.timeout(limit_s):
+                if peer is not None and self.links is not None and body is not None:
+                    await self.links.transmit(peer, len(body), timeout_s=limit_s)
+                async with session.request(method, url + path, data=body,
+                                           headers=headers) as resp:
+                    data = await resp.read()
+                    if resp.status >= 400:
+                        code, detail = unpack_error(data, resp.content_type)
+                        raise NodeRefused(url, resp.status, code, detail)
+                    return data, resp.content_type
+        except TimeoutError:
+            raise NodeTimeout(f"{method} {url}{path}: no answer within {limit_s:g} s",
+                              url) from None
+        except (aiohttp.ClientConnectionError, ConnectionError, OSError) as exc:
+            raise NodeUnreachable(f"{method} {url}{path}: {type(exc).__name__}: {exc}",
+                                  url) from None
+
+    # -- data plane -----------------------------------------------------------------------
+    async def forward(self, url: str, items: Sequence[Item], *, req: str = "",
+                      peer: str | None = None, timeout_s: float | None = None,
+                      ) -> ForwardResponse:
+        """Send items to the node at url (base URL); `peer` is its name, for link shaping."""
+        body = pack_request(items, req)
+        headers = {"Content-Type": CONTENT_TYPE}
+        if self.settings.name:
+            headers[SELF_HEADER] = self.settings.name
+        data, _ = await self._call("POST", url, FORWARD_PATH, body=body, headers=headers,
+                                   peer=peer, limit_s=timeout_s or self.settings.forward_s)
+        try:
+            return unpack_response(data)
+        except ValueError as exc:
+            raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
+
+    # -- control plane --------------------------------------------------------------------
+    async def _control(self, method: str, url: str, path: str, payload: Any = None) -> Any:
+        headers = dict(self._auth)
+        body = None
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+            body = json.dumps(payload).encode()
+        data, content_type = await self._call(method, url, path, body=body, headers=headers,
+                                              limit_s=self.settings.control_s)
+        return data.decode() if content_type.startswith("text/") else json.loads(data)
+
+    async def put_placement(self, url: str, experts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """experts: [{"layer", "expert", "variant", "tier"}]; the node holds exactly these."""
+        return await self._control("PUT", url, "/v1/placement", {"experts": list(experts)})
+
+    async def put_links(self, url: str, links: dict[str, dict[str, Any]],
+                        backend: str = "auto") -> dict[str, Any]:
+        return await self._control("PUT", url, "/v1/links", {"backend": backend, "links": links})
+
+    async def post_faults(self, url: str, faults: dict[str, Any]) -> dict[str, Any]:
+        return await self._control("POST", url, "/v1/faults", faults)
+
+    async def health(self, url: str) -> dict[str, Any]:
+        return await self._control("GET", url, "/v1/health")
+
+    async def stats(self, url: str) -> dict[str, Any]:
+        return await self._control("GET", url, "/v1/stats")
+
+    async def metrics(self, url: str) -> str:
+        return await self._control("GET", url, "/metrics")

@@ -1,0 +1,109 @@
+"""The node's links: what `PUT /v1/links` gave it, applied through a `netem` shaper.
+
+`netem` owns shaping; this module owns the node's side of the seam (netem/base.py): parse the
+body whole (nothing is applied if one link is bad), build a shaper for the asked backend,
+apply, and keep the last accepted body so a restarted node re-applies it (a restarted container
+has lost its qdiscs). The `app` backend shapes in the node's transport: the node's client calls
+`transmit(peer, n)` before a request, the server before answering a requester that named
+itself (`X-Moemesh-From`), so each direction is shaped by its sender, as with tc.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from netem import BACKENDS, BackendUnavailable, LinkSpec, NetemError, Shaper, make_shaper
+
+from .errors import BadRequest, DoesNotFit, ServiceError
+
+__all__ = ["Links", "parse_links"]
+
+log = logging.getLogger(__name__)
+
+
+def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str]]:
+    """(backend, {peer: spec}, {peer: address}) from a PUT /v1/links body."""
+    if not isinstance(data, Mapping):
+        raise BadRequest('links must be a JSON object {"backend": "tc"|"app", "links": {...}}')
+    unknown = sorted(set(data) - {"backend", "links"})
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; known: backend, links")
+    backend = data.get("backend", "auto")
+    if backend not in BACKENDS:
+        raise BadRequest(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"[:200])
+    raw = data.get("links")
+    if not isinstance(raw, Mapping):
+        raise BadRequest("links.links must be an object mapping peer names to link profiles")
+    specs: dict[str, LinkSpec] = {}
+    addresses: dict[str, str] = {}
+    for peer, body in raw.items():
+        if not isinstance(peer, str) or not peer:
+            raise BadRequest(f"peer names must be non-empty strings, got {peer!r}")
+        try:
+            specs[peer] = LinkSpec.from_json(body)
+        except ValueError as exc:
+            raise BadRequest(f"link to {peer}: {exc}") from None
+        address = body.get("address") if isinstance(body, Mapping) else None
+        if address is not None:
+            if not isinstance(address, str):
+                raise BadRequest(f"link to {peer}: address must be a string, got {address!r}")
+            addresses[peer] = address
+    return backend, specs, addresses
+
+
+class Links:
+    """One node's shaper and the link set it applies."""
+
+    def __init__(self, *, time_dilation: float = 1.0, netns: str | None = None) -> None:
+        self.time_dilation = time_dilation
+        self.netns = netns
+        self.shaper: Shaper | None = None
+        self._asked = ""  # the backend the last accepted body named
+        self.accepted: dict[str, Any] | None = None
+
+    async def put(self, data: Any) -> dict[str, Any]:
+        """Apply a PUT /v1/links body; on any error the previous links stay as they were."""
+        backend, specs, addresses = parse_links(data)
+        shaper = self.shaper
+        fresh = shaper is None or backend != self._asked
+        try:
+            if fresh:
+                shaper = make_shaper(backend, netns=self.netns, time_dilation=self.time_dilation)
+            await shaper.apply(specs, addresses or None)
+        except BackendUnavailable as exc:
+            raise DoesNotFit(str(exc), code="backend_unavailable") from None
+        except ValueError as exc:  # netem's BadLinkInput: a peer without an address for tc
+            raise BadRequest(str(exc)) from None
+        except NetemError as exc:
+            raise ServiceError(f"shaper failed: {exc}") from None
+        if fresh and self.shaper is not None:
+            await self._close(self.shaper)
+        self.shaper, self._asked = shaper, backend
+        self.accepted = {"backend": backend, "links": {
+            p: {**s.to_json(), **({"address": addresses[p]} if p in addresses else {})}
+            for p, s in specs.items()
+        }}
+        return self.snapshot()
+
+    def snapshot(self) -> dict[str, Any]:
+        applied = self.shaper.snapshot() if self.shaper is not None else None
+        return {"accepted": self.accepted, "applied": applied}
+
+    async def transmit(self, peer: str, nbytes: int, timeout_s: float | None = None) -> None:
+        """Wait as sending nbytes to peer would (app backend); at once otherwise."""
+        if self.shaper is not None:
+            await self.shaper.transmit(peer, nbytes, timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        if self.shaper is not None:
+            await self._close(self.shaper)
+            self.shaper = None
+
+    @staticmethod
+    async def _close(shaper: Shaper) -> None:
+        try:
+            await shaper.close()
+        except NetemError as exc:  # clean-up goes on; say what was left
+            log.warning("closing the %s shaper failed: %s", shaper.backend, exc)

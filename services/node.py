@@ -1,0 +1,211 @@
+"""One edge node: its experts, its emulated device, its links, and the aiohttp app serving them.
+
+`Node` owns everything it starts: the listening site, the device worker task, the shaper. Use it
+as `async with Node(settings) as node:` (tests, the `local` runtime) or through
+`services.serve` (the `moemesh node` process). Stopping drains: new forward requests get 503
+`shutting_down`, the queue and the requests in flight finish, then the site closes.
+
+With a state directory the node keeps the last accepted placement and links there and
+re-applies them when it starts, so a restarted container comes back as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .compute import ExpertCompute, make_compute
+from .errors import BadRequest
+from .faults import Faults
+from .links import Links
+from .metrics import NodeMetrics
+from .routes import NODE_KEY, add_routes, error_middleware
+from .settings import NodeSettings
+from .tiers import Placed, Tiers, parse_placement
+from .worker import Device
+
+__all__ = ["Node"]
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_FILE = "placement.json"
+LINKS_FILE = "links.json"
+
+
+class Node:
+    def __init__(self, settings: NodeSettings, compute: ExpertCompute | None = None) -> None:
+        self.settings = settings
+        self.compute = compute or make_compute(settings.model, settings.compute)
+        self.shape = self.compute.shape
+        self.tiers = Tiers(settings.profile, self.shape)
+        self.faults = Faults(settings.fault_seed)
+        self.metrics = NodeMetrics(lambda: self.device.queue_depth)
+        self.device = Device(
+            tiers=self.tiers, compute=self.compute, profile=settings.profile,
+            metrics=self.metrics, faults=self.faults, time_dilation=settings.time_dilation,
+            max_queue=settings.max_queue, max_batch_rows=settings.max_batch_rows,
+        )
+        self.links = Links(time_dilation=settings.time_dilation)
+        self.app = web.Application(middlewares=[error_middleware],
+                                   client_max_size=settings.max_body_bytes)
+        self.app[NODE_KEY] = self
+        add_routes(self.app)
+        self.draining = False
+        self.started_at = time.time()
+        self._runner: web.AppRunner | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._port = 0
+
+    # -- life -----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host = self.settings.host
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{self._port}"
+
+    async def start(self) -> str:
+        """Restore state, start the device and listen; returns the node's URL."""
+        await self._restore()
+        self._worker = asyncio.create_task(self.device.run(), name=f"device-{self.settings.name}")
+        self._runner = web.AppRunner(self.app, access_log=None,
+                                     shutdown_timeout=self.settings.drain_timeout_s)
+        try:
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
+            await site.start()
+        except BaseException:
+            await self.stop()
+            raise
+        sockets = self._runner.addresses
+        self._port = sockets[0][1] if sockets else self.settings.port
+        return self.url
+
+    async def stop(self) -> None:
+        """Drain (refuse new work, finish the queue and the requests in flight), then release."""
+        self.draining = True
+        self.device.refuse_new()
+        try:
+            if self._runner is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.drain_timeout_s):
+                        await self.device.drain()
+                await self._runner.cleanup()  # stops listening, waits for handlers in flight
+                self._runner = None
+        finally:
+            if self._worker is not None:
+                self._worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._worker
+                self._worker = None
+            self.device.close()
+            await self.links.close()
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- control --------------------------------------------------------------------------
+    def set_placement(self, entries: list[Placed]) -> dict[str, Any]:
+        self.tiers.replace(entries)
+        self.compute.prepare([p.key for p in entries])
+        self._save(PLACEMENT_FILE, {"experts": [p.to_json() for p in entries]})
+        return {"placed": len(entries), "memory": self.tiers.memory()}
+
+    async def set_links(self, body: Any) -> dict[str, Any]:
+        out = await self.links.put(body)
+        self._save(LINKS_FILE, self.links.accepted)
+        return out
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "name": self.settings.name,
+            "status": "draining" if self.draining else "ok",
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "queue": self.device.queue_depth,
+            "in_service": self.device.in_service,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        dev = self.device
+        uptime = max(time.time() - self.started_at, 1e-9)
+        return {
+            "name": self.settings.name,
+            "model": self.shape.name,
+            "compute": self.compute.mode,
+            "d_model": self.shape.d_model,
+            "profile": self.settings.profile.to_json(),
+            "time_dilation": self.settings.time_dilation,
+            "placement": [p.to_json() for p in self.tiers.placement()],
+            "resident": [list(k) for k in self.tiers.resident()],
+            "memory": self.tiers.memory(),
+            "cache": self.tiers.cache_stats(),
+            "device": {
+                "queue": dev.queue_depth, "in_service": dev.in_service,
+                "busy_ms": dev.state().busy_ms, "jobs": dev.jobs_done, "batches": dev.batches,
+                "busy_total_s": dev.busy_total_s, "utilisation": dev.busy_total_s / uptime,
+            },
+            "faults": {**self.faults.snapshot(), "injected": self.faults.injected},
+            "links": self.links.snapshot(),
+        }
+
+    # -- state across restarts ------------------------------------------------------------
+    def _save(self, name: str, data: Any) -> None:
+        folder = self.settings.state_dir
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, folder / name)
+
+    def _load(self, name: str) -> Any:
+        folder = self.settings.state_dir
+        path = None if folder is None else folder / name
+        if path is None or not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except ValueError as exc:
+            raise ValueError(f"state file {path} is not valid JSON: {exc}") from None
+
+    def _initial_placement(self) -> list[Placed] | None:
+        saved = self._load(PLACEMENT_FILE)
+        if saved is not None:
+            return parse_placement(saved, self.shape)
+        choice = self.settings.placement
+        if choice == "none":
+            return None
+        if choice in ("all-gpu", "all-cpu"):
+            tier = choice.removeprefix("all-")
+            return [Placed(layer, e, "fp16", tier) for layer in range(self.shape.layers)
+                    for e in range(self.shape.experts)]
+        path = Path(choice)
+        if not path.is_file():
+            raise ValueError(f"placement {choice!r} is not none, all-gpu, all-cpu or a file")
+        try:
+            return parse_placement(json.loads(path.read_text()), self.shape)
+        except ValueError as exc:  # BadRequest is a ValueError too
+            raise ValueError(f"placement file {path}: {exc}") from None
+
+    async def _restore(self) -> None:
+        entries = self._initial_placement()
+        if entries is not None:
+            self.set_placement(entries)
+        links = self._load(LINKS_FILE)
+        if links is not None:
+            try:
+                await self.links.put(links)
+            except BadRequest as exc:
+                raise ValueError(f"saved links in {self.settings.state_dir}: {exc}") from None

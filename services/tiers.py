@@ -1,0 +1,226 @@
+"""Which experts a node holds, in which memory tier, and the GPU cache for the CPU tier.
+
+GPU-tier experts are resident: they cost no load. CPU-tier experts live in host memory and are
+copied into a GPU cache when used (bytes / host-to-device bandwidth); the cache is the GPU
+memory the GPU tier leaves free, and evicts the least recently used expert when full. A
+placement is checked whole before anything changes: it fits both memories, and every CPU-tier
+expert fits the cache on its own (otherwise it could never be computed).
+
+Only the device worker calls `acquire` (one consumer), so the cache needs no locks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .device import DeviceProfile
+from .errors import BadRequest, DoesNotFit, NotPlaced
+from .wire import VARIANTS, Key
+
+__all__ = ["TIERS", "ExpertShape", "Placed", "Tiers", "parse_placement"]
+
+TIERS = ("gpu", "cpu")
+PLACEMENT_FIELDS = ("layer", "expert", "variant", "tier")
+
+
+class ExpertShape(Protocol):
+    """What the node needs to know of a model (moe.profiles.ModelProfile has it)."""
+
+    name: str
+    layers: int
+    experts: int
+    d_model: int
+
+    def expert_bytes(self, variant: str) -> int: ...
+
+    def expert_flops_per_token(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    layer: int
+    expert: int
+    variant: str
+    tier: str
+
+    @property
+    def key(self) -> Key:
+        return (self.layer, self.expert, self.variant)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layer": self.layer, "expert": self.expert, "variant": self.variant,
+                "tier": self.tier}
+
+
+def _ranges(values: Iterable[int]) -> str:
+    """0,1,2,5,7,8 → '0–2,5,7–8' (short holdings in error messages)."""
+    out: list[str] = []
+    vals = sorted(set(values))
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        out.append(str(vals[i]) if j - i < 2 else f"{vals[i]}–{vals[j]}")
+        if j - i == 1:
+            out.append(str(vals[j]))
+        i = j + 1
+    return ",".join(out) or "none"
+
+
+def parse_placement(data: Any, shape: ExpertShape) -> list[Placed]:
+    """Check a `PUT /v1/placement` body: `{"experts": [{"layer", "expert", "variant", "tier"}]}`."""
+    if not isinstance(data, Mapping) or set(data) != {"experts"}:
+        raise BadRequest('placement must be a JSON object {"experts": [...]} and nothing else')
+    entries = data["experts"]
+    if not isinstance(entries, list):
+        raise BadRequest(f"placement experts must be a list, got {type(entries).__name__}")
+    out: list[Placed] = []
+    seen: set[Key] = set()
+    for i, raw in enumerate(entries):
+        where = f"experts[{i}]"
+        if not isinstance(raw, Mapping):
+            raise BadRequest(f"{where} must be an object, got {raw!r}"[:200])
+        if set(raw) != set(PLACEMENT_FIELDS):
+            raise BadRequest(f"{where} must have exactly the fields {', '.join(PLACEMENT_FIELDS)}; "
+                             f"got {', '.join(map(str, raw))}"[:300])
+        layer, expert, variant, tier = (raw[k] for k in PLACEMENT_FIELDS)
+        for name, value, top in (("layer", layer, shape.layers), ("expert", expert, shape.experts)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise BadRequest(f"{where}.{name} must be an int, got {value!r}"[:200])
+            if not 0 <= value < top:
+                raise BadRequest(f"{where}.{name} {value} out of range: model {shape.name} has "
+                                 f"{name}s 0–{top - 1}")
+        if variant not in VARIANTS:
+            raise BadRequest(f"{where}.variant: unknown variant {variant!r}; known: "
+                             f"{', '.join(VARIANTS)}"[:200])
+        if tier not in TIERS:
+            raise BadRequest(f"{where}.tier: unknown tier {tier!r}; known: gpu, cpu"[:200])
+        placed = Placed(layer, expert, variant, tier)
+        if placed.key in seen:
+            raise BadRequest(f"{where}: layer {layer} expert {expert} {variant} is listed twice")
+        seen.add(placed.key)
+        out.append(placed)
+    return out
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.6g} GB"
+
+
+class Tiers:
+    """The placement of one node and the LRU cache of CPU-tier experts in GPU memory."""
+
+    def __init__(self, profile: DeviceProfile, shape: ExpertShape) -> None:
+        self.profile = profile
+        self.shape = shape
+        self._tier: dict[Key, str] = {}
+        self._by_layer: dict[int, dict[int, list[str]]] = {}
+        self._cache: OrderedDict[Key, int] = OrderedDict()  # key -> bytes, LRU first
+        self._cache_used = 0
+        self._gpu_tier_bytes = 0
+        self._cpu_tier_bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.loaded_bytes = 0
+
+    # -- placement ------------------------------------------------------------------------
+    def replace(self, placement: list[Placed]) -> None:
+        """Hold exactly this set; refuses (DoesNotFit) without changing anything if too big."""
+        size = {v: self.shape.expert_bytes(v) for v in VARIANTS}
+        gpu = sum(size[p.variant] for p in placement if p.tier == "gpu")
+        cpu = sum(size[p.variant] for p in placement if p.tier == "cpu")
+        prof = self.profile
+        if gpu > prof.gpu_bytes:
+            raise DoesNotFit(f"GPU tier needs {_gb(gpu)} but profile {prof.name} has "
+                             f"{_gb(prof.gpu_bytes)} of GPU memory")
+        if cpu > prof.cpu_bytes:
+            raise DoesNotFit(f"CPU tier needs {_gb(cpu)} but profile {prof.name} has "
+                             f"{_gb(prof.cpu_bytes)} of CPU memory")
+        biggest = max((size[p.variant] for p in placement if p.tier == "cpu"), default=0)
+        if biggest > prof.gpu_bytes - gpu:
+            raise DoesNotFit(f"a CPU-tier expert of {_gb(biggest)} cannot be loaded: the GPU "
+                             f"tier leaves {_gb(prof.gpu_bytes - gpu)} of GPU memory free")
+        self._tier = {p.key: p.tier for p in placement}
+        self._by_layer = {}
+        for p in placement:
+            self._by_layer.setdefault(p.layer, {}).setdefault(p.expert, []).append(p.variant)
+        self._gpu_tier_bytes, self._cpu_tier_bytes = gpu, cpu
+        # Keep cached copies of experts still in the CPU tier, oldest first, within the room.
+        keep = [(k, b) for k, b in self._cache.items() if self._tier.get(k) == "cpu"]
+        self._cache.clear()
+        self._cache_used = 0
+        for key, nbytes in keep:
+            self._cache[key] = nbytes
+            self._cache_used += nbytes
+        self._evict_until(0)
+
+    def placement(self) -> list[Placed]:
+        return [Placed(*k, t) for k, t in sorted(self._tier.items())]
+
+    def tier_of(self, key: Key) -> str:
+        """'gpu' or 'cpu'; NotPlaced names what this node holds on that layer."""
+        tier = self._tier.get(key)
+        if tier is not None:
+            return tier
+        layer, expert, variant = key
+        held = self._by_layer.get(layer, {})
+        if expert in held:
+            raise NotPlaced(f"expert {expert} variant {variant} not on this node; layer {layer} "
+                            f"holds expert {expert} as {', '.join(sorted(held[expert]))}")
+        raise NotPlaced(f"expert {expert} not on this node; layer {layer} holds "
+                        f"{_ranges(held)}")
+
+    # -- the GPU cache --------------------------------------------------------------------
+    @property
+    def cache_room(self) -> int:
+        return self.profile.gpu_bytes - self._gpu_tier_bytes
+
+    def is_resident(self, key: Key) -> bool:
+        return self._tier.get(key) == "gpu" or key in self._cache
+
+    def acquire(self, key: Key) -> int:
+        """Make an expert GPU-resident for a computation; returns the bytes that had to load."""
+        tier = self.tier_of(key)
+        if tier == "gpu":
+            return 0
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            self.hits += 1
+            return 0
+        nbytes = self.shape.expert_bytes(key[2])
+        self._evict_until(nbytes)
+        self._cache[key] = nbytes
+        self._cache_used += nbytes
+        self.misses += 1
+        self.loaded_bytes += nbytes
+        return nbytes
+
+    def _evict_until(self, incoming: int) -> None:
+        while self._cache and self._cache_used + incoming > self.cache_room:
+            _, freed = self._cache.popitem(last=False)
+            self._cache_used -= freed
+            self.evictions += 1
+
+    def resident(self, layers: Iterable[int] | None = None) -> tuple[Key, ...]:
+        """GPU-resident experts (GPU tier and cached), of the given layers or all."""
+        wanted = None if layers is None else set(layers)
+        keys = [k for k, t in self._tier.items() if t == "gpu"] + list(self._cache)
+        return tuple(sorted(k for k in keys if wanted is None or k[0] in wanted))
+
+    def memory(self) -> dict[str, int]:
+        return {
+            "gpu_total": self.profile.gpu_bytes,
+            "gpu_tier": self._gpu_tier_bytes,
+            "gpu_cache": self._cache_used,
+            "cpu_total": self.profile.cpu_bytes,
+            "cpu_tier": self._cpu_tier_bytes,
+        }
+
+    def cache_stats(self) -> dict[str, Any]:
+        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+                "loaded_bytes": self.loaded_bytes, "cached": [list(k) for k in self._cache]}

@@ -1,0 +1,265 @@
+"""The emulated device: one worker serving a FIFO queue of forward requests.
+
+Each request becomes a job. The worker takes the job at the head of the queue together with the
+jobs waiting right behind it (up to `max_batch_rows` rows): items of the same expert among them
+are computed in one call, and the jobs finish together, as a batch step of a real server does.
+A batch costs
+
+    load    = bytes of CPU-tier experts not in the GPU cache / h2d bandwidth       (x TDF)
+    compute = max(real compute time, FLOPs / GPU throughput x TDF) x slow-fault factor
+
+and both are waited for with absolute deadlines (`clock.sleep_until`), so a queue builds up for
+real and shows in the answers' `queue_ms` and `state`. Only this worker touches the GPU cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .clock import now, sleep_until
+from .compute import ExpertCompute
+from .device import DeviceProfile
+from .errors import NotPlaced, ServiceError, Unavailable
+from .faults import Faults
+from .metrics import NodeMetrics
+from .tiers import Tiers
+from .wire import Item, NodeState, Timing
+
+__all__ = ["Device", "Job"]
+
+log = logging.getLogger(__name__)
+
+Result = tuple[list[bytes], Timing]
+
+
+@dataclass(slots=True)
+class Job:
+    items: tuple[Item, ...]
+    future: asyncio.Future[Result]
+    enqueued: float
+    estimate_s: float
+    rows: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rows = sum(i.rows for i in self.items)
+
+
+class Device:
+    """Queue, batching and the emulated clock of one node's GPU."""
+
+    def __init__(
+        self,
+        *,
+        tiers: Tiers,
+        compute: ExpertCompute,
+        profile: DeviceProfile,
+        metrics: NodeMetrics,
+        faults: Faults,
+        time_dilation: float = 1.0,
+        max_queue: int = 1024,
+        max_batch_rows: int = 256,
+        thread_flops: float = 5e6,
+    ) -> None:
+        if time_dilation <= 0:
+            raise ValueError(f"time_dilation must be > 0, got {time_dilation!r}")
+        self.tiers = tiers
+        self.compute = compute
+        self.profile = profile
+        self.metrics = metrics
+        self.faults = faults
+        self.time_dilation = time_dilation
+        self.max_queue = max_queue
+        self.max_batch_rows = max_batch_rows
+        self.thread_flops = thread_flops  # real batches above this run off the event loop
+        self._waiting: deque[Job] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._backlog_s = 0.0  # estimated service time of the waiting jobs
+        self._busy_until = 0.0  # estimated end of the batch in service
+        self._real_s_per_flop = 0.0  # EWMA, real mode: what this host's CPU really takes
+        self._pool: ThreadPoolExecutor | None = None
+        self.in_service = 0
+        self.busy_total_s = 0.0
+        self.jobs_done = 0
+        self.batches = 0
+
+    # -- the front door -------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    def _estimate_s(self, items: Sequence[Item]) -> float:
+        tdf, prof = self.time_dilation, self.profile
+        flops = sum(self.compute.flops(i.rows) for i in items)
+        compute = max(prof.compute_s(flops) * tdf, self._real_s_per_flop * flops)
+        load = 0
+        for key in {i.key for i in items}:
+            if not self.tiers.is_resident(key):
+                load += self.tiers.shape.expert_bytes(key[2])
+        return compute * self.faults.slow + prof.load_s(load) * tdf
+
+    def submit(self, items: Sequence[Item]) -> asyncio.Future[Result]:
+        """Queue a request; NotPlaced / Unavailable are raised here, before it waits."""
+        if self._closing:
+            raise Unavailable("node is shutting down", code="shutting_down")
+        for item in items:
+            self.tiers.tier_of(item.key)
+        if len(self._waiting) >= self.max_queue:
+            raise Unavailable(f"{len(self._waiting)} requests wait for the device "
+                              f"(limit {self.max_queue})")
+        job = Job(tuple(items), asyncio.get_running_loop().create_future(), now(),
+                  self._estimate_s(items))
+        self._waiting.append(job)
+        self._backlog_s += job.estimate_s
+        self._idle.clear()
+        self._wake.set()
+        return job.future
+
+    def state(self, layers: Iterable[int] | None = None) -> NodeState:
+        busy = max(0.0, self._busy_until - now()) + max(0.0, self._backlog_s)
+        return NodeState(len(self._waiting), busy * 1e3, self.tiers.resident(layers))
+
+    # -- the worker -----------------------------------------------------------------------
+    async def run(self) -> None:
+        """Serve the queue until cancelled."""
+        while True:
+            if not self._waiting:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = self._take()
+            if not batch:
+                continue
+            self.in_service = len(batch)
+            try:
+                await self._serve(batch)
+            except asyncio.CancelledError:
+                self._fail(batch, Unavailable("node stopped", code="shutting_down"))
+                raise
+            except Exception as exc:  # a bug in compute must not kill the device
+                log.exception("device batch failed")
+                self._fail(batch, ServiceError(f"compute failed: {type(exc).__name__}: {exc}"))
+            finally:
+                self.in_service = 0
+
+    def _take(self) -> list[Job]:
+        batch: list[Job] = []
+        rows = 0
+        while self._waiting:
+            job = self._waiting[0]
+            if batch and rows + job.rows > self.max_batch_rows:
+                break
+            self._waiting.popleft()
+            self._backlog_s -= job.estimate_s
+            if job.future.done():  # its requester is gone
+                continue
+            batch.append(job)
+            rows += job.rows
+        if not self._waiting:
+            self._backlog_s = 0.0  # no drift from float sums
+        return batch
+
+    async def _serve(self, batch: list[Job]) -> None:
+        start = now()
+        tdf, prof, tiers = self.time_dilation, self.profile, self.tiers
+        ready: list[Job] = []
+        for job in batch:  # the placement may have changed while the job waited
+            try:
+                for item in job.items:
+                    tiers.tier_of(item.key)
+            except NotPlaced as exc:
+                job.future.set_exception(exc)
+                continue
+            ready.append(job)
+        if not ready:
+            return
+        items = [i for job in ready for i in job.items]
+        load_bytes = 0
+        hits, misses = tiers.hits, tiers.misses
+        for key in dict.fromkeys(i.key for i in items):
+            load_bytes += tiers.acquire(key)
+        if tiers.hits != hits:
+            self.metrics.cache_hits.inc(tiers.hits - hits)
+        if tiers.misses != misses:
+            self.metrics.cache_misses.inc(tiers.misses - misses)
+        flops = sum(self.compute.flops(i.rows) for i in items)
+        modeled_s = prof.compute_s(flops) * tdf
+        slow = self.faults.slow
+        load_end = start + prof.load_s(load_bytes) * tdf
+        self._busy_until = load_end + max(modeled_s, self._real_s_per_flop * flops) * slow
+        if load_bytes:
+            await sleep_until(load_end)
+            t_compute = now()
+        else:
+            t_compute = start  # nothing to load: load_ms is exactly 0
+        if self.compute.real and flops > self.thread_flops:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="device")
+            loop = asyncio.get_running_loop()
+            ys = await loop.run_in_executor(self._pool, self.compute.run, items)
+        else:
+            ys = self.compute.run(items)
+        real_s = now() - t_compute
+        if self.compute.real and flops:
+            sample = real_s / flops
+            self._real_s_per_flop = sample if not self.batches else (
+                0.8 * self._real_s_per_flop + 0.2 * sample)
+        await sleep_until(t_compute + max(real_s, modeled_s) * slow)
+        end = now()
+        self._busy_until = end
+        self._finish(ready, ys, start, t_compute, end)
+
+    def _finish(self, jobs: list[Job], ys: list[bytes], start: float, t_compute: float,
+                end: float) -> None:
+        m = self.metrics
+        load_s, compute_s = t_compute - start, end - t_compute
+        m.batches.inc()
+        m.load_seconds.observe(load_s)
+        m.compute_seconds.observe(compute_s)
+        self.batches += 1
+        self.busy_total_s += end - start
+        m.items.inc(len(ys))
+        at = 0
+        for job in jobs:
+            n = len(job.items)
+            queue_s = start - job.enqueued
+            m.queue_seconds.observe(queue_s)
+            m.service_seconds.observe(end - start)
+            self.jobs_done += 1
+            if not job.future.done():
+                job.future.set_result(
+                    (ys[at:at + n], Timing(queue_s * 1e3, load_s * 1e3, compute_s * 1e3)))
+            at += n
+
+    @staticmethod
+    def _fail(jobs: Iterable[Job], exc: BaseException) -> None:
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(exc)
+
+    # -- shutting down --------------------------------------------------------------------
+    def refuse_new(self) -> None:
+        """Stop accepting jobs (503 shutting_down); queued ones still run."""
+        self._closing = True
+
+    async def drain(self) -> None:
+        """Wait until every queued job has been served."""
+        await self._idle.wait()
+
+    def close(self) -> None:
+        """Fail whatever still waits (the worker task is cancelled by its owner)."""
+        self._closing = True
+        jobs = list(self._waiting)
+        self._waiting.clear()
+        self._fail(jobs, Unavailable("node stopped", code="shutting_down"))
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

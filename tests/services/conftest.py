@@ -1,0 +1,64 @@
+"""Fixtures for the edge node: real nodes on real sockets (port 0) serving a small random model."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from moe import MoEModel
+from services import ClientSettings, DeviceProfile, Node, NodeClient, NodeSettings, TorchCompute
+
+TOKEN = "test-token"
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """A node computes on one thread (as `moemesh node` does); restored for other packages."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def compute(small_model: MoEModel) -> TorchCompute:
+    """Real torch compute over the small model, shared by the nodes of every test."""
+    return TorchCompute(small_model, name="small-moe")
+
+
+def settings(**overrides: Any) -> NodeSettings:
+    base = NodeSettings(name="n1", token=TOKEN, profile=DeviceProfile(
+        "test", gpu_tflops=1000.0, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=100.0))
+    return replace(base, **overrides)
+
+
+def all_experts(shape: Any, variant: str = "fp16", tier: str = "gpu") -> list[dict[str, Any]]:
+    return [{"layer": layer, "expert": e, "variant": variant, "tier": tier}
+            for layer in range(shape.layers) for e in range(shape.experts)]
+
+
+@pytest.fixture
+def make_settings() -> Any:
+    """`make_settings(**overrides)`: settings of a test node (token TOKEN, a fast device)."""
+    return settings
+
+
+@pytest.fixture
+async def node(compute: TorchCompute) -> AsyncIterator[Node]:
+    """A started node holding every fp16, int8 and int4 expert in its GPU tier."""
+    async with Node(settings(), compute=compute) as n:
+        entries = [p for v in ("fp16", "int8", "int4") for p in all_experts(n.shape, v)]
+        from services.tiers import parse_placement
+
+        n.set_placement(parse_placement({"experts": entries}, n.shape))
+        yield n
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[NodeClient]:
+    async with NodeClient(ClientSettings(token=TOKEN, forward_s=30.0)) as c:
+        yield c

@@ -1,0 +1,114 @@
+"""Forward requests on a real node over a real socket: the numbers are the model's numbers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe import load, profiles
+from services import DeviceProfile, ModeledCompute, Node, NodeClient, TorchCompute
+from services.tiers import parse_placement
+from services.wire import DTYPES, VARIANTS, decode_tensor, make_item
+
+ULP = {"f32": 1e-5, "f16": 2.0**-10, "bf16": 2.0**-7}
+
+
+@pytest.fixture(scope="module")
+def reference(small_model_dir: Path):
+    """A model loaded afresh by `moe.load`, independent of the node's own copy."""
+    return load(small_model_dir)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("variant", VARIANTS)
+async def test_forward_equals_the_models_expert(
+    node: Node, client: NodeClient, reference, variant: str, dtype: str
+) -> None:
+    d = node.shape.d_model
+    x = torch.randn(5, d)
+    resp = await client.forward(node.url, [make_item(1, 3, x, variant, dtype)], req="t1")
+    y = decode_tensor(resp.ys[0], dtype, 5, d)
+    with torch.inference_mode():
+        want = reference.expert(1, 3, variant)(x.to(DTYPES[dtype]).float()).to(DTYPES[dtype])
+    assert y.dtype == DTYPES[dtype]
+    assert torch.equal(y, want)
+    assert resp.timing.queue_ms >= 0 and resp.timing.compute_ms > 0
+    assert (1, 3, variant) in resp.state.resident
+
+
+async def test_quantized_variants_really_differ(node: Node, client: NodeClient) -> None:
+    x = torch.randn(4, node.shape.d_model)
+    resp = await client.forward(node.url, [make_item(0, 2, x, v) for v in VARIANTS])
+    fp, i8, i4 = (decode_tensor(y, "f32", 4, node.shape.d_model) for y in resp.ys)
+    err8 = (i8 - fp).norm() / fp.norm()
+    err4 = (i4 - fp).norm() / fp.norm()
+    assert 0 < err8 < err4 < 0.5
+
+
+async def test_many_items_in_one_request_equal_one_by_one(node: Node, client: NodeClient) -> None:
+    d = node.shape.d_model
+    items = [
+        make_item(0, 1, torch.randn(3, d)),
+        make_item(0, 1, torch.randn(2, d), dtype="f16"),  # same expert: computed together
+        make_item(0, 2, torch.randn(1, d), "int8"),
+        make_item(1, 5, torch.randn(4, d), "int4", "bf16"),
+        make_item(0, 1, torch.randn(1, d)),
+    ]
+    together = await client.forward(node.url, items)
+    assert len(together.ys) == len(items)
+    for item, y in zip(items, together.ys, strict=True):
+        alone = await client.forward(node.url, [item])
+        a = decode_tensor(y, item.dtype, item.rows, d).float()
+        b = decode_tensor(alone.ys[0], item.dtype, item.rows, d).float()
+        # Batched rows may sum in another order (~1e-7 in fp32), which can move a value
+        # rounded to f16/bf16 by one unit in the last place of that dtype.
+        torch.testing.assert_close(a, b, rtol=ULP[item.dtype], atol=1e-6)
+
+
+async def test_requests_waiting_together_are_batched_with_the_same_answers(
+    compute: TorchCompute, client: NodeClient, make_settings
+) -> None:
+    flops_row = compute.flops(1)
+    slow = DeviceProfile("slow", gpu_tflops=flops_row / 0.03 / 1e12, gpu_mem_gb=1,
+                         cpu_mem_gb=1, h2d_gbps=100)  # 30 ms per row
+    d = compute.shape.d_model
+    async with Node(make_settings(profile=slow), compute=compute) as node:
+        node.set_placement(parse_placement({"experts": [
+            {"layer": 0, "expert": e, "variant": "fp16", "tier": "gpu"} for e in (1, 2)]},
+            node.shape))
+        first = asyncio.create_task(client.forward(node.url, [make_item(0, 2, torch.randn(1, d))]))
+        await asyncio.sleep(0.01)  # the device is busy with `first` for 30 ms
+        xs = [torch.randn(1, d) for _ in range(6)]
+        answers = await asyncio.gather(*(client.forward(node.url, [make_item(0, 1, x)])
+                                         for x in xs))
+        await first
+        assert node.device.jobs_done == 7
+        assert node.device.batches < 7  # the six that waited together ran as fewer batches
+        solo = [await client.forward(node.url, [make_item(0, 1, x)]) for x in xs]
+    for a, b in zip(answers, solo, strict=True):
+        torch.testing.assert_close(decode_tensor(a.ys[0], "f32", 1, d),
+                                   decode_tensor(b.ys[0], "f32", 1, d), rtol=1e-5, atol=1e-6)
+
+
+async def test_modeled_compute_answers_the_right_shape_in_flops_time(
+    client: NodeClient, make_settings
+) -> None:
+    shape = profiles.get("mixtral-8x7b")
+    rows = 2
+    # Choose a throughput that makes this request 20 ms of emulated compute, then dilate x2.
+    tflops = rows * shape.expert_flops_per_token() / 0.020 / 1e12
+    prof = DeviceProfile("m", gpu_tflops=tflops, gpu_mem_gb=1, cpu_mem_gb=1, h2d_gbps=25)
+    async with Node(make_settings(profile=prof, time_dilation=2.0),
+                    compute=ModeledCompute(shape)) as node:
+        node.set_placement(parse_placement({"experts": [
+            {"layer": 31, "expert": 7, "variant": "fp16", "tier": "gpu"}]}, shape))
+        x = torch.randn(rows, shape.d_model)
+        resp = await client.forward(node.url, [make_item(31, 7, x, "fp16", "f16")])
+    assert len(resp.ys[0]) == rows * 4096 * 2
+    assert resp.timing.compute_ms >= 40.0  # 20 ms x time dilation 2, deadline-based
+    assert resp.timing.compute_ms < 1000.0
+    assert resp.timing.load_ms == 0.0
+    assert resp.state.resident == ((31, 7, "fp16"),)

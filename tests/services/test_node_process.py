@@ -1,0 +1,107 @@
+"""`moemesh node` as a real process: ready line, SIGTERM drains, bad input exits 2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe import load
+from services import ClientSettings, NodeClient, NodeRefused
+from services.wire import decode_tensor, make_item
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "process-token"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, MOEMESH_TOKEN=TOKEN)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services", "node", *args, cwd=ROOT, env=_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(120):
+            line = (await proc.stdout.readline()).decode()
+    except BaseException:
+        proc.kill()
+        await proc.wait()
+        raise
+    match = re.search(r"ready on (http://\S+)", line)
+    if match is None:
+        proc.kill()
+        err = (await proc.stderr.read()).decode()
+        await proc.wait()
+        raise AssertionError(f"no ready line: {line!r} {err[-2000:]}")
+    return proc, match.group(1)
+
+
+async def test_sigterm_drains_requests_in_flight_then_exits_0(
+    small_model_dir: Path, tmp_path: Path
+) -> None:
+    model = load(small_model_dir)
+    flops_row = 6 * model.config.d_model * model.config.d_ff
+    profile = tmp_path / "slow.json"  # 150 ms per one-row request
+    profile.write_text(json.dumps({"gpu_tflops": flops_row / 0.15 / 1e12, "gpu_mem_gb": 1,
+                                   "cpu_mem_gb": 1, "h2d_gbps": 10}))
+    placement = tmp_path / "placement.json"
+    placement.write_text(json.dumps({"experts": [
+        {"layer": 0, "expert": 2, "variant": "int8", "tier": "gpu"}]}))
+    proc, url = await _start("--name", "p1", "--port", "0", "--model", str(small_model_dir),
+                             "--profile", str(profile), "--placement", str(placement),
+                             "--max-batch-rows", "1")
+    try:
+        async with NodeClient(ClientSettings(token=TOKEN, forward_s=60)) as client:
+            xs = [torch.randn(1, model.config.d_model) for _ in range(5)]
+            tasks = [asyncio.create_task(client.forward(url, [make_item(0, 2, x, "int8")]))
+                     for x in xs]
+            while (await client.health(url))["queue"] < 3:
+                await asyncio.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            with pytest.raises(NodeRefused) as late:  # arrives while draining
+                await client.forward(url, [make_item(0, 2, xs[0], "int8")])
+            answers = await asyncio.gather(*tasks)
+        async with asyncio.timeout(60):
+            code = await proc.wait()
+        err = (await proc.stderr.read()).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert code == 0, err
+    assert "draining" in err and "stopped after 5 requests" in err
+    assert late.value.status == 503 and late.value.code == "shutting_down"
+    with torch.inference_mode():
+        for x, ans in zip(xs, answers, strict=True):
+            want = model.expert(0, 2, "int8")(x)
+            assert torch.equal(decode_tensor(ans.ys[0], "f32", 1, model.config.d_model), want)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--name", "x", "--profile", "nope"], "unknown device profile 'nope'"),
+        (["--name", "x", "--model", "mixtral-8x7b", "--placement", "all-gpu",
+          "--profile", "hetroute-s"], "GPU tier needs"),
+    ],
+)
+async def test_bad_input_exits_2_naming_the_problem(args: list[str], words: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services", "node", *args, cwd=ROOT, env=_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(120):
+        out, err = await proc.communicate()
+    assert proc.returncode == 2, (out, err)
+    assert words in err.decode()
