@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "services.commands",
     "router.commands",
     "orchestrator.commands",
+    "orchestrator.docker_commands",
 )
 
 
