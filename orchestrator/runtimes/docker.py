@@ -1,0 +1,396 @@
+"""The `docker` runtime: each node is a container of the moemesh image, driven by the Engine API.
+
+Two ways to get the containers:
+
+- start (default): this runtime creates a private bridge network `moemesh-<id>` (internal: no
+  way out of the host) and one container per node (`moemesh-<id>-<node>`, network alias = the
+  node's name, root with NET_ADMIN so the node can shape its own egress with tc), and removes
+  exactly those, by id, on `stop()`: after success, after a failure half-way, on Ctrl-C.
+- attach (`attach=True`, or MOEMESH_DOCKER_ATTACH=1 as compose.yaml sets for its controller):
+  the containers of a compose project, found by service name = node name. The runtime creates
+  and removes nothing; compose owns them (`docker compose down -v`).
+
+Either way `kill(name)` (node-down) sends SIGKILL to the node's container through the API and
+`revive(name)` (node-up) starts it again; the node re-applies its saved links at start (its
+state folder survives a restart), and `apply_links` / `apply_placement` speak to the nodes'
+control plane. The orchestrator reaches every node at its container address on the bridge
+(like the netns runtime), which is also what peers' tc filters match.
+
+Needs a running Docker engine (docker/start-dockerd.sh) and the image (docker/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from netem.spec import LinkSpec
+from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure, wait_listening
+
+__all__ = ["DEFAULT_IMAGE", "LABEL_RUN", "DockerRuntime"]
+
+DEFAULT_IMAGE = "moemesh/moemesh:latest"
+LABEL_RUN = "io.moemesh.run"  # on every container and network the start mode creates
+_COMPOSE_PROJECT = "com.docker.compose.project"
+_COMPOSE_SERVICE = "com.docker.compose.service"
+_COMPOSE_NETWORK = "com.docker.compose.network"
+
+
+@dataclass
+class _Node:
+    launch: NodeLaunch
+    container_id: str
+    port: int
+    address: str = ""
+
+
+def _python_argv(argv: Sequence[str]) -> list[str]:
+    """The host's Python path means nothing in the image: use the image's `python`."""
+    first = argv[0]
+    if first == sys.executable or os.path.basename(first).startswith("python"):
+        return ["python", *argv[1:]]
+    return list(argv)
+
+
+class DockerRuntime(Runtime):
+    """Containers on a bridge (see the module docstring)."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        attach: bool | None = None,
+        project: str | None = None,
+        network: str | None = None,
+        token: str | None = None,
+        env: Mapping[str, str] | None = None,
+        net_admin: bool = True,
+        ready_timeout_s: float = 180.0,
+        stop_grace_s: float = 10.0,
+        docker_url: str | None = None,
+    ) -> None:
+        self.id = secrets.token_hex(3)
+        self.image = image
+        if attach is None:
+            attach = os.environ.get("MOEMESH_DOCKER_ATTACH", "") not in ("", "0")
+        self.attach = attach
+        self.project = project
+        self.network = network or os.environ.get("MOEMESH_DOCKER_NETWORK") or None
+        # The control-plane token: given, or the environment's, or a fresh one (start mode).
+        self.token = token or os.environ.get("MOEMESH_TOKEN") or (
+            None if attach else secrets.token_hex(16))
+        self.env = dict(env or {})
+        self.net_admin = net_admin
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.docker_url = docker_url
+        self._docker: Any = None
+        self._nodes: dict[str, _Node] = {}
+        self._network_id: str | None = None
+        self._network_name: str | None = None
+        self._created: list[str] = []  # container ids this runtime created (start mode)
+        self._started = False
+
+    # -- engine --------------------------------------------------------------------------
+    async def _engine(self) -> Any:
+        if self._docker is None:
+            try:
+                import aiodocker
+            except ImportError:
+                raise RuntimeFailure("the docker runtime needs the aiodocker package "
+                                     "(pip install aiodocker)") from None
+            where = self.docker_url or os.environ.get("DOCKER_HOST") or "the default socket"
+            docker = None
+            try:
+                docker = aiodocker.Docker(url=self.docker_url)
+                await docker.version()
+            except Exception as exc:
+                if docker is not None:
+                    await docker.close()
+                raise RuntimeFailure(f"cannot reach the Docker engine at {where}: {exc} "
+                                     "(start it: docker/start-dockerd.sh)") from None
+            self._docker = docker
+        return self._docker
+
+    # -- public --------------------------------------------------------------------------
+    async def start(self, nodes: Sequence[NodeLaunch]) -> dict[str, Endpoint]:
+        if self._started:
+            raise RuntimeFailure(f"docker runtime {self.id} is already started")
+        if not nodes:
+            raise ValueError("no nodes to start")
+        names = [n.name for n in nodes]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"node name(s) given twice: {', '.join(dupes)}")
+        self._started = True
+        try:
+            docker = await self._engine()
+            if self.attach:
+                await self._attach(docker, nodes)
+            else:
+                await self._create(docker, nodes)
+            await asyncio.gather(*(self._ready(n) for n in self._nodes.values()))
+        except BaseException:
+            await asyncio.shield(self.stop())
+            raise
+        return self.endpoints()
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        return {name: Endpoint(name=name, host=n.address, port=n.port, address=n.address)
+                for name, n in self._nodes.items()}
+
+    def container_id(self, name: str) -> str:
+        return self._node(name).container_id
+
+    async def kill(self, name: str) -> None:
+        """node-down: SIGKILL the node's container (it stays, stopped, for `revive`)."""
+        node = self._node(name)
+        container = await self._container(node)
+        try:
+            await container.kill(signal="SIGKILL")
+        except Exception as exc:
+            if _status(exc) != 409:  # 409: not running already
+                raise RuntimeFailure(f"node {name}: kill failed: {exc}") from None
+
+    async def revive(self, name: str) -> Endpoint:
+        """node-up: start the node's container again and wait until it listens."""
+        node = self._node(name)
+        container = await self._container(node)
+        try:
+            await container.start()
+        except Exception as exc:
+            if _status(exc) != 304:  # 304: running already
+                raise RuntimeFailure(f"node {name}: start failed: {exc}") from None
+        node.address = await self._address(container)
+        await self._ready(node)
+        return self.endpoints()[name]
+
+    async def running(self, name: str) -> bool:
+        info = await (await self._container(self._node(name))).show()
+        return bool(info["State"]["Running"])
+
+    async def logs(self, name: str, lines: int = 30) -> str:
+        container = await self._container(self._node(name))
+        out = await container.log(stdout=True, stderr=True, tail=lines)
+        return "".join(out)
+
+    async def apply_links(self, links: Mapping[str, Mapping[str, LinkSpec]],
+                          backend: str = "auto") -> dict[str, str]:
+        """PUT /v1/links on every node in `links` (node → {peer → one-way spec}).
+
+        Peers' addresses go along (tc filters match them). Returns node → the backend the node
+        applied ("tc" or "app"), so a run can say which it used.
+        """
+        from services.client import ClientSettings, NodeClient
+
+        eps = self.endpoints()
+        for node, peers in links.items():
+            for peer in [node, *peers]:
+                if peer not in eps:
+                    raise ValueError(f"links: unknown node {peer!r} (running: {', '.join(eps)})")
+        async with NodeClient(ClientSettings(token=self.token)) as client:
+            answers = await asyncio.gather(*(
+                client.put_links(eps[node].url, {
+                    peer: {**spec.to_json(), "address": eps[peer].address}
+                    for peer, spec in peers.items()}, backend)
+                for node, peers in links.items()))
+        return {node: (answer.get("applied") or {}).get("backend", "none")
+                for node, answer in zip(links, answers, strict=True)}
+
+    async def apply_placement(self, placement: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """PUT /v1/placement on every node: node → [{"layer", "expert", "variant", "tier"}]."""
+        from services.client import ClientSettings, NodeClient
+
+        eps = self.endpoints()
+        unknown = sorted(set(placement) - set(eps))
+        if unknown:
+            raise ValueError(f"placement: unknown node(s) {', '.join(unknown)}")
+        async with NodeClient(ClientSettings(token=self.token)) as client:
+            await asyncio.gather(*(client.put_placement(eps[n].url, [dict(e) for e in experts])
+                                   for n, experts in placement.items()))
+
+    async def stop(self) -> None:
+        errors: list[str] = []
+        docker = self._docker
+        if docker is not None and not self.attach:
+            # A create cancelled in flight (Ctrl-C) makes a container whose id never came back:
+            # find those by this run's own label, which nothing else carries.
+            with contextlib.suppress(Exception):
+                for c in await docker.containers.list(
+                        all=True, filters={"label": [f"{LABEL_RUN}={self.id}"]}):
+                    if c.id not in self._created:
+                        self._created.append(c.id)
+                if self._network_id is None:
+                    nets = await docker.networks.list(
+                        filters={"label": [f"{LABEL_RUN}={self.id}"]})
+                    self._network_id = nets[0]["Id"] if nets else None
+        if docker is not None:
+            for cid in list(self._created):
+                try:
+                    await docker.containers.container(cid).delete(force=True, v=True)
+                except Exception as exc:
+                    if _status(exc) != 404:
+                        errors.append(f"container {cid[:12]}: {exc}")
+                self._created.remove(cid)
+            if self._network_id is not None:
+                try:
+                    await (await docker.networks.get(self._network_id)).delete()
+                except Exception as exc:
+                    if _status(exc) != 404:
+                        errors.append(f"network {self._network_name}: {exc}")
+                self._network_id = None
+            self._docker = None
+            await docker.close()
+        self._nodes.clear()
+        self._started = False
+        if errors:
+            raise RuntimeFailure(f"docker runtime {self.id}: clean-up failed: {'; '.join(errors)}")
+
+    # -- start mode ----------------------------------------------------------------------
+    async def _create(self, docker: Any, nodes: Sequence[NodeLaunch]) -> None:
+        try:
+            await docker.images.inspect(self.image)
+        except Exception as exc:
+            if _status(exc) == 404:
+                raise RuntimeFailure(f"image {self.image!r} not found: build it first "
+                                     "(docker/README.md: docker/build-image.sh)") from None
+            raise
+        labels = {LABEL_RUN: self.id}
+        self._network_name = f"moemesh-{self.id}"
+        network = await docker.networks.create({
+            "Name": self._network_name, "Driver": "bridge", "Internal": True,
+            "CheckDuplicate": True, "Labels": labels})
+        self._network_id = network.id
+        for launch in nodes:
+            env = {**self.env, **launch.env, "MOEMESH_HOST": "0.0.0.0",
+                   "MOEMESH_PORT": str(launch.port)}
+            if self.token:
+                env["MOEMESH_TOKEN"] = self.token
+            config = {
+                "Image": self.image,
+                "Cmd": _python_argv(launch.command(launch.name, launch.port)),
+                "Env": [f"{k}={v}" for k, v in env.items()],
+                "User": "root",
+                "Hostname": launch.name,
+                "Labels": {**labels, "io.moemesh.node": launch.name},
+                "HostConfig": {"NetworkMode": self._network_name,
+                               "CapAdd": ["NET_ADMIN"] if self.net_admin else []},
+                "NetworkingConfig": {"EndpointsConfig": {
+                    self._network_name: {"Aliases": [launch.name]}}},
+            }
+            container = await docker.containers.create(
+                config, name=f"moemesh-{self.id}-{launch.name}")
+            self._created.append(container.id)
+            self._nodes[launch.name] = _Node(launch, container.id, launch.port)
+        for node in self._nodes.values():
+            container = docker.containers.container(node.container_id)
+            await container.start()
+            node.address = await self._address(container)
+
+    # -- attach mode ---------------------------------------------------------------------
+    async def _attach(self, docker: Any, nodes: Sequence[NodeLaunch]) -> None:
+        project = self.project or await self._own_project(docker) or await self._find_project(
+            docker, nodes[0].name)
+        self.project = project
+        for launch in nodes:
+            found = await docker.containers.list(all=True, filters={"label": [
+                f"{_COMPOSE_PROJECT}={project}", f"{_COMPOSE_SERVICE}={launch.name}"]})
+            if len(found) != 1:
+                raise RuntimeFailure(
+                    f"node {launch.name}: {len(found)} containers of service {launch.name!r} in "
+                    f"compose project {project!r} (expected 1: is the topology the one the "
+                    "compose file was made from?)")
+            info = await found[0].show()
+            env = dict(e.split("=", 1) for e in info["Config"].get("Env") or [] if "=" in e)
+            port = int(env.get("MOEMESH_PORT", launch.port))
+            node = _Node(launch, found[0].id, port)
+            if not info["State"]["Running"]:
+                raise RuntimeFailure(f"node {launch.name}: container {found[0].id[:12]} is "
+                                     f"{info['State']['Status']}, not running")
+            node.address = await self._address(found[0], info)
+            self._nodes[launch.name] = node
+
+    async def _own_project(self, docker: Any) -> str | None:
+        """Inside a compose container (the controller): its own project."""
+        if not os.path.exists("/.dockerenv"):
+            return None
+        with contextlib.suppress(Exception):
+            info = await docker.containers.container(os.uname().nodename).show()
+            return info["Config"]["Labels"].get(_COMPOSE_PROJECT)
+        return None
+
+    async def _find_project(self, docker: Any, service: str) -> str:
+        found = await docker.containers.list(all=True, filters={"label": [
+            f"{_COMPOSE_SERVICE}={service}"]})
+        projects = sorted({(await c.show())["Config"]["Labels"][_COMPOSE_PROJECT] for c in found})
+        if len(projects) != 1:
+            raise RuntimeFailure(
+                f"cannot tell which compose project to attach to: service {service!r} is in "
+                f"{', '.join(projects) or 'none'} (start one with docker compose up, or pass "
+                "project=...)")
+        return projects[0]
+
+    # -- shared --------------------------------------------------------------------------
+    def _node(self, name: str) -> _Node:
+        node = self._nodes.get(name)
+        if node is None:
+            known = ", ".join(self._nodes) or "none"
+            raise ValueError(f"unknown node {name!r} (this runtime runs: {known})")
+        return node
+
+    async def _container(self, node: _Node) -> Any:
+        return (await self._engine()).containers.container(node.container_id)
+
+    async def _address(self, container: Any, info: dict[str, Any] | None = None) -> str:
+        """The container's IPv4 address on the mesh network."""
+        info = info or await container.show()
+        networks: dict[str, Any] = info["NetworkSettings"]["Networks"] or {}
+        if self._network_name is not None:  # start mode: ours
+            chosen = networks.get(self._network_name)
+        else:  # attach: compose's network `self.network`, else the container's only one
+            by_key = {k: v for k, v in networks.items()
+                      if self.network is None or k == self.network
+                      or k == f"{self.project}_{self.network}"}
+            chosen = next(iter(by_key.values())) if len(by_key) == 1 else None
+        if not chosen or not chosen.get("IPAddress"):
+            raise RuntimeFailure(f"container {info['Id'][:12]} has no address on network "
+                                 f"{self._network_name or self.network or '(its only one)'} "
+                                 f"(networks: {', '.join(networks) or 'none'})")
+        return str(chosen["IPAddress"])
+
+    async def _ready(self, node: _Node) -> None:
+        container = await self._container(node)
+
+        async def gone() -> str | None:
+            info = await container.show()
+            return None if info["State"]["Running"] else info["State"]["Status"]
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout_s
+        while True:
+            state = await gone()
+            if state is not None:
+                tail = await self.logs(node.launch.name, 15)
+                raise RuntimeFailure(f"node {node.launch.name}: container {state} before it "
+                                     f"listened; its last output:\n{tail}")
+            try:
+                await wait_listening(node.address, node.port, timeout_s=2.0)
+                return
+            except TimeoutError:
+                if loop.time() >= deadline:
+                    raise RuntimeFailure(
+                        f"node {node.launch.name}: {node.address}:{node.port} did not listen "
+                        f"within {self.ready_timeout_s:g} s") from None
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of an aiodocker DockerError (None for other errors)."""
+    return getattr(exc, "status", None)

@@ -1,0 +1,48 @@
+"""docker/check_summary.py, the CI's judge of the compose run, on results written here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def results(tmp: Path, *, failed: int = 1, rows: int = 5, faults: tuple[str, ...] = (
+        "link-down", "node-down"), shaper: str = "app") -> Path:
+    summary = {"scenario": "ci4", "runtime": "docker", "shaper": shaper,
+               "policies": {"hetroute": {"tokens": 4, "failed_tokens": failed}},
+               "faults": [{"action": a, "at_s": 6.0} for a in faults]}
+    (tmp / "summary.json").write_text(json.dumps(summary))
+    (tmp / "tokens.csv").write_text("policy,latency_ms\n" + "hetroute,3.0\n" * rows)
+    return tmp
+
+
+def judge(folder: Path, shaper: str = "app") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "docker/check_summary.py"), str(folder),
+                           "--expect-shaper", shaper], capture_output=True, text=True, timeout=30)
+
+
+def test_a_complete_run_passes(tmp_path: Path) -> None:
+    done = judge(results(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "4 served + 1 failed = 5 tokens" in done.stdout
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"rows": 6}, "4 served + 1 failed != 6 rows"),
+    ({"faults": ("link-down",)}, "node-down is not recorded"),
+    ({"shaper": "tc"}, "shaper is 'tc', expected 'app'"),
+])
+def test_each_broken_promise_is_named(tmp_path: Path, change: dict, message: str) -> None:
+    done = judge(results(tmp_path, **change))
+    assert done.returncode == 1 and message in done.stderr
+
+
+def test_no_summary_says_so(tmp_path: Path) -> None:
+    done = judge(tmp_path)
+    assert done.returncode == 1 and "summary.json: missing" in done.stderr
