@@ -15,8 +15,16 @@ EVAL_WINDOWS = 128
 
 
 def heldout_batch(seq: int = EVAL_SEQ, count: int = EVAL_WINDOWS) -> torch.Tensor:
-    """The first `count` non-overlapping windows of held-out text (never trained on)."""
-    return windows(as_tokens(corpus_bytes("heldout", limit=seq * count)), seq, count)
+    """`count` windows spread evenly over all held-out text (never trained on).
+
+    Spreading them keeps a small sample representative: the first kilobytes of one file
+    (a licence, say) are not the corpus.
+    """
+    all_windows = windows(as_tokens(corpus_bytes("heldout")), seq)
+    if count > all_windows.shape[0]:
+        raise ValueError(f"held-out text has {all_windows.shape[0]} windows of {seq}, not {count}")
+    picks = torch.linspace(0, all_windows.shape[0] - 1, count).round().long()
+    return all_windows[picks]
 
 
 def evaluate(
