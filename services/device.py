@@ -6,7 +6,9 @@ FLOPs / `gpu_tflops`, loading a CPU-tier expert takes bytes / `h2d_gbps`, and `g
 1e12 FLOP/s. The built-in profiles span the heterogeneous servers of the HetRoute set-up
 (PAPERS.md: 18–120 TFLOPS, GPU 12–48 GB, CPU 96–512 GB, GPU↔CPU 12–64 GB/s); they are
 effective sustained figures, not vendor peaks. `tiny-edge` is scaled for tiny-moe, whose
-experts weigh tens of kilobytes, so its tiers and load times matter there.
+experts weigh tens of kilobytes, so its tiers and load times matter there. Ready profiles for
+real edge devices (A100, RTX 4090/3090, Jetson AGX Orin, Orin Nano, CPU-only) carry the numbers
+and their sources beside them.
 """
 
 from __future__ import annotations
@@ -85,6 +87,19 @@ _BUILTIN = {
         DeviceProfile("hetroute-m", gpu_tflops=45, gpu_mem_gb=24, cpu_mem_gb=192, h2d_gbps=25),
         DeviceProfile("hetroute-l", gpu_tflops=80, gpu_mem_gb=32, cpu_mem_gb=256, h2d_gbps=32),
         DeviceProfile("hetroute-xl", gpu_tflops=120, gpu_mem_gb=48, cpu_mem_gb=512, h2d_gbps=64),
+        # Edge devices, effective dense fp16 throughput at about half the vendor's tensor-core
+        # peak (A100 312, RTX 4090 165, RTX 3090 71, AGX Orin ~42, Orin Nano ~5 TFLOPS), host
+        # links at what PCIe 4.0 x16 sustains (~25 GB/s). Jetsons share one memory between CPU
+        # and GPU: their "GPU" tier is the share a runtime can pin, and a "load" is a copy
+        # within that memory. CPU-only: the "GPU" is the CPU itself (AVX-512 fp32, 32 cores),
+        # every resident expert lives in RAM, and a load is a memcpy.
+        DeviceProfile("a100", gpu_tflops=150, gpu_mem_gb=80, cpu_mem_gb=512, h2d_gbps=25),
+        DeviceProfile("rtx4090", gpu_tflops=80, gpu_mem_gb=24, cpu_mem_gb=128, h2d_gbps=25),
+        DeviceProfile("rtx3090", gpu_tflops=35, gpu_mem_gb=24, cpu_mem_gb=128, h2d_gbps=25),
+        DeviceProfile("jetson-agx-orin", gpu_tflops=20, gpu_mem_gb=48, cpu_mem_gb=64,
+                      h2d_gbps=100),
+        DeviceProfile("orin-nano", gpu_tflops=2.5, gpu_mem_gb=6, cpu_mem_gb=8, h2d_gbps=30),
+        DeviceProfile("cpu-only", gpu_tflops=1.5, gpu_mem_gb=64, cpu_mem_gb=64, h2d_gbps=50),
         # tiny-moe: an fp16 expert is ~74 kB, so 1 MB of GPU holds about 13 of them and a load
         # takes ~0.7 ms at 0.1 GB/s; 10 GFLOP/s makes a one-row expert call ~7 µs.
         DeviceProfile("tiny-edge", gpu_tflops=0.01, gpu_mem_gb=0.001, cpu_mem_gb=0.01,
