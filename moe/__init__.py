@@ -6,6 +6,7 @@ gate statistics, profiles of real models for the modeled compute mode, and routi
 
 from .config import ModelConfig
 from .errors import ExpertIndexError, MoEError, UnknownModelError, WeightsError
+from .gatestats import GateStats, load_stats
 from .model import VARIANTS, Executor, KVCache, MoEModel, bits_per_byte, combine_experts
 from .registry import DEFAULT_MODEL, builtin_models, load, model_dir
 
@@ -14,6 +15,7 @@ __all__ = [
     "VARIANTS",
     "Executor",
     "ExpertIndexError",
+    "GateStats",
     "KVCache",
     "MoEError",
     "MoEModel",
@@ -24,5 +26,6 @@ __all__ = [
     "builtin_models",
     "combine_experts",
     "load",
+    "load_stats",
     "model_dir",
 ]

@@ -26,6 +26,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ev.set_defaults(handler=_eval)
 
+    st = msub.add_parser(
+        "stats", help="gate statistics and quality penalties from calibration text"
+    )
+    st.add_argument("--model", default=DEFAULT_MODEL, help="name or checkpoint folder (tiny-moe)")
+    st.add_argument(
+        "--out", type=Path, help="output file (default: beside the weights)"
+    )
+    st.add_argument("--tokens", type=int, default=16384, help="calibration tokens (16384)")
+    st.add_argument("--window", type=int, default=256, help="calibration window length (256)")
+    st.add_argument("--pairs", type=int, default=1, help="measured substitutes per expert (1)")
+    st.add_argument("--threads", type=int, default=1, help="torch threads (1)")
+    st.add_argument("--json", action="store_true", help="print the summary as JSON")
+    st.set_defaults(handler=_stats)
+
     tr = msub.add_parser("train", help="train tiny-moe from scratch, deterministically")
     tr.add_argument("--out", type=Path, default=WEIGHTS_DIR / DEFAULT_MODEL, help="output folder")
     tr.add_argument("--steps", type=int, help="training steps (default 1500)")
@@ -84,6 +98,38 @@ def _eval(args: argparse.Namespace) -> int:
                 f"  {variant:5s} bits/byte {res['bits_per_byte']:.4f}  perplexity "
                 f"{res['perplexity']:.4f}  ({res['perplexity_delta_pct']:+.2f}%)"
             )
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from .stats import run_stats
+
+    for flag in ("tokens", "window", "pairs", "threads"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    with _progress() as bar:
+        task = bar.add_task("stats", total=None, info="")
+
+        def show(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, info=what)
+
+        stats, path = run_stats(
+            args.model,
+            args.out,
+            calib_tokens=args.tokens,
+            window=args.window,
+            substitution_pairs=args.pairs,
+            threads=args.threads,
+            progress=show,
+        )
+    summary = {"out": str(path), **stats.summary()}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"gate statistics written to {path}")
+        for key, value in summary.items():
+            if not isinstance(value, dict | list):
+                print(f"  {key}: {value}")
     return 0
 
 
