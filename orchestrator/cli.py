@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "moe.commands",
     "services.commands",
     "router.commands",
+    "netem.commands",
     "orchestrator.commands",
     "orchestrator.docker_commands",
 )

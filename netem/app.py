@@ -1,0 +1,180 @@
+"""The `app` backend: links emulated inside the node's own HTTP transport.
+
+For hosts where the kernel lacks sch_netem or the process lacks NET_ADMIN. The node calls
+`await shaper.transmit(peer, nbytes)` before it sends nbytes to peer (its client before a request,
+its server before answering a requester), so each direction is shaped by its sender, as with tc.
+
+The model of one link (one-way, this node → peer):
+- a FIFO serialiser at the link rate: a send starts when the previous one has left the wire
+  (concurrent sends share the bandwidth), and takes nbytes * 8 / rate;
+- then the one-way delay, +/- a uniform jitter (as netem without a distribution);
+- loss: the message is split into MSS-sized segments; if any is lost (probability
+  1 - (1 - p)^segments) the send stalls one retransmission timeout (200 ms x time dilation),
+  doubling per repeated loss, like TCP's RTO backoff. Queue limits (tail drop) are not modelled.
+- down (or loss 100%): a blackhole; sends wait until the link comes back, and raise
+  `LinkDownError` after `down_timeout_s` (a caller's own timeout usually fires first).
+Every wait is deadline-based (`netem.timing`). Peers without a link are not shaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from netem.errors import BadLinkInput, LinkDownError
+from netem.spec import LinkSpec, check_links
+from netem.timing import now, sleep_until
+
+__all__ = ["AppShaper"]
+
+RTO_S = 0.2  # Linux's minimum TCP retransmission timeout
+MSS_BYTES = 1448  # TCP payload per 1500-byte packet with timestamps
+MAX_BACKOFFS = 6
+
+
+class AppShaper:
+    """In-process emulation of per-peer egress links (see the module docstring)."""
+
+    backend = "app"
+
+    def __init__(
+        self,
+        *,
+        time_dilation: float = 1.0,
+        seed: int | None = None,
+        down_timeout_s: float = 30.0,
+    ) -> None:
+        if not time_dilation > 0:
+            raise ValueError(f"time_dilation must be > 0, got {time_dilation!r}")
+        self.time_dilation = float(time_dilation)
+        self.down_timeout_s = float(down_timeout_s)
+        self._rng = random.Random(seed)
+        self._links: dict[str, LinkSpec] = {}
+        self._down: set[str] = set()
+        self._free_at: dict[str, float] = {}  # `now()` when each serialiser is free again
+        self._changed: dict[str, asyncio.Event] = {}  # set (and replaced) on each change
+        self.stalls = 0  # sends that paid at least one retransmission timeout
+        self.sends = 0
+
+    # -- configuration -------------------------------------------------------------------
+    async def apply(
+        self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None
+    ) -> None:
+        new = check_links(links)
+        old = self._links
+        self._links = new
+        self._down.clear()
+        for peer in set(old) | set(new):
+            if old.get(peer) != new.get(peer):
+                self._free_at.pop(peer, None)
+            self._notify(peer)
+
+    async def set_link(self, peer: str, spec: LinkSpec) -> None:
+        self._known(peer)
+        check_links({peer: spec})
+        self._links[peer] = spec
+        self._down.discard(peer)
+        self._free_at.pop(peer, None)
+        self._notify(peer)
+
+    async def link_down(self, peer: str) -> None:
+        self._known(peer)
+        self._down.add(peer)
+        self._notify(peer)
+
+    async def link_up(self, peer: str) -> None:
+        self._known(peer)
+        self._down.discard(peer)
+        self._notify(peer)
+
+    async def clear(self) -> None:
+        peers = set(self._links)
+        self._links = {}
+        self._down.clear()
+        self._free_at.clear()
+        for peer in peers:
+            self._notify(peer)
+
+    async def close(self) -> None:
+        await self.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "time_dilation": self.time_dilation,
+            "links": {
+                peer: {**spec.to_json(), "down": peer in self._down}
+                for peer, spec in sorted(self._links.items())
+            },
+        }
+
+    # -- the data path -------------------------------------------------------------------
+    async def transmit(self, peer: str, nbytes: int, *, timeout_s: float | None = None) -> None:
+        """Wait as sending nbytes to peer over its link would; see the module docstring.
+
+        timeout_s bounds the wait on a down link (default `down_timeout_s`), then LinkDownError.
+        """
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
+        if peer not in self._links:
+            return
+        await self._wait_passable(peer, self.down_timeout_s if timeout_s is None else timeout_s)
+        spec = self._links.get(peer)
+        if spec is None:  # cleared while we waited
+            return
+        link = spec.dilated(self.time_dilation)
+        t = now()
+        start = max(t, self._free_at.get(peer, t))
+        on_wire = start + link.serialisation_ms(nbytes) / 1e3
+        self._free_at[peer] = on_wire
+        delay_s = link.delay_ms / 1e3
+        if link.jitter_ms > 0:
+            delay_s += self._rng.uniform(-link.jitter_ms, link.jitter_ms) / 1e3
+        self.sends += 1
+        await sleep_until(on_wire + delay_s + self._loss_stall_s(link, nbytes))
+
+    def _loss_stall_s(self, link: LinkSpec, nbytes: int) -> float:
+        if link.loss_pct <= 0:
+            return 0.0
+        segments = max(1, math.ceil(nbytes / MSS_BYTES))
+        p_lost = 1.0 - (1.0 - link.loss_pct / 100.0) ** segments
+        stall, rto = 0.0, RTO_S * self.time_dilation
+        for _ in range(MAX_BACKOFFS):
+            if self._rng.random() >= p_lost:
+                break
+            stall += rto
+            rto *= 2
+        if stall:
+            self.stalls += 1
+        return stall
+
+    def _blocked(self, peer: str) -> bool:
+        spec = self._links.get(peer)
+        return spec is not None and (peer in self._down or spec.loss_pct >= 100)
+
+    async def _wait_passable(self, peer: str, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._blocked(peer):
+            left = deadline - loop.time()
+            if left <= 0:
+                raise LinkDownError(f"link to {peer} is down (waited {timeout_s:g} s)")
+            event = self._changed.setdefault(peer, asyncio.Event())
+            try:
+                async with asyncio.timeout(left):
+                    await event.wait()
+            except TimeoutError:
+                continue
+
+    def _notify(self, peer: str) -> None:
+        event = self._changed.pop(peer, None)
+        if event is not None:
+            event.set()
+
+    def _known(self, peer: str) -> None:
+        if peer not in self._links:
+            known = ", ".join(sorted(self._links)) or "none"
+            raise BadLinkInput(f"unknown peer {peer!r} (links are set for: {known})")

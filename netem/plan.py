@@ -1,0 +1,326 @@
+"""Plan: a pure function from (interface, {peer address: LinkSpec}) to typed tc operations.
+
+The tree on one node's egress interface (handles in tc's hex notation):
+
+    dev IFACE
+    └── qdisc htb 1: root, default 1:1        (unclassified traffic never uses HTB's
+        │                                       unshaped direct queue)
+        ├── class 1:1  rate=ceil=line rate     (default: ARP, traffic to non-peers)
+        ├── class 1:10 rate=ceil=link rate, quantum   ← u32 prio 0x10: ip dst = peer A → 1:10
+        │   └── qdisc netem 10: delay ± jitter, loss, limit = BDP + queue
+        ├── class 1:11 ...                     ← u32 prio 0x11: ip dst = peer B → 1:11
+        │   └── qdisc netem 11: ...
+        ...
+
+One slot number per peer address names its class (1:SLOT), its netem leaf (SLOT:) and its u32
+filter priority (SLOT), so one peer can be changed or removed without touching the others, and
+the root stays stable. Changes use `replace` with the full parameter set (a netlink change only
+updates the fields it carries). Link down = the leaf replaced with loss 100%.
+
+Nothing here needs root or a kernel: the executor (`netem.tc`) applies the list and checks each
+answer; tests check the list as data.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from netem.errors import BadLinkInput
+from netem.spec import LinkSpec
+
+__all__ = [
+    "DEFAULT_LINE_RATE_MBIT",
+    "FIRST_SLOT",
+    "HtbClass",
+    "HtbRoot",
+    "NetemLeaf",
+    "Plan",
+    "TcOp",
+    "U32Dst",
+    "assign_slots",
+    "plan_change",
+    "plan_down",
+    "plan_teardown",
+    "plan_tree",
+    "plan_up",
+]
+
+Action = Literal["add", "replace", "del"]
+
+ROOT = "1:"
+DEFAULT_MINOR = 1
+FIRST_SLOT = 0x10
+MAX_SLOT = 0xFFFF
+DEFAULT_LINE_RATE_MBIT = 10_000.0
+MTU_BYTES = 1500
+MIN_QUANTUM = 1600  # >= one full frame, else HTB is unfair
+MAX_QUANTUM = 200_000  # the kernel warns ("quantum of class is big") above this
+MIN_QUEUE_PKTS = 64
+
+
+def _bytes_per_s(rate_mbit: float) -> int:
+    return max(1, round(rate_mbit * 1e6 / 8))
+
+
+def quantum_for(rate_bytes: int) -> int:
+    """HTB quantum: rate/10 (the kernel's r2q) clamped to [MIN_QUANTUM, MAX_QUANTUM]."""
+    return min(MAX_QUANTUM, max(MIN_QUANTUM, rate_bytes // 10))
+
+
+DEFAULT_BURST_MS = 1.0  # HTB burst: 1 ms at the rate plus one frame, tc's default at HZ=1000
+
+
+def burst_for(rate_bytes: int, burst_ms: float = DEFAULT_BURST_MS) -> int:
+    """HTB burst (= cburst) in bytes: what the class may send at once after being idle.
+
+    Larger bursts hit the rate better when timers fire late (a loaded host, the UML lab), but
+    let the first burst_ms of a message skip its serialisation time; 1 ms + one frame is tc's
+    default.
+    """
+    return int(rate_bytes * burst_ms / 1e3) + 1600
+
+
+def netem_limit(spec: LinkSpec) -> int:
+    """netem's queue limit in packets: the bandwidth-delay product plus the queue.
+
+    The netem leaf holds both the packets in flight over the delay and those waiting for the
+    HTB class's tokens, so its limit must cover the BDP (the default 1,000 packets is too small
+    for 1 Gbit/s x 50 ms = 4,167 packets). queue_pkts None: a queue of max(BDP, 64) packets.
+    """
+    bdp = math.ceil(spec.rate_mbit * 1e6 / 8 * (spec.delay_ms + spec.jitter_ms) / 1e3 / MTU_BYTES)
+    queue = spec.queue_pkts if spec.queue_pkts is not None else max(bdp, MIN_QUEUE_PKTS)
+    return bdp + queue
+
+
+@dataclass(frozen=True)
+class HtbRoot:
+    action: Action
+    iface: str
+    handle: str = ROOT
+    default_class: str = f"1:{DEFAULT_MINOR:x}"
+
+    def describe(self) -> str:
+        if self.action == "del":
+            return f"tc qdisc del dev {self.iface} root"
+        return (f"tc qdisc {self.action} dev {self.iface} root handle {self.handle} htb "
+                f"default {self.default_class.split(':')[1]}")
+
+
+@dataclass(frozen=True)
+class HtbClass:
+    action: Action
+    iface: str
+    classid: str
+    rate_bytes: int = 0  # bytes/s; rate = ceil
+    quantum: int = 0
+    burst: int = 0  # bytes; burst = cburst
+    parent: str = ROOT
+
+    def describe(self) -> str:
+        if self.action == "del":
+            return f"tc class del dev {self.iface} classid {self.classid}"
+        return (f"tc class {self.action} dev {self.iface} parent {self.parent} classid "
+                f"{self.classid} htb rate {self.rate_bytes * 8}bit ceil {self.rate_bytes * 8}bit "
+                f"burst {self.burst} cburst {self.burst} quantum {self.quantum}")
+
+
+@dataclass(frozen=True)
+class NetemLeaf:
+    action: Action
+    iface: str
+    handle: str
+    parent: str
+    delay_us: int = 0
+    jitter_us: int = 0
+    loss_pct: float = 0.0
+    limit: int = 1000
+
+    def describe(self) -> str:
+        if self.action == "del":
+            return f"tc qdisc del dev {self.iface} parent {self.parent} handle {self.handle}"
+        return (f"tc qdisc {self.action} dev {self.iface} parent {self.parent} handle "
+                f"{self.handle} netem delay {self.delay_us}us {self.jitter_us}us "
+                f"loss {self.loss_pct:g}% limit {self.limit}")
+
+
+@dataclass(frozen=True)
+class U32Dst:
+    action: Action
+    iface: str
+    prio: int
+    dst: str = ""
+    flowid: str = ""
+    parent: str = ROOT
+
+    @property
+    def key(self) -> str:
+        """pyroute2's u32 key: the IPv4 destination at byte offset 16 of the IP header."""
+        return f"0x{int(ipaddress.IPv4Address(self.dst)):08x}/0xffffffff+16"
+
+    def describe(self) -> str:
+        if self.action == "del":
+            return f"tc filter del dev {self.iface} parent {self.parent} prio {self.prio} u32"
+        return (f"tc filter {self.action} dev {self.iface} parent {self.parent} protocol ip "
+                f"prio {self.prio} u32 match ip dst {self.dst}/32 flowid {self.flowid}")
+
+
+TcOp = HtbRoot | HtbClass | NetemLeaf | U32Dst
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Operations in order, and the slot each peer address holds after they ran."""
+
+    ops: list[TcOp] = field(default_factory=list)
+    slots: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> list[str]:
+        return [op.describe() for op in self.ops]
+
+
+def _check_address(address: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(address))
+    except (ipaddress.AddressValueError, ValueError) as exc:
+        raise BadLinkInput(f"peer address {address!r} is not an IPv4 address") from exc
+
+
+def _check_iface(iface: str) -> str:
+    if not isinstance(iface, str) or not 1 <= len(iface) <= 15 or "/" in iface or " " in iface:
+        raise BadLinkInput(f"bad interface name {iface!r}")
+    return iface
+
+
+def assign_slots(addresses: list[str], previous: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Slot per address: addresses that had one keep it; new ones take the lowest free slots."""
+    previous = previous or {}
+    slots = {a: previous[a] for a in addresses if a in previous}
+    used = set(slots.values())
+    nxt = FIRST_SLOT
+    for address in sorted(a for a in addresses if a not in slots):
+        while nxt in used:
+            nxt += 1
+        if nxt > MAX_SLOT:
+            raise BadLinkInput(f"too many peers ({len(addresses)}) for one interface")
+        slots[address] = nxt
+        used.add(nxt)
+    return slots
+
+
+def _leaf(action: Action, iface: str, slot: int, spec: LinkSpec, loss_pct: float | None = None
+          ) -> NetemLeaf:
+    return NetemLeaf(
+        action=action, iface=iface, handle=f"{slot:x}:", parent=f"1:{slot:x}",
+        delay_us=round(spec.delay_ms * 1000), jitter_us=round(spec.jitter_ms * 1000),
+        loss_pct=spec.loss_pct if loss_pct is None else loss_pct, limit=netem_limit(spec),
+    )
+
+
+def _class(action: Action, iface: str, slot: int, spec: LinkSpec,
+           burst_ms: float = DEFAULT_BURST_MS) -> HtbClass:
+    rate = _bytes_per_s(spec.rate_mbit)
+    return HtbClass(action=action, iface=iface, classid=f"1:{slot:x}", rate_bytes=rate,
+                    quantum=quantum_for(rate), burst=burst_for(rate, burst_ms))
+
+
+def _check_links(links: Mapping[str, LinkSpec]) -> dict[str, LinkSpec]:
+    out: dict[str, LinkSpec] = {}
+    for address, spec in links.items():
+        if not isinstance(spec, LinkSpec):
+            raise BadLinkInput(f"link to {address!r} must be a LinkSpec, got {spec!r}")
+        canonical = _check_address(address)
+        if canonical in out:
+            raise BadLinkInput(f"peer address {address!r} is given twice")
+        out[canonical] = spec
+    return out
+
+
+def _add_peer(iface: str, address: str, slot: int, spec: LinkSpec, burst_ms: float
+              ) -> list[TcOp]:
+    return [
+        _class("add", iface, slot, spec, burst_ms),
+        _leaf("add", iface, slot, spec),
+        U32Dst("add", iface, prio=slot, dst=address, flowid=f"1:{slot:x}"),
+    ]
+
+
+def plan_tree(
+    iface: str,
+    links: Mapping[str, LinkSpec],
+    *,
+    line_rate_mbit: float = DEFAULT_LINE_RATE_MBIT,
+    slots: Mapping[str, int] | None = None,
+    burst_ms: float = DEFAULT_BURST_MS,
+) -> Plan:
+    """The whole tree from scratch. The root is `replace`d, which drops whatever was there."""
+    iface = _check_iface(iface)
+    links = _check_links(links)
+    new_slots = assign_slots(list(links), slots)
+    line = LinkSpec(rate_mbit=line_rate_mbit)
+    ops: list[TcOp] = [
+        HtbRoot("replace", iface),
+        _class("add", iface, DEFAULT_MINOR, line),
+    ]
+    for address in sorted(links, key=lambda a: new_slots[a]):
+        ops += _add_peer(iface, address, new_slots[address], links[address], burst_ms)
+    return Plan(ops, new_slots)
+
+
+def plan_change(
+    iface: str,
+    old: Mapping[str, LinkSpec],
+    new: Mapping[str, LinkSpec],
+    slots: Mapping[str, int],
+    *,
+    down: frozenset[str] = frozenset(),
+    burst_ms: float = DEFAULT_BURST_MS,
+) -> Plan:
+    """From the applied `old` links (with their `slots`) to `new`: remove, replace, add.
+
+    Peers whose spec is unchanged and which are not in `down` (applied down, to be restored)
+    get no operation, so re-applying the same links does nothing.
+    """
+    iface = _check_iface(iface)
+    old = _check_links(old)
+    new = _check_links(new)
+    missing = sorted(set(old) - set(slots))
+    if missing:
+        raise BadLinkInput(f"no slot known for applied peer(s) {', '.join(missing)}")
+    ops: list[TcOp] = []
+    for address in sorted(set(old) - set(new), key=lambda a: slots[a]):
+        slot = slots[address]
+        ops += [U32Dst("del", iface, prio=slot), HtbClass("del", iface, classid=f"1:{slot:x}")]
+    kept = {a: slots[a] for a in old if a in new}
+    new_slots = assign_slots(list(new), kept)
+    for address in sorted(new, key=lambda a: new_slots[a]):
+        slot, spec = new_slots[address], new[address]
+        if address not in old:
+            ops += _add_peer(iface, address, slot, spec, burst_ms)
+            continue
+        was = old[address]
+        if was.rate_mbit != spec.rate_mbit:
+            ops.append(_class("replace", iface, slot, spec, burst_ms))
+        if was != spec or address in down:
+            ops.append(_leaf("replace", iface, slot, spec))
+    return Plan(ops, new_slots)
+
+
+def plan_down(iface: str, slot: int, spec: LinkSpec) -> Plan:
+    """Link down: the leaf replaced with loss 100% (the full set, delay kept)."""
+    return Plan([_leaf("replace", _check_iface(iface), slot, spec, loss_pct=100.0)])
+
+
+def plan_up(iface: str, slot: int, spec: LinkSpec) -> Plan:
+    """Link up: the leaf replaced with its spec again."""
+    return Plan([_leaf("replace", _check_iface(iface), slot, spec)])
+
+
+def plan_teardown(iface: str) -> Plan:
+    """Deleting the root qdisc removes every class, leaf and filter under it."""
+    return Plan([HtbRoot("del", _check_iface(iface))])
+
+

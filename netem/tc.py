@@ -1,0 +1,377 @@
+"""The `tc` backend: applies `netem.plan` plans to the kernel through pyroute2.
+
+`TcShaper` owns the egress tree of ONE interface in ONE network namespace (see the tree in
+`netem.plan`). It talks netlink through `AsyncIPRoute` (never by shelling out to `tc`), checks
+every answer (a refused operation raises `TcError` naming it), and remembers what it applied so
+later calls only `replace` what changed. The kernel is the truth for tests: they read it with
+`tc -j` and by measuring, not through this module.
+
+pyroute2 0.9 facts this relies on (DESIGN §6): `AsyncIPRoute(netns=NAME_OR_PATH, flags=0)` enters
+an existing namespace (without flags=0 it would create a missing one); netem delay/jitter are
+integer microseconds; an int rate is bytes/s; u32 filters need `protocols.ETH_P_IP`. pyroute2's
+default HTB burst is wrong here (it divides by 1e9 "Hz"), so burst is always sent explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+from pyroute2 import AsyncIPRoute, protocols
+from pyroute2.netlink.exceptions import NetlinkError
+
+from netem.errors import BackendUnavailable, BadLinkInput, NetemError, TcError
+from netem.plan import (
+    DEFAULT_BURST_MS,
+    DEFAULT_LINE_RATE_MBIT,
+    HtbClass,
+    HtbRoot,
+    NetemLeaf,
+    Plan,
+    TcOp,
+    U32Dst,
+    plan_change,
+    plan_down,
+    plan_teardown,
+    plan_tree,
+    plan_up,
+)
+from netem.spec import LinkSpec, check_links
+
+__all__ = ["NetlinkThread", "TcShaper", "execute", "handle", "open_netlink"]
+
+T = TypeVar("T")
+
+
+def handle(text: str) -> int:
+    """tc notation ("1:10", "10:") -> the 32-bit handle (hex major:minor)."""
+    major, _, minor = text.partition(":")
+    return (int(major, 16) << 16) | (int(minor, 16) if minor else 0)
+
+
+def check_netns(netns: str | None) -> None:
+    """A missing namespace is bad input, named in the message."""
+    if netns is None:
+        return
+    path = netns if "/" in netns else f"/run/netns/{netns}"
+    if not os.path.exists(path):
+        raise BadLinkInput(f"network namespace {netns!r} does not exist ({path} is missing)")
+
+
+async def open_netlink(netns: str | None) -> AsyncIPRoute:
+    """A netlink socket in `netns` (name or /proc/PID/ns/net path), never creating one."""
+    check_netns(netns)
+    try:
+        ipr = AsyncIPRoute(netns=netns, flags=0) if netns else AsyncIPRoute()
+        await ipr.setup_endpoint()
+    except FileNotFoundError as exc:
+        raise BadLinkInput(f"network namespace {netns!r} does not exist") from exc
+    except PermissionError as exc:
+        raise BadLinkInput(f"cannot enter network namespace {netns!r}: {exc}") from exc
+    return ipr
+
+
+async def _send(ipr: AsyncIPRoute, index: int, op: TcOp) -> None:
+    if isinstance(op, HtbRoot):
+        if op.action == "del":
+            await ipr.tc("del", "htb", index=index, handle=handle(op.handle))
+        else:
+            await ipr.tc(op.action, "htb", index=index, handle=handle(op.handle),
+                         default=handle(op.default_class) & 0xFFFF)
+    elif isinstance(op, HtbClass):
+        if op.action == "del":
+            await ipr.tc("del-class", index=index, handle=handle(op.classid),
+                         parent=handle(op.parent))
+        else:
+            await ipr.tc(f"{op.action}-class", "htb", index=index, handle=handle(op.classid),
+                         parent=handle(op.parent), rate=op.rate_bytes, ceil=op.rate_bytes,
+                         burst=op.burst, cburst=op.burst, quantum=op.quantum)
+    elif isinstance(op, NetemLeaf):
+        if op.action == "del":
+            await ipr.tc("del", "netem", index=index, handle=handle(op.handle),
+                         parent=handle(op.parent))
+        else:
+            await ipr.tc(op.action, "netem", index=index, handle=handle(op.handle),
+                         parent=handle(op.parent), delay=op.delay_us, jitter=op.jitter_us,
+                         loss=op.loss_pct, limit=op.limit)
+    elif isinstance(op, U32Dst):
+        if op.action == "del":
+            await ipr.tc("del-filter", index=index, parent=handle(op.parent), prio=op.prio,
+                         protocol=protocols.ETH_P_IP)
+        else:
+            await ipr.tc(f"{op.action}-filter", "u32", index=index, parent=handle(op.parent),
+                         prio=op.prio, protocol=protocols.ETH_P_IP, target=handle(op.flowid),
+                         keys=[op.key])
+    else:  # pragma: no cover - the plan only makes the four types
+        raise TypeError(f"not a tc operation: {op!r}")
+
+
+async def execute(ipr: AsyncIPRoute, index: int, plan: Plan) -> None:
+    """Run every operation in order; the first refusal raises TcError naming it.
+
+    BackendUnavailable instead when the refusal means tc cannot work here at all (no sch_netem,
+    no NET_ADMIN).
+    """
+    for op in plan.ops:
+        try:
+            await _send(ipr, index, op)
+        except NetlinkError as exc:
+            said = f"`{op.describe()}` failed: {os.strerror(exc.code)}"
+            if isinstance(op, NetemLeaf) and exc.code == errno.ENOENT:
+                raise BackendUnavailable(
+                    f"{said}: this kernel has no sch_netem; use the app backend (or "
+                    "--shaper auto), or run tc in the kernel lab (`moemesh lab run`)") from exc
+            if exc.code == errno.EPERM:
+                raise BackendUnavailable(
+                    f"{said}: tc needs root / CAP_NET_ADMIN in this namespace (containers: "
+                    "cap_add: [NET_ADMIN]); or use the app backend") from exc
+            raise TcError(said, op) from exc
+
+
+class NetlinkThread:
+    """A thread with a standard asyncio loop for pyroute2.
+
+    AsyncIPRoute hands its netlink socket to the running loop, and uvloop (the node's loop)
+    refuses AF_NETLINK sockets ("invalid family 16"). So every netlink call runs here, on a
+    plain SelectorEventLoop, whatever loop the caller uses.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.SelectorEventLoop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="moemesh-netlink",
+                                        daemon=True)
+        self._thread.start()
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        if not self._loop.is_running():
+            self._loop.close()
+
+
+class TcShaper:
+    """Kernel shaping of one node's egress (see the module docstring and `netem.plan`)."""
+
+    backend = "tc"
+
+    def __init__(
+        self,
+        *,
+        netns: str | None = None,
+        iface: str | None = None,
+        time_dilation: float = 1.0,
+        line_rate_mbit: float = DEFAULT_LINE_RATE_MBIT,
+        burst_ms: float = DEFAULT_BURST_MS,
+    ) -> None:
+        if not time_dilation > 0:
+            raise ValueError(f"time_dilation must be > 0, got {time_dilation!r}")
+        check_netns(netns)
+        self.netns = netns
+        self.iface = iface
+        self.time_dilation = float(time_dilation)
+        self.line_rate_mbit = float(line_rate_mbit)
+        if not 0 < burst_ms <= 1000:
+            raise ValueError(f"burst_ms must be in (0, 1000], got {burst_ms!r}")
+        self.burst_ms = float(burst_ms)
+        self._ipr: AsyncIPRoute | None = None  # lives on self._thread's loop
+        self._thread: NetlinkThread | None = None
+        self._index: int | None = None
+        self._lock = asyncio.Lock()
+        self._links: dict[str, LinkSpec] = {}  # peer -> spec as given (undilated)
+        self._addresses: dict[str, str] = {}  # peer -> IPv4
+        self._slots: dict[str, int] = {}  # address -> slot
+        self._down: set[str] = set()  # peers
+        self._installed = False
+
+    # -- netlink plumbing (everything named _k_* or called through _nl runs on the thread) --
+    async def _nl(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._thread is None:
+            self._thread = NetlinkThread()
+        return await self._thread.run(coro)
+
+    async def _netlink(self) -> AsyncIPRoute:
+        if self._ipr is None:
+            self._ipr = await open_netlink(self.netns)
+        return self._ipr
+
+    async def _resolve_iface(self, addresses: list[str]) -> int:
+        if self._index is not None:
+            return self._index
+        ipr = await self._netlink()
+        where = f" in namespace {self.netns!r}" if self.netns else ""
+        if self.iface is not None:
+            found = await ipr.link_lookup(ifname=self.iface)
+            if not found:
+                raise BadLinkInput(f"interface {self.iface!r} does not exist{where}")
+            self._index = found[0]
+            return self._index
+        if not addresses:
+            raise BadLinkInput("no interface given and no peer address to find one by")
+        indexes = set()
+        for address in addresses:
+            try:
+                routes = await ipr.route("get", dst=address)
+            except NetlinkError as exc:
+                raise BadLinkInput(f"no route to peer address {address}{where}") from exc
+            indexes.update(r.get("RTA_OIF") for r in routes)
+        if len(indexes) != 1:
+            raise BadLinkInput(f"peers are reached through several interfaces{where}; name one")
+        self._index = indexes.pop()
+        links = [m async for m in await ipr.get_links(self._index)]
+        self.iface = links[0].get("IFLA_IFNAME")
+        return self._index
+
+    def _applied(self) -> dict[str, LinkSpec]:
+        return {self._addresses[p]: s.dilated(self.time_dilation) for p, s in self._links.items()}
+
+    # -- the Shaper interface -----------------------------------------------------------
+    async def apply(
+        self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None
+    ) -> None:
+        links = check_links(links)
+        addresses = dict(addresses or {})
+        missing = sorted(p for p in links if p not in addresses)
+        if missing:
+            raise BadLinkInput(f"tc needs an IPv4 address for peer(s) {', '.join(missing)}")
+        wanted = {p: addresses[p] for p in links}
+        seen: dict[str, str] = {}
+        for peer, address in wanted.items():
+            if address in seen:
+                raise BadLinkInput(f"peers {seen[address]!r} and {peer!r} share address {address}")
+            seen[address] = peer
+        new = {wanted[p]: s.dilated(self.time_dilation) for p, s in links.items()}
+        async with self._lock:
+            if not links and not self._installed:
+                return
+            index = await self._nl(self._resolve_iface(list(new)))
+            if self._installed:
+                down_addr = frozenset(self._addresses[p] for p in self._down)
+                plan = plan_change(self.iface, self._applied(), new, self._slots, down=down_addr,
+                                   burst_ms=self.burst_ms)
+            else:
+                plan = plan_tree(self.iface, new, line_rate_mbit=self.line_rate_mbit,
+                                 burst_ms=self.burst_ms)
+            await self._nl(self._run(index, plan))
+            self._installed = True
+            self._links, self._addresses, self._slots = links, wanted, plan.slots
+            self._down.clear()
+
+    async def set_link(self, peer: str, spec: LinkSpec) -> None:
+        self._known(peer)
+        check_links({peer: spec})
+        async with self._lock:
+            address = self._addresses[peer]
+            new = self._applied()
+            new[address] = spec.dilated(self.time_dilation)
+            down = frozenset({address}) if peer in self._down else frozenset()
+            plan = plan_change(self.iface, self._applied(), new, self._slots, down=down,
+                               burst_ms=self.burst_ms)
+            await self._nl(self._run(self._index, plan))
+            self._links[peer] = spec
+            self._down.discard(peer)
+
+    async def link_down(self, peer: str) -> None:
+        self._known(peer)
+        async with self._lock:
+            address = self._addresses[peer]
+            spec = self._links[peer].dilated(self.time_dilation)
+            await self._nl(self._run(self._index, plan_down(self.iface, self._slots[address],
+                                                            spec)))
+            self._down.add(peer)
+
+    async def link_up(self, peer: str) -> None:
+        self._known(peer)
+        async with self._lock:
+            address = self._addresses[peer]
+            spec = self._links[peer].dilated(self.time_dilation)
+            await self._nl(self._run(self._index, plan_up(self.iface, self._slots[address], spec)))
+            self._down.discard(peer)
+
+    async def clear(self) -> None:
+        async with self._lock:
+            if self._installed and self._index is not None:
+                await self._nl(self._k_teardown())
+            self._installed = False
+            self._links, self._addresses, self._slots = {}, {}, {}
+            self._down.clear()
+
+    async def close(self) -> None:
+        try:
+            await self.clear()
+        finally:
+            if self._thread is not None:
+                try:
+                    await self._thread.run(self._k_close())
+                finally:
+                    self._thread.close()
+                    self._thread = None
+
+    async def _k_teardown(self) -> None:
+        ipr = await self._netlink()
+        if await self._our_root_present(ipr):
+            await execute(ipr, self._index, plan_teardown(self.iface))
+
+    async def _k_close(self) -> None:
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "time_dilation": self.time_dilation,
+            "netns": self.netns,
+            "iface": self.iface,
+            "links": {
+                peer: {**spec.to_json(), "address": self._addresses[peer],
+                       "down": peer in self._down, "slot": self._slots[self._addresses[peer]]}
+                for peer, spec in sorted(self._links.items())
+            },
+        }
+
+    async def transmit(self, peer: str, nbytes: int, *, timeout_s: float | None = None) -> None:
+        """The kernel shapes the packets: nothing to wait for here."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
+
+    # -- helpers ------------------------------------------------------------------------
+    async def _run(self, index: int | None, plan: Plan) -> None:
+        """Execute; if the kernel refuses mid-way, remove the whole tree (never half-applied)."""
+        if index is None:
+            raise BadLinkInput("no links applied yet")
+        ipr = await self._netlink()
+        try:
+            await execute(ipr, index, plan)
+        except NetemError:
+            try:
+                if await self._our_root_present(ipr):
+                    await execute(ipr, index, plan_teardown(self.iface))
+            finally:
+                self._installed = False
+                self._links, self._addresses, self._slots = {}, {}, {}
+                self._down.clear()
+            raise
+
+    async def _our_root_present(self, ipr: AsyncIPRoute) -> bool:
+        found = False
+        async for msg in await ipr.get_qdiscs(self._index):
+            found = found or (
+                msg["index"] == self._index
+                and msg["parent"] == 0xFFFFFFFF
+                and msg["handle"] == 0x10000
+                and msg.get_attr("TCA_KIND") == "htb"
+            )
+        return found
+
+    def _known(self, peer: str) -> None:
+        if peer not in self._links:
+            known = ", ".join(sorted(self._links)) or "none"
+            raise BadLinkInput(f"unknown peer {peer!r} (links are set for: {known})")

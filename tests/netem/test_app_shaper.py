@@ -1,0 +1,161 @@
+"""The app backend on this host: the same link specs met in-process, on real loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bench.links import wilson
+from netem import LinkDownError, LinkSpec, Shaper, make_shaper
+from netem.app import RTO_S, AppShaper
+from netem.errors import BadLinkInput
+
+# How late a wake-up may be on a loaded 2-core CI host; early is never allowed.
+LATE_MS = 15.0
+
+
+@pytest.fixture
+async def echo_url() -> AsyncIterator[str]:
+    """A real aiohttp server on 127.0.0.1, port 0, that answers every POST at once."""
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read())
+
+    app = web.Application()
+    app.router.add_post("/", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        await runner.cleanup()
+
+
+async def _request_ms(shaper: AppShaper, session: aiohttp.ClientSession, url: str, peer: str,
+                      body: bytes = b"x" * 64) -> float:
+    start = time.perf_counter()
+    await shaper.transmit(peer, len(body))
+    async with session.post(url, data=body) as resp:
+        await resp.read()
+    return (time.perf_counter() - start) * 1e3
+
+
+async def test_per_destination_delays_on_real_requests(echo_url: str) -> None:
+    shaper = AppShaper()
+    await shaper.apply({"n2": LinkSpec(delay_ms=10), "n3": LinkSpec(delay_ms=40)})
+    async with aiohttp.ClientSession() as session:
+        base = min([await _request_ms(shaper, session, echo_url, "unshaped") for _ in range(10)])
+        to_n2 = min([await _request_ms(shaper, session, echo_url, "n2") for _ in range(10)])
+        to_n3 = min([await _request_ms(shaper, session, echo_url, "n3") for _ in range(5)])
+    assert 9.5 <= to_n2 - base <= 10 + LATE_MS
+    assert 39.5 <= to_n3 - base <= 40 + LATE_MS
+
+
+async def test_serialisation_at_the_rate_is_shared_fifo() -> None:
+    shaper = AppShaper()
+    await shaper.apply({"n2": LinkSpec(delay_ms=5, rate_mbit=10)})
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    done: list[float] = []
+
+    async def send() -> None:
+        await shaper.transmit("n2", 125_000)  # 100 ms at 10 Mbit/s
+        done.append((loop.time() - start) * 1e3)
+
+    await asyncio.gather(send(), send())
+    # the second waits for the first to leave the wire; both then fly 5 ms. Never early;
+    # late only by what a loaded host adds (the bench measures the precision).
+    assert 104 <= done[0] <= 105 + LATE_MS
+    assert 204 <= done[1] <= 205 + LATE_MS
+
+
+async def test_loss_stalls_one_retransmission_timeout_at_the_configured_rate() -> None:
+    shaper = AppShaper(seed=7)
+    await shaper.apply({"n2": LinkSpec(delay_ms=1, loss_pct=10)})
+    loop = asyncio.get_running_loop()
+
+    async def one() -> float:
+        start = loop.time()
+        await shaper.transmit("n2", 100)  # one segment
+        return loop.time() - start
+
+    waits: list[float] = []
+    for _ in range(6):  # batches of 100: fewer waiters spinning at once on a small host
+        waits += await asyncio.gather(*(one() for _ in range(100)))
+    stalled = sum(w > RTO_S / 2 for w in waits)
+    lo, hi = wilson(stalled, len(waits), z=3.29)  # 99.9% interval
+    assert lo <= 10 <= hi, (stalled, lo, hi)
+    assert stalled == shaper.stalls
+    assert min(w for w in waits if w > RTO_S / 2) >= 0.001 + RTO_S - 0.002
+
+
+async def test_link_down_blackholes_until_up() -> None:
+    shaper = AppShaper()
+    await shaper.apply({"n2": LinkSpec(delay_ms=2)})
+    await shaper.link_down("n2")
+    assert shaper.snapshot()["links"]["n2"]["down"] is True
+    with pytest.raises(LinkDownError, match="link to n2 is down"):
+        await shaper.transmit("n2", 10, timeout_s=0.05)
+    with pytest.raises(TimeoutError):  # a caller's own timeout fires first, as with tc
+        async with asyncio.timeout(0.05):
+            await shaper.transmit("n2", 10)
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(shaper.transmit("n2", 10, timeout_s=5))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    up_at = loop.time()
+    await shaper.link_up("n2")
+    await waiting
+    assert 1.5 <= (loop.time() - up_at) * 1e3 <= 2 + LATE_MS
+
+
+async def test_loss_100_is_a_blackhole_and_apply_replaces_the_whole_set() -> None:
+    shaper = AppShaper()
+    await shaper.apply({"n2": LinkSpec(loss_pct=100), "n3": LinkSpec(delay_ms=50)})
+    with pytest.raises(LinkDownError):
+        await shaper.transmit("n2", 1, timeout_s=0.02)
+    await shaper.apply({"n2": LinkSpec()})  # n3 is not listed any more: unshaped
+    start = time.perf_counter()
+    await shaper.transmit("n3", 1000)
+    await shaper.transmit("n2", 1000)
+    assert time.perf_counter() - start < 0.02
+    assert set(shaper.snapshot()["links"]) == {"n2"}
+
+
+async def test_time_dilation_multiplies_delay_and_serialisation() -> None:
+    shaper = make_shaper("app", time_dilation=3)
+    assert isinstance(shaper, Shaper) and shaper.backend == "app"
+    await shaper.apply({"n2": LinkSpec(delay_ms=10, rate_mbit=100)})
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await shaper.transmit("n2", 125_000)  # 10 ms on the wire, then 10 ms: x3 = 60 ms
+    assert 59.5 <= (loop.time() - start) * 1e3 <= 60 + LATE_MS
+    assert shaper.snapshot()["time_dilation"] == 3.0
+
+
+async def test_bad_input_names_the_value() -> None:
+    shaper = AppShaper()
+    await shaper.apply({"n2": LinkSpec()})
+    with pytest.raises(BadLinkInput, match="unknown peer 'n9' \\(links are set for: n2\\)"):
+        await shaper.set_link("n9", LinkSpec())
+    with pytest.raises(ValueError, match="unknown peer 'n9'"):
+        await shaper.link_down("n9")
+    with pytest.raises(ValueError, match="nbytes must be an integer >= 0, got -1"):
+        await shaper.transmit("n2", -1)
+    with pytest.raises(ValueError, match="link to 'n3' must be a LinkSpec, got 3"):
+        await shaper.apply({"n2": LinkSpec(), "n3": 3})  # type: ignore[dict-item]
+    assert set(shaper.snapshot()["links"]) == {"n2"}  # nothing half-applied
+    with pytest.raises(ValueError, match="unknown shaper backend 'ns3'"):
+        make_shaper("ns3")
+    with pytest.raises(ValueError, match="time_dilation must be a number > 0, got 0"):
+        make_shaper("app", time_dilation=0)
+    await shaper.clear()
+    assert shaper.snapshot()["links"] == {}

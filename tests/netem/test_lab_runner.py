@@ -1,0 +1,73 @@
+"""The kernel lab from the host: it boots, runs, reports the exit code, and leaves nothing.
+
+These boot a real UML kernel (a few seconds each). Where the lab cannot be had (no apt, no
+package), they are skipped with the reason, except in CI's lab run (MOEMESH_LAB_REQUIRED=1).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from netem.lab import LabUnavailable, find_kernel, run_in_lab
+from netem.lab import kernel as lab_kernel
+from netem.lab.runner import group_alive
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.environ.get("MOEMESH_IN_LAB") == "1",
+                                 reason="boots the lab: runs on the host, not inside it")]
+
+
+@pytest.fixture(scope="module")
+def uml() -> lab_kernel.UmlKernel:
+    try:
+        return find_kernel()
+    except LabUnavailable as exc:
+        if os.environ.get("MOEMESH_LAB_REQUIRED") == "1":
+            raise
+        pytest.skip(f"kernel lab unavailable here: {exc}")
+
+
+def test_a_command_runs_in_the_guest_and_its_exit_code_comes_back(
+    uml: lab_kernel.UmlKernel, kernel: SimpleNamespace,
+) -> None:
+    script = ("import os, subprocess\n"
+              "print('release', os.uname().release)\n"
+              "mods = open('/proc/modules').read()\n"
+              "print('netem' if 'sch_netem' in mods else 'no-netem')\n"
+              "subprocess.run(['ip', 'netns', 'add', 'guest-only'], check=True)\n"
+              "raise SystemExit(7)\n")
+    before = kernel.netns_list()
+    result = run_in_lab([sys.executable, "-c", script], kernel=uml, timeout_s=300)
+    assert result.rc == 7 and not result.timed_out, result.console[-2000:]
+    assert f"release {uml.version}" in result.output
+    assert uml.version != platform.release()  # it really was another kernel
+    assert "\nnetem\n" in f"\n{result.output}"
+    assert kernel.netns_list() == before  # the guest's namespaces live in the guest
+    assert not group_alive(result.pid)
+    assert not result.run_dir.exists()
+
+
+def test_a_guest_past_its_timeout_is_killed_with_all_its_processes(
+    uml: lab_kernel.UmlKernel,
+) -> None:
+    result = run_in_lab([sys.executable, "-c", "import time; print('sleeping', flush=True); "
+                         "time.sleep(600)"], kernel=uml, timeout_s=25)
+    assert result.timed_out and result.rc == 124
+    assert result.wall_s < 60
+    assert not group_alive(result.pid)
+
+
+def test_no_package_no_lab_and_the_message_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no apt-get, no dpkg
+    with pytest.raises(LabUnavailable, match=r"apt-get.*user-mode-linux"):
+        lab_kernel._download(tmp_path / "cache")
+    with pytest.raises(ValueError, match="nothing to run in the lab"):
+        run_in_lab([])

@@ -1,0 +1,132 @@
+"""The tc plan as data: the tree, minimal changes, down/up, teardown, sizes. No root needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from netem.plan import (
+    HtbClass,
+    HtbRoot,
+    NetemLeaf,
+    U32Dst,
+    assign_slots,
+    burst_for,
+    netem_limit,
+    plan_change,
+    plan_down,
+    plan_teardown,
+    plan_tree,
+    plan_up,
+    quantum_for,
+)
+from netem.spec import LinkSpec
+
+A, B, C = "10.0.0.2", "10.0.0.3", "10.0.0.4"
+TEN = LinkSpec(delay_ms=10, rate_mbit=100)
+FORTY = LinkSpec(delay_ms=40, jitter_ms=1, rate_mbit=10, loss_pct=1)
+
+
+def test_tree_golden() -> None:
+    """The whole tree for two peers, as tc would spell it (tcconfig-style golden test)."""
+    plan = plan_tree("eth0", {B: TEN, A: FORTY})
+    assert plan.describe() == [
+        "tc qdisc replace dev eth0 root handle 1: htb default 1",
+        "tc class add dev eth0 parent 1: classid 1:1 htb rate 10000000000bit "
+        "ceil 10000000000bit burst 1251600 cburst 1251600 quantum 200000",
+        "tc class add dev eth0 parent 1: classid 1:10 htb rate 10000000bit ceil 10000000bit "
+        "burst 2850 cburst 2850 quantum 125000",
+        "tc qdisc add dev eth0 parent 1:10 handle 10: netem delay 40000us 1000us loss 1% "
+        "limit 99",
+        "tc filter add dev eth0 parent 1: protocol ip prio 16 u32 match ip dst 10.0.0.2/32 "
+        "flowid 1:10",
+        "tc class add dev eth0 parent 1: classid 1:11 htb rate 100000000bit ceil 100000000bit "
+        "burst 14100 cburst 14100 quantum 200000",
+        "tc qdisc add dev eth0 parent 1:11 handle 11: netem delay 10000us 0us loss 0% limit 168",
+        "tc filter add dev eth0 parent 1: protocol ip prio 17 u32 match ip dst 10.0.0.3/32 "
+        "flowid 1:11",
+    ]
+    assert plan.slots == {A: 0x10, B: 0x11}
+    u32 = plan.ops[4]
+    assert isinstance(u32, U32Dst) and u32.key == "0x0a000002/0xffffffff+16"
+
+
+def test_units_match_pyroute2s() -> None:
+    """netem delay/jitter in integer µs; htb rate in bytes/s (pyroute2 0.9 conventions)."""
+    plan = plan_tree("eth0", {A: LinkSpec(delay_ms=0.25, jitter_ms=0.1, rate_mbit=8)})
+    leaf = next(op for op in plan.ops if isinstance(op, NetemLeaf))
+    klass = next(op for op in plan.ops if isinstance(op, HtbClass) and op.classid == "1:10")
+    assert (leaf.delay_us, leaf.jitter_us) == (250, 100)
+    assert klass.rate_bytes == 1_000_000
+
+
+def test_reapplying_the_same_links_changes_nothing() -> None:
+    plan = plan_tree("eth0", {A: FORTY, B: TEN})
+    assert plan_change("eth0", {A: FORTY, B: TEN}, {A: FORTY, B: TEN}, plan.slots).ops == []
+
+
+def test_one_peer_changed_touches_only_its_leaf_with_the_full_set() -> None:
+    slots = plan_tree("eth0", {A: FORTY, B: TEN}).slots
+    changed = LinkSpec(delay_ms=5, rate_mbit=100)
+    ops = plan_change("eth0", {A: FORTY, B: TEN}, {A: FORTY, B: changed}, slots).ops
+    assert ops == [NetemLeaf("replace", "eth0", "11:", "1:11", delay_us=5000, jitter_us=0,
+                             loss_pct=0.0, limit=netem_limit(changed))]
+    rate_changed = LinkSpec(delay_ms=10, rate_mbit=50)
+    ops = plan_change("eth0", {A: FORTY, B: TEN}, {A: FORTY, B: rate_changed}, slots).ops
+    assert [type(op) for op in ops] == [HtbClass, NetemLeaf]
+    assert all(op.action == "replace" for op in ops)
+
+
+def test_removed_peer_loses_filter_before_class_and_slots_are_reused() -> None:
+    slots = plan_tree("eth0", {A: FORTY, B: TEN}).slots
+    plan = plan_change("eth0", {A: FORTY, B: TEN}, {B: TEN, C: TEN}, slots)
+    assert plan.ops[:2] == [U32Dst("del", "eth0", prio=0x10),
+                            HtbClass("del", "eth0", classid="1:10")]
+    assert plan.slots == {B: 0x11, C: 0x10}  # B keeps its slot, C takes the freed one
+    added = [op for op in plan.ops if op.action == "add"]
+    assert [type(op) for op in added] == [HtbClass, NetemLeaf, U32Dst]
+    assert added[2].dst == C and added[2].flowid == "1:10"
+
+
+def test_down_and_up_replace_the_leaf_only() -> None:
+    down = plan_down("eth0", 0x11, TEN).ops
+    assert down == [NetemLeaf("replace", "eth0", "11:", "1:11", delay_us=10_000, jitter_us=0,
+                              loss_pct=100.0, limit=netem_limit(TEN))]
+    up = plan_up("eth0", 0x11, TEN).ops
+    assert len(up) == 1 and up[0].loss_pct == 0.0 and up[0].delay_us == 10_000
+    # a down peer whose spec did not change is restored by a re-apply
+    slots = {A: 0x10}
+    ops = plan_change("eth0", {A: FORTY}, {A: FORTY}, slots, down=frozenset({A})).ops
+    assert len(ops) == 1 and ops[0].loss_pct == 1.0
+
+
+def test_teardown_deletes_the_root() -> None:
+    assert plan_teardown("eth0").ops == [HtbRoot("del", "eth0")]
+    assert plan_teardown("eth0").describe() == ["tc qdisc del dev eth0 root"]
+
+
+def test_sizes() -> None:
+    # 1 Gbit/s x 50 ms = 4167 packets of 1500 bytes, plus a queue as big again
+    assert netem_limit(LinkSpec(delay_ms=50, rate_mbit=1000)) == 4167 * 2
+    assert netem_limit(LinkSpec(delay_ms=1, rate_mbit=10)) == 1 + 64
+    assert netem_limit(LinkSpec(delay_ms=1, rate_mbit=10, queue_pkts=10)) == 1 + 10
+    assert quantum_for(1_250) == 1600 and quantum_for(125_000_000) == 200_000
+    assert burst_for(125_000) == 125 + 1600
+
+
+def test_slots_keep_old_assignments_and_fill_gaps() -> None:
+    assert assign_slots([C, A, B]) == {A: 0x10, B: 0x11, C: 0x12}
+    assert assign_slots([C, B], {B: 0x11}) == {B: 0x11, C: 0x10}
+
+
+@pytest.mark.parametrize(
+    ("iface", "links", "needle"),
+    [("eth0", {"10.0.0.300": TEN}, "peer address '10.0.0.300' is not an IPv4 address"),
+     ("eth0", {"fe80::1": TEN}, "'fe80::1' is not an IPv4 address"),
+     ("eth0", {A: "fast"}, "link to '10.0.0.2' must be a LinkSpec"),
+     ("eth 0", {A: TEN}, "bad interface name 'eth 0'"),
+     ("averyveryverylongname", {A: TEN}, "bad interface name")],
+)
+def test_bad_input_is_refused_before_any_operation(iface: str, links: dict, needle: str) -> None:
+    with pytest.raises(ValueError) as err:
+        plan_tree(iface, links)
+    assert needle in str(err.value)
