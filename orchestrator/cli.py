@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "router.commands",
     "netem.commands",
     "orchestrator.commands",
+    "orchestrator.mesh_commands",
     "orchestrator.docker_commands",
 )
 

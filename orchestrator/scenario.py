@@ -9,7 +9,9 @@ the runtimes, the placement and the fault runner read these objects.
 All times in a scenario are scenario time (what results report). With time dilation TDF, the
 wall clock runs TDF times slower: emulated delays and service times are multiplied by TDF and
 arrival rates divided by it (DESIGN §5). Fault times count from the workload's start, warm-up
-included. Link values are ONE-WAY (see `orchestrator.topology`).
+included; the fault entries themselves (`Fault`, `LinkChange`, their YAML form) live in
+`orchestrator.faults`, beside the runner that applies them. Link values are ONE-WAY (see
+`orchestrator.topology`).
 
 The YAML form, with every default:
 
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,9 @@ from moe import DEFAULT_MODEL, MoEError
 from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
-from netem.parse import parse_delay_ms, parse_loss_pct, parse_rate_mbit
-from netem.spec import LinkSpec
+from orchestrator.faults import FAULT_ACTIONS, Fault, LinkChange
+from orchestrator.faults import fault_to_data as _fault_data
+from orchestrator.faults import read_faults as _read_faults
 from orchestrator.topology import Topology, load_topology, topology_from_data, topology_to_data
 from orchestrator.units import parse_duration_s
 from orchestrator.yamlio import Loc, Section, describe, load_yaml, locate
@@ -80,12 +83,6 @@ SHAPERS = ("tc", "app", "auto")
 ARRIVALS = ("poisson", "closed")
 MODES = ("real", "modeled")
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-FAULT_ACTIONS = {  # action -> node names it takes
-    "link-down": 2, "link-up": 2, "link-degrade": 2,
-    "node-down": 1, "node-up": 1, "node-slow": 1,
-}
-_UNDO = {"link-down": "link-up", "link-up": "link-down", "link-degrade": "link-up",
-         "node-down": "node-up", "node-up": "node-down", "node-slow": "node-slow"}
 # Dataclass field → the YAML key people write (errors name the YAML key).
 ALIASES = {"at_s": "at", "for_s": "for", "duration_s": "duration", "warmup_s": "warmup",
            "think_s": "think", "change": ""}
@@ -264,107 +261,6 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class LinkChange:
-    """A link-degrade: the LinkSpec fields it replaces (None keeps the topology's value)."""
-
-    delay_ms: float | None = None
-    jitter_ms: float | None = None
-    rate_mbit: float | None = None
-    loss_pct: float | None = None
-
-    def __post_init__(self) -> None:
-        given = {f.name: getattr(self, f.name) for f in fields(self)
-                 if getattr(self, f.name) is not None}
-        if not given:
-            raise ValueError("delay_ms: link-degrade needs at least one of delay_ms, "
-                             "jitter_ms, rate_mbit, loss_pct")
-        for name, value in given.items():
-            _finite(value, name, ge=0)
-            object.__setattr__(self, name, float(value))
-
-    def apply(self, spec: LinkSpec) -> LinkSpec:
-        """The degraded one-way spec (LinkSpec validates the result)."""
-        return replace(spec, **{f.name: getattr(self, f.name) for f in fields(self)
-                                if getattr(self, f.name) is not None})
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One timeline entry: at `at_s` (scenario seconds from the workload's start) do `action`.
-
-    Link actions act on both directions A→B and B→A unless `oneway` (then A→B only).
-    `link-up` restores the topology's spec (also after a degrade). With `for_s`, `undo()` gives
-    the entry that reverts it `for_s` later.
-    """
-
-    at_s: float
-    action: str
-    target: tuple[str, ...]
-    for_s: float | None = None
-    change: LinkChange | None = None  # link-degrade only
-    factor: float | None = None  # node-slow only: service times x factor
-    oneway: bool = False
-
-    def __post_init__(self) -> None:
-        if self.action not in FAULT_ACTIONS:
-            raise ValueError(f"action: must be one of {', '.join(FAULT_ACTIONS)}, "
-                             f"got {self.action!r}")
-        object.__setattr__(self, "target", tuple(self.target))
-        arity = FAULT_ACTIONS[self.action]
-        if len(self.target) != arity or not all(isinstance(t, str) for t in self.target):
-            want = "two node names A B" if arity == 2 else "one node name"
-            raise ValueError(f"{self.action}: needs {want}, got {list(self.target)}")
-        if arity == 2 and self.target[0] == self.target[1]:
-            raise ValueError(f"{self.action}: a link joins two different nodes, "
-                             f"got {self.target[0]!r} twice")
-        _finite(self.at_s, "at_s", ge=0)
-        if self.for_s is not None:
-            _finite(self.for_s, "for_s", gt=0)
-        if (self.change is not None) != (self.action == "link-degrade"):
-            raise ValueError(f"{self.action}: a LinkChange goes with link-degrade, and only "
-                             f"with it")
-        if self.factor is not None and self.action != "node-slow":
-            raise ValueError(f"factor: only for node-slow, not {self.action}")
-        if self.action == "node-slow":
-            _finite(self.factor, "factor", gt=0)
-        if self.oneway and arity != 2:
-            raise ValueError(f"oneway: only for link actions, not {self.action}")
-        _floats(self, "at_s", "for_s", "factor")
-
-    @property
-    def is_link(self) -> bool:
-        return FAULT_ACTIONS[self.action] == 2
-
-    def directions(self) -> tuple[tuple[str, str], ...]:
-        """The one-way links a link action touches."""
-        if not self.is_link:
-            return ()
-        a, b = self.target
-        return ((a, b),) if self.oneway else ((a, b), (b, a))
-
-    def undo(self) -> Fault | None:
-        """The entry that reverts this one `for_s` later (None without `for_s`)."""
-        if self.for_s is None:
-            return None
-        return Fault(self.at_s + self.for_s, _UNDO[self.action], self.target,
-                     factor=1.0 if self.action == "node-slow" else None, oneway=self.oneway)
-
-    def describe(self) -> str:
-        text = f"{self.action} {' '.join(self.target)}"
-        if self.change is not None:
-            text += " " + " ".join(f"{f.name}={getattr(self.change, f.name):g}"
-                                   for f in fields(self.change)
-                                   if getattr(self.change, f.name) is not None)
-        if self.factor is not None:
-            text += f" x{self.factor:g}"
-        if self.is_link:
-            text += " (one-way)" if self.oneway else " (both ways)"
-        if self.for_s is not None:
-            text += f" for {self.for_s:g} s"
-        return text
-
-
-@dataclass(frozen=True)
 class Scenario:
     """One experiment: every router policy in `policies` runs on the same seeded workload."""
 
@@ -446,64 +342,6 @@ class Scenario:
 
 
 # ----------------------------------------------------------------------------- YAML edge
-
-
-def _names(raw: Any, loc: Loc) -> list[Any]:
-    """Positional fault arguments: "edge1 edge2" or [edge1, edge2]."""
-    if isinstance(raw, str):
-        return raw.split()
-    if isinstance(raw, list):
-        return list(raw)
-    raise loc.error(f"must be node names like 'edge1 edge2', got {describe(raw)}")
-
-
-_CHANGE_PARSERS = {"delay_ms": parse_delay_ms, "jitter_ms": parse_delay_ms,
-                   "rate_mbit": parse_rate_mbit, "loss_pct": parse_loss_pct}
-
-
-def _read_faults(raw: Any, loc: Loc) -> tuple[Fault, ...]:
-    if not isinstance(raw, list):
-        raise loc.error(f"must be a list of faults, got {describe(raw)}")
-    return tuple(_read_fault(item, loc.item(raw, i)) for i, item in enumerate(raw))
-
-
-def _read_fault(data: Any, loc: Loc) -> Fault:
-    sec = Section(data, loc, "a fault mapping like {at: 30s, link-down: edge1 edge2}")
-    actions = [k for k in FAULT_ACTIONS if k in sec]
-    if len(actions) != 1:
-        raise loc.error(f"needs exactly one action ({', '.join(FAULT_ACTIONS)}), "
-                        f"got {', '.join(actions) or 'none'}")
-    action = actions[0]
-    args = sec.value(action, _names)
-    at_s = sec.unit("at", parse_duration_s)
-    for_s = sec.unit("for", parse_duration_s, None)
-    oneway = sec.boolean("oneway", False)
-    values = {k: sec.unit(k, parse) for k, parse in _CHANGE_PARSERS.items() if k in sec}
-    change = None
-    if action == "link-degrade":
-        try:
-            change = LinkChange(**values)
-        except ValueError as exc:
-            raise locate(exc, data, loc, None if values else {"delay_ms": action}) from None
-    elif values:
-        raise sec.at(next(iter(values))).error(f"only for link-degrade, not {action}")
-    factor = sec.raw("factor", None)
-    if action == "node-slow" and len(args) == 2:
-        if factor is not None:
-            raise sec.at("factor").error("given twice: as `node-slow: N FACTOR` and `factor`")
-        text = args.pop()
-        try:
-            factor = float(text)
-        except (TypeError, ValueError):
-            raise sec.at(action).error(f"factor must be a number, got {text!r}") from None
-    if action == "node-slow" and factor is None:
-        raise sec.at(action).error("needs a factor: `node-slow: edge2 3` or `factor: 3`")
-    sec.done()
-    try:
-        return Fault(at_s, action, tuple(args), for_s=for_s, change=change, factor=factor,
-                     oneway=oneway)
-    except ValueError as exc:
-        raise locate(exc, data, loc, ALIASES) from None
 
 
 def _tokens(raw: Any, loc: Loc) -> IntRange:
@@ -678,17 +516,3 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
         "faults": [_fault_data(f) for f in scenario.faults],
     })
     return data
-
-
-def _fault_data(fault: Fault) -> dict[str, Any]:
-    out: dict[str, Any] = {"at": fault.at_s, fault.action: " ".join(fault.target)}
-    if fault.change is not None:
-        out.update({f.name: getattr(fault.change, f.name) for f in fields(fault.change)
-                    if getattr(fault.change, f.name) is not None})
-    if fault.factor is not None:
-        out["factor"] = fault.factor
-    if fault.oneway:
-        out["oneway"] = True
-    if fault.for_s is not None:
-        out["for"] = fault.for_s
-    return out

@@ -134,6 +134,10 @@ class NodeClient:
                         backend: str = "auto") -> dict[str, Any]:
         return await self._control("PUT", url, "/v1/links", {"backend": backend, "links": links})
 
+    async def put_mesh(self, url: str, mesh: dict[str, Any]) -> dict[str, Any]:
+        """The router's view of the mesh (router/mesh.py); 404 where no router is mounted."""
+        return await self._control("PUT", url, "/v1/mesh", mesh)
+
     async def post_faults(self, url: str, faults: dict[str, Any]) -> dict[str, Any]:
         return await self._control("POST", url, "/v1/faults", faults)
 

@@ -1,0 +1,73 @@
+"""Offline placement: which node holds which experts, in which precision and memory tier.
+
+Offers the policies (one module each: `hetroute`, `ordermoe`, `prism`, `popularity`, `random`,
+`layer-shard`), all keeping every node's memory and at least one full-precision replica of every
+expert; `place(problem, policy)` runs one, checks it and measures it with the router's cost
+model; `problem_from_scenario` builds the problem of a scenario; `ilp.solve` is the exact ILP
+of the separable objective for small instances (the greedy's optimality gap).
+
+    problem = problem_from_scenario(load_scenario("experiments/scenarios/quickstart.yaml"))
+    result = place(problem, "hetroute")
+    result.by_node()   # node → its PUT /v1/placement experts
+"""
+
+from __future__ import annotations
+
+import random
+
+from .base import Ledger, PlacementResult, Policy, check
+from .evaluate import DEFAULT_ROUTER, Simulation, separable_cost, simulate
+from .hetroute import HetRoutePlacement
+from .layer_shard import LayerShardPlacement
+from .ordermoe import OrderMoEPlacement
+from .popularity import PopularityPlacement
+from .prism import PrismPlacement
+from .problem import PlacementError, PlacementProblem, problem_from_scenario
+from .random_policy import RandomPlacement
+
+__all__ = [
+    "POLICIES",
+    "Ledger",
+    "PlacementError",
+    "PlacementProblem",
+    "PlacementResult",
+    "Policy",
+    "Simulation",
+    "check",
+    "make_policy",
+    "place",
+    "problem_from_scenario",
+    "separable_cost",
+    "simulate",
+]
+
+_CLASSES: dict[str, type[Policy]] = {
+    cls.name: cls
+    for cls in (HetRoutePlacement, OrderMoEPlacement, PrismPlacement, PopularityPlacement,
+                RandomPlacement, LayerShardPlacement)
+}
+POLICIES = tuple(_CLASSES)
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return _CLASSES[name]()
+    except KeyError:
+        raise PlacementError(f"unknown placement policy {name!r}; known: "
+                             f"{', '.join(POLICIES)}") from None
+
+
+def place(problem: PlacementProblem, policy: str, *, router: str = DEFAULT_ROUTER
+          ) -> PlacementResult:
+    """Run one policy (seeded by the problem's seed), check the rules, measure the result."""
+    chosen = make_policy(policy)
+    ledger = chosen.place(problem, random.Random(problem.seed))
+    replicas = ledger.replicas()
+    check(problem, replicas)
+    sim = simulate(problem, replicas, router)
+    notes = {**chosen.notes(problem, ledger), "router": router,
+             "objective_ms": sim.objective_ms, "quality_per_token": sim.quality,
+             "traffic_bytes_per_token": sim.traffic_bytes, "local_share": sim.local_share,
+             "failed_token_layers": sim.failed}
+    return PlacementResult(policy, problem, replicas, sim.expected_cost_ms,
+                           separable_cost(problem, replicas), notes)

@@ -1,0 +1,157 @@
+"""`moemesh up` → `fault` → `status` → `down` on the local runtime, with real node processes and
+the real supervisor; after `down` (or a crash, or a start that times out) nothing is left.
+Processes are looked for in /proc by the state folder in their command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli
+
+pytestmark = pytest.mark.slow
+
+SCENARIO = """\
+name: meshcli
+topology:
+  nodes:
+    - {name: edge1, profile: tiny-edge, users: 2}
+    - {name: edge2, profile: tiny-edge, users: 1}
+  links:
+    - {between: [edge1, edge2], delay_ms: 3ms, rate_mbit: 200mbit}
+model: tiny-moe
+runtime: local
+shaper: app
+placement: {policy: hetroute}
+workload: {rate_rps: 1, requests: 2}
+"""
+
+
+def moemesh(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    if "orchestrator.mesh_commands" not in cli.COMMAND_MODULES:
+        monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES,
+                                                     "orchestrator.mesh_commands"))
+    return cli.main(argv)
+
+
+def running_with(marker: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line contains `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_gone(marker: str, timeout_s: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := running_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "meshcli.yaml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def test_up_fault_status_down_leaves_no_process(
+        scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    mesh = tmp_path / "mesh"
+    where = ["--mesh-dir", str(mesh)]
+    try:
+        assert moemesh(["up", str(scenario), *where], monkeypatch) == 0
+        out = capsys.readouterr().out
+        assert "mesh meshcli up: 2 nodes, runtime local, shaper app" in out
+        assert "edge1" in out and "http://127.0.0.1:" in out
+        state = json.loads((mesh / "state.json").read_text())
+        assert (mesh.stat().st_mode & 0o777) == 0o700
+        assert ((mesh / "state.json").stat().st_mode & 0o777) == 0o600  # it holds the token
+        pids = [p for p, _ in state["processes"].values()] + [state["supervisor"]["pid"]]
+        assert sorted(running_with(str(mesh))) == sorted(pids)
+
+        assert moemesh(["up", str(scenario), *where], monkeypatch) == 2
+        assert "a mesh is already up (meshcli" in capsys.readouterr().err
+
+        assert moemesh(["fault", "link-down", "edge1", "edge2", "--for", "30s", *where],
+                       monkeypatch) == 0
+        assert "link-down edge1 edge2 (both ways) for 30 s: done; reverts in 30 s" in \
+            capsys.readouterr().out
+        assert moemesh(["fault", "node-slow", "edge2", "2", *where], monkeypatch) == 0
+        assert moemesh(["fault", "node-down", "edge9", *where], monkeypatch) == 2
+        assert "unknown node 'edge9' (nodes: edge1, edge2)" in capsys.readouterr().err
+
+        assert moemesh(["status", "--json", *where], monkeypatch) == 0
+        status = json.loads(capsys.readouterr().out)
+        links = {(lk["from"], lk["to"]): lk for lk in status["links"]}
+        assert set(links) == {("edge1", "edge2"), ("edge2", "edge1")}
+        for link in links.values():
+            assert link["state"] == "down"
+            assert link["applied"]["loss_pct"] == 100.0  # as the sending node reports it
+        assert status["nodes"]["edge2"]["slow"] == 2.0
+        assert all(n["state"] == "up" for n in status["nodes"].values())
+        assert status["pending"] == ["link-up edge1 edge2 (both ways) in 30 s"]
+        assert moemesh(["status", *where], monkeypatch) == 0
+        text = capsys.readouterr().out
+        assert "link edge1→edge2 down" in text and "edge1 applies" in text
+    finally:
+        assert moemesh(["down", *where], monkeypatch) == 0
+    assert "mesh meshcli down: 2 nodes stopped" in capsys.readouterr().out
+    assert wait_gone(str(mesh)) == []
+    assert not mesh.exists()
+    assert moemesh(["status", *where], monkeypatch) == 2
+    assert "no mesh is up" in capsys.readouterr().err
+    assert moemesh(["down", *where], monkeypatch) == 0
+
+
+def test_a_crashed_supervisor_takes_its_nodes_and_down_cleans_up(
+        scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    mesh = tmp_path / "mesh"
+    where = ["--mesh-dir", str(mesh)]
+    try:
+        assert moemesh(["up", str(scenario), *where], monkeypatch) == 0
+        state = json.loads((mesh / "state.json").read_text())
+        os.kill(state["supervisor"]["pid"], signal.SIGKILL)
+        assert wait_gone(str(mesh)) == []  # the nodes die with it (parent-death signal)
+        capsys.readouterr()
+        assert moemesh(["status", *where], monkeypatch) == 1
+        assert "is stale (its supervisor is gone)" in capsys.readouterr().err
+    finally:
+        assert moemesh(["down", *where], monkeypatch) == 0
+    assert not mesh.exists() and running_with(str(mesh)) == []
+
+
+def test_bad_input_and_a_start_that_times_out_leave_nothing(
+        scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    mesh = tmp_path / "mesh"
+    where = ["--mesh-dir", str(mesh)]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SCENARIO.replace("rate_mbit: 200mbit", "rate_mbit: -5"))
+    assert moemesh(["up", str(bad), *where], monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:7: topology.links[0].rate_mbit: must be > 0" in err and "got -5" in err
+    assert not mesh.exists()
+    assert moemesh(["up", str(scenario), "--shaper", "tc", *where], monkeypatch) == 2
+    assert "shaper: tc needs the netns or docker runtime" in capsys.readouterr().err
+
+    assert moemesh(["up", str(scenario), "--timeout", "1", *where], monkeypatch) == 1
+    assert "the mesh was not ready within 1 s" in capsys.readouterr().err
+    assert wait_gone(str(mesh)) == []
+    assert not mesh.exists()
