@@ -1,0 +1,34 @@
+"""Experiments: what users run moemesh for (`moemesh run`, `moemesh report`, `moemesh sweep`).
+
+Compute → rows → render (STYLE 12):
+
+* `plan_workload(scenario)` — the seeded requests every policy sees (`experiments.workload`);
+* `load_experiment(path)` — a scenario and its arms (router policy, optionally with its own
+  placement, redundancy, budget or router settings; `experiments.arms`);
+* `run_experiment(scenario, arms, open_live, out)` — each arm on a live mesh, faults on their
+  timeline, quality scored, the overhead run; raw rows and run.json written
+  (`experiments.runner`, `experiments.live`);
+* `build_report(out)` — summary.json (DESIGN §3), report.md and plots from the raw rows
+  (`experiments.report`, `experiments.metrics`, `experiments.plots`,
+  `experiments.reproduce`).
+
+Names load on first use: node processes import this package (`experiments.node_main`) and
+must not pay for matplotlib or scipy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["Arm", "RunOptions", "build_report", "load_experiment", "plan_workload",
+           "run_experiment"]
+
+_WHERE = {"Arm": "arms", "load_experiment": "arms", "plan_workload": "workload",
+          "RunOptions": "runner", "run_experiment": "runner", "build_report": "report"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module 'experiments' has no attribute {name!r}")

@@ -1,0 +1,198 @@
+"""Arms of an experiment: a router policy, optionally with its own placement and knobs.
+
+A scenario compares router policies on one placement. The paper scenarios also compare
+*systems* that differ in where the experts sit (EdgeShard = `layer-shard` placement with
+per-expert routing, Prism = `prism` placement + `greedy`), against exact execution, and
+ablations (no redundancy, no lookahead, another quality budget). An entry of a scenario's
+`policies:` list is therefore read here as an arm, in one of three forms:
+
+    policies:
+      - hetroute                          # a router policy (router.POLICIES, `exact` included)
+      - greedy@layer-shard                # ROUTER@PLACEMENT: the placement overrides the scenario's
+      - {policy: ordermoe, label: ordermoe-no-lookahead, settings: {lookahead: 0}}
+      - {policy: hetroute, redundancy: 1.0, budget_pct: 0.5, placement: hetroute}
+
+Mapping keys: `policy` (required), `label` (default: built from the rest), `placement`,
+`redundancy` (the placement's memory ratio), `budget_pct` (the per-token quality budget sent
+with every request), `settings` (router `Settings` overrides put with the mesh, e.g.
+`lookahead`, `beam_width`).
+
+`load_experiment(path)` reads a scenario whose list uses these forms. Until
+`orchestrator.scenario` accepts them natively, the plain router names are handed to
+`scenario_from_data` (its file:line errors stay as they are) and the arms are checked here
+with file:line messages of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.scenario import (
+    PLACEMENT_POLICIES,
+    ROUTER_POLICIES,
+    Scenario,
+    scenario_from_data,
+)
+from orchestrator.yamlio import Loc, describe, load_yaml
+
+__all__ = ["ROUTERS", "Arm", "arms_of", "load_experiment", "parse_arm"]
+
+ROUTERS = ("local-first", "random", "greedy", "hetroute", "ordermoe", "hetroute+ordermoe",
+           "exact")
+_KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings")
+
+
+def _settings_fields() -> set[str]:
+    from router.settings import Settings
+
+    return {f.name for f in fields(Settings)}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One column of the comparison (see the module docstring). None: the scenario's value."""
+
+    label: str
+    policy: str
+    placement: str | None = None
+    redundancy: float | None = None
+    budget_pct: float | None = None
+    settings: tuple[tuple[str, Any], ...] = ()
+
+    def placement_of(self, scenario: Scenario) -> str:
+        return self.placement or scenario.placement.policy
+
+    def placement_key(self, scenario: Scenario) -> tuple[str, float]:
+        """What decides the experts' places: (placement policy, redundancy)."""
+        return (self.placement_of(scenario),
+                self.redundancy if self.redundancy is not None else scenario.placement.redundancy)
+
+    def placement_scenario(self, scenario: Scenario) -> Scenario:
+        """The scenario as the placement of this arm sees it."""
+        policy, redundancy = self.placement_key(scenario)
+        return replace(scenario, placement=replace(scenario.placement, policy=policy,
+                                                   redundancy=redundancy))
+
+    def budget_of(self, scenario: Scenario) -> float:
+        """The per-token quality budget, a fraction (0.02 = 2%)."""
+        pct = self.budget_pct if self.budget_pct is not None else scenario.quality_budget_pct
+        return pct / 100.0
+
+    def router_settings(self) -> dict[str, Any]:
+        return dict(self.settings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "policy": self.policy, "placement": self.placement,
+                "redundancy": self.redundancy, "budget_pct": self.budget_pct,
+                "settings": dict(self.settings)}
+
+
+def _label(policy: str, placement: str | None, redundancy: float | None,
+           budget_pct: float | None, settings: Mapping[str, Any]) -> str:
+    text = policy + (f"@{placement}" if placement else "")
+    extra = []
+    if redundancy is not None:
+        extra.append(f"redundancy={redundancy:g}")
+    if budget_pct is not None:
+        extra.append(f"budget={budget_pct:g}%")
+    extra += [f"{k}={v}" for k, v in settings.items()]
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _number(value: Any, key: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key}: must be a number, got {describe(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{key}: must be in {low:g}..{high:g}, got {value!r}")
+    return float(value)
+
+
+def parse_arm(item: Any) -> Arm:
+    """One entry of `policies:` (see the module docstring); ValueError names the bad part."""
+    if isinstance(item, str):
+        policy, at, placement = item.partition("@")
+        data: dict[str, Any] = {"policy": policy, "label": item}
+        if at:
+            data["placement"] = placement
+    elif isinstance(item, Mapping):
+        unknown = sorted(set(item) - set(_KEYS))
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(map(str, unknown))} (known: "
+                             f"{', '.join(_KEYS)})")
+        if "policy" not in item:
+            raise ValueError("missing required field 'policy'")
+        data = dict(item)
+    else:
+        raise ValueError(f"must be a router policy, ROUTER@PLACEMENT or a mapping with "
+                         f"'policy', got {describe(item)}")
+    policy = data["policy"]
+    if policy not in ROUTERS:
+        raise ValueError(f"unknown router policy {policy!r} (known: {', '.join(ROUTERS)})")
+    placement = data.get("placement")
+    if placement is not None and placement not in PLACEMENT_POLICIES:
+        raise ValueError(f"unknown placement {placement!r} (known: "
+                         f"{', '.join(PLACEMENT_POLICIES)})")
+    redundancy = data.get("redundancy")
+    if redundancy is not None:
+        redundancy = _number(redundancy, "redundancy", 1.0, 100.0)
+    budget = data.get("budget_pct")
+    if budget is not None:
+        budget = _number(budget, "budget_pct", 0.0, 100.0)
+    settings = data.get("settings") or {}
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"settings: must be a mapping of router settings, got "
+                         f"{describe(settings)}")
+    known = _settings_fields()
+    bad = sorted(set(settings) - known)
+    if bad:
+        raise ValueError(f"settings: unknown router setting(s) {', '.join(map(str, bad))} "
+                         f"(known: {', '.join(sorted(known))})")
+    settings = {str(k): v for k, v in settings.items()}
+    label = data.get("label") or _label(policy, placement, redundancy, budget, settings)
+    if not isinstance(label, str):
+        raise ValueError(f"label: must be text, got {describe(label)}")
+    return Arm(label, policy, placement, redundancy, budget, tuple(sorted(settings.items())))
+
+
+def arms_of(scenario: Scenario, items: list[Any] | tuple[Any, ...] | None = None
+            ) -> tuple[Arm, ...]:
+    """The arms of a scenario loaded by `load_scenario` (plain router names), or of `items`."""
+    out = tuple(parse_arm(x) for x in (items if items is not None else scenario.policies))
+    seen: set[str] = set()
+    for arm in out:
+        if arm.label in seen:
+            raise ValueError(f"policies: {arm.label!r} is listed twice")
+        seen.add(arm.label)
+    return out
+
+
+def load_experiment(path: str | Path) -> tuple[Scenario, tuple[Arm, ...]]:
+    """Read a scenario file whose `policies:` may hold arms (see the module docstring)."""
+    path = Path(path)
+    data = load_yaml(path)
+    raw = data.get("policies") if isinstance(data, Mapping) else None
+    arms: tuple[Arm, ...] | None = None
+    if isinstance(raw, list) and any(not isinstance(x, str) or x not in ROUTER_POLICIES
+                                     for x in raw):
+        plist = Loc(str(path)).key(data, "policies")
+        parsed: list[Arm] = []
+        for i, item in enumerate(raw):
+            try:
+                parsed.append(parse_arm(item))
+            except ValueError as exc:
+                raise plist.item(raw, i).error(str(exc)) from None
+            if parsed[-1].label in [a.label for a in parsed[:-1]]:
+                raise plist.item(raw, i).error(f"{parsed[-1].label!r} is listed twice")
+        arms = tuple(parsed)
+        plain = list(dict.fromkeys(a.policy for a in parsed if a.policy in ROUTER_POLICIES))
+        copy = type(data)(data)
+        copy.lines = getattr(data, "lines", {})  # keep line numbers for the other fields
+        copy.line = getattr(data, "line", None)
+        copy["policies"] = plain or [ROUTER_POLICIES[0]]
+        data = copy
+    scenario = scenario_from_data(data, Loc(str(path)), path.parent, default_name=path.stem)
+    return scenario, arms if arms is not None else arms_of(scenario)

@@ -1,0 +1,186 @@
+"""`moemesh run`, `moemesh report` and `moemesh sweep`: what users run moemesh for.
+
+    moemesh run experiments/scenarios/quickstart.yaml --out results/quickstart
+    moemesh run SCENARIO --requests 6 --out /tmp/ci      # a shortened run (CI)
+    moemesh report results/quickstart                    # redraw from the raw records
+    moemesh sweep SCENARIO --knob redundancy --values 1,2,3 --out results/sweep-redundancy
+
+Bad input (a scenario file, a flag) raises ValueError: `moemesh` prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _duration(text: str) -> float:
+    from orchestrator.units import parse_duration_s
+
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", type=Path,
+                   help="scenario YAML, e.g. experiments/scenarios/quickstart.yaml")
+    p.add_argument("--runtime", choices=["local", "netns", "docker"],
+                   help="override the scenario's runtime, e.g. local (netns needs root)")
+    p.add_argument("--shaper", choices=["tc", "app", "auto"],
+                   help="override the scenario's link shaper, e.g. app (tc needs sch_netem)")
+    short = p.add_mutually_exclusive_group()
+    short.add_argument("--requests", type=int, metavar="N",
+                       help="shorten the workload to N requests, e.g. 6 (CI)")
+    short.add_argument("--duration", type=_duration, metavar="TIME",
+                       help="shorten the workload to this scenario time, e.g. 10s")
+    p.add_argument("--policies", metavar="LIST",
+                   help="run only these arms of the scenario, comma-separated, "
+                        "e.g. hetroute,greedy")
+    p.add_argument("--quality-windows", type=int, default=8, metavar="N",
+                   help="held-out windows scored per policy for quality, e.g. 8 (0: none)")
+    p.add_argument("--overhead-requests", type=int, default=30, metavar="N",
+                   help="requests of the zero-delay overhead run, e.g. 30 (0: skip)")
+    p.add_argument("--slo-ms", type=float, default=300.0, metavar="MS",
+                   help="SLO on a request's mean token latency, e.g. 300")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser(
+        "run", help="run a scenario: every policy on the same seeded workload, then a report",
+        description="Start the scenario's mesh, run each router policy on the same seeded "
+        "workload (queues and caches reset in between), score quality, measure the "
+        "emulator's overhead, stop the mesh, and write tokens.csv, requests.csv, run.json, "
+        "summary.json, report.md and plots into --out.")
+    _add_run_flags(run)
+    run.add_argument("--out", type=Path, metavar="DIR",
+                     help="results folder, e.g. results/quickstart (default: results/NAME)")
+    run.set_defaults(handler=_run)
+
+    rep = sub.add_parser("report", help="redraw a run's summary, report and plots from its "
+                         "raw records (no rerun)")
+    rep.add_argument("folder", type=Path, help="a `moemesh run --out` folder, e.g. "
+                     "results/quickstart")
+    rep.add_argument("--slo-ms", type=float, metavar="MS",
+                     help="another SLO for the report, e.g. 200 (default: the run's)")
+    rep.set_defaults(handler=_report)
+
+    from .sweep import DEFAULT_VALUES, KNOBS
+
+    sw = sub.add_parser("sweep", help="run a scenario again for each value of one knob",
+                        description="Knobs: " + ", ".join(
+                            f"{k} ({v}; default values {', '.join(map(str, DEFAULT_VALUES[k]))})"
+                            for k, v in KNOBS.items()))
+    _add_run_flags(sw)
+    sw.add_argument("--knob", required=True, choices=list(KNOBS),
+                    help="what to sweep, e.g. redundancy")
+    sw.add_argument("--values", metavar="LIST",
+                    help="comma-separated values, e.g. 1,1.5,2,3 (default: the knob's)")
+    sw.add_argument("--out", type=Path, metavar="DIR",
+                    help="sweep folder, e.g. results/sweep-redundancy "
+                         "(default: results/NAME-sweep-KNOB)")
+    sw.set_defaults(handler=_sweep)
+
+
+# ----------------------------------------------------------------------------- handlers
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+    from dataclasses import replace
+
+    from .arms import load_experiment
+    from .runner import shorten
+
+    scenario, arms = load_experiment(args.scenario)
+    changes: dict[str, Any] = {}
+    if args.runtime:
+        changes["runtime"] = args.runtime
+    if args.shaper:
+        changes["shaper"] = args.shaper
+    if changes.get("runtime") == "local" and "shaper" not in changes and scenario.shaper == "tc":
+        changes["shaper"] = "auto"
+    if changes:
+        scenario = replace(scenario, **changes)
+    scenario, notes = shorten(scenario, requests=args.requests, duration_s=args.duration)
+    if args.policies:
+        wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
+        known = {a.label: a for a in arms}
+        bad = [p for p in wanted if p not in known]
+        if bad:
+            raise ValueError(f"--policies: {', '.join(bad)} not in the scenario (its arms: "
+                             f"{', '.join(known)})")
+        arms = tuple(known[p] for p in wanted)
+        notes.append(f"only the arms {', '.join(wanted)}")
+    return scenario, arms, notes
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from .runner import RunOptions
+
+    return RunOptions(quality_windows=args.quality_windows,
+                      overhead_requests=args.overhead_requests, slo_ms=args.slo_ms,
+                      quiet=args.quiet)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .live import open_live
+    from .runner import run_experiment
+
+    scenario, arms, notes = _prepare(args)
+    options = _options(args)
+    out = args.out or Path("results") / scenario.name
+    t0 = time.monotonic()
+    asyncio.run(run_experiment(scenario, arms, open_live, out, options, notes=notes))
+    print(f"moemesh run: {scenario.name} done in {time.monotonic() - t0:.0f} s: "
+          f"{out / 'report.md'}, {out / 'summary.json'}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    if args.slo_ms is not None and not args.slo_ms > 0:
+        raise ValueError(f"--slo-ms must be > 0, got {args.slo_ms:g}")
+    build_report(args.folder, slo_ms=args.slo_ms)
+    print(f"moemesh report: {args.folder / 'report.md'}")
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    import json
+
+    from .live import open_live
+    from .runner import run_experiment
+    from .sweep import DEFAULT_VALUES, apply_knob, write_sweep
+
+    scenario, arms, notes = _prepare(args)
+    options = _options(args)
+    if args.values:
+        try:
+            values = [float(v) for v in args.values.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"--values: not a comma-separated list of numbers: "
+                             f"{args.values!r}") from None
+    else:
+        values = [float(v) for v in DEFAULT_VALUES[args.knob]]
+    if not values:
+        raise ValueError("--values: give at least one value")
+    points = [(v, apply_knob(scenario, args.knob, v)) for v in values]  # check all first
+    out = args.out or Path("results") / f"{scenario.name}-sweep-{args.knob}"
+    out.mkdir(parents=True, exist_ok=True)
+    done = []
+    for value, point in points:
+        folder = out / f"{args.knob}={value:g}"
+        asyncio.run(run_experiment(point, arms, open_live, folder, options,
+                                   notes=[*notes, f"sweep point {args.knob}={value:g}"]))
+        done.append((value, json.loads((folder / "summary.json").read_text())))
+    plot = write_sweep(out, args.knob, done)
+    print(f"moemesh sweep: {out / 'sweep.md'}, {plot}")
+    return 0

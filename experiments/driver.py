@@ -1,0 +1,228 @@
+"""One policy's workload against a running mesh: send the requests, turn answers into rows.
+
+The driver is the mesh's users. Open loop: each request is sent at its arrival time
+(`at_s x time_dilation` wall seconds after the start, deadline-based) whatever happens to
+the others; closed loop: each user sends, waits for the answer, thinks, sends the next. A
+request is `POST /v1/generate` on its home node with the policy, its prompt tokens, its
+generation length and its seed; the answer's per-token records become `TokenRow`s.
+
+Every token asked for ends as a row: completed, failed by the router (its reason), never run
+because an earlier token failed (`after:<reason>`), or lost with the whole request
+(`request:<why>`: the home node unreachable, an HTTP error, the client's time limit). Times
+are divided by the time dilation factor (scenario time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from services.clock import now, sleep_until
+
+from .arms import Arm
+from .rows import RequestRow, TokenRow
+from .workload import Request, WorkloadPlan
+
+__all__ = ["DriveLimits", "DriveResult", "Driver", "RequestRefused", "first_error",
+           "rows_of_answer"]
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first real error of a task group (not a cancellation), to raise on its own."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return first_error(exc)
+        if not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return group.exceptions[0]
+
+
+class RequestRefused(RuntimeError):
+    """The home node refused a request as malformed (400): a bug in the run, not a fault."""
+
+
+@dataclass(frozen=True)
+class DriveLimits:
+    """Time limits of the users, in scenario seconds (multiplied by the time dilation)."""
+
+    per_request_s: float = 60.0  # plus per_token_s for each generated token
+    per_token_s: float = 10.0
+    connect_s: float = 5.0
+
+
+@dataclass
+class DriveResult:
+    arm: Arm
+    tokens: list[TokenRow] = field(default_factory=list)
+    requests: list[RequestRow] = field(default_factory=list)
+    wall_s: float = 0.0
+    started_at: float = 0.0  # time.time() of the workload's start
+
+
+def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
+                records: list[Mapping[str, Any]], failure: str | None) -> list[TokenRow]:
+    """Rows for every token the request asked for (see the module docstring)."""
+    rows = []
+    t = sent_s
+    stopped = failure
+    for i in range(req.gen_tokens):
+        rec = records[i] if i < len(records) else None
+        if rec is None:
+            reason = f"after:{stopped}" if stopped else "missing"
+            rows.append(TokenRow(arm.label, req.id, req.home, i, req.warmup, "failed", reason,
+                                 sent_s, math.nan, math.nan, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0,
+                                 0, math.nan))
+            continue
+        lat = float(rec.get("latency_ms", 0.0)) / tdf
+        t += lat / 1000.0
+        ok = rec.get("status") == "ok"
+        reason = "" if ok else str(rec.get("reason") or "failed")
+        if not ok:
+            stopped = reason
+        mix = rec.get("mix", {})
+        predicted = sum(float(layer.get("predicted_ms", 0.0)) for layer in rec.get("layers", ()))
+        rows.append(TokenRow(
+            arm.label, req.id, req.home, i, req.warmup, "ok" if ok else "failed", reason,
+            sent_s, t, lat, int(rec.get("bytes", 0)), int(rec.get("reroutes", 0)),
+            int(rec.get("retries", 0)), float(rec.get("quality", 0.0)),
+            int(mix.get("local_exact", 0)), int(mix.get("remote_exact", 0)),
+            int(mix.get("cpu_loaded", 0)), int(mix.get("substitute", 0)),
+            int(mix.get("fallback", 0)), int(rec.get("quantized", 0)),
+            sum(1 for c in rec.get("choices", ()) if len(c) > 6 and c[6]), predicted / tdf))
+    return rows
+
+
+def rows_of_answer(arm: Arm, req: Request, at_s: float, sent_s: float, done_s: float,
+                   tdf: float, answer: Mapping[str, Any] | None, error: str = ""
+                   ) -> tuple[list[TokenRow], RequestRow]:
+    """The rows of one request from the answer of /v1/generate (or from its error)."""
+    if answer is None:
+        reason = f"request:{error or 'lost'}"
+        tokens = [TokenRow(arm.label, req.id, req.home, i, req.warmup, "failed", reason, sent_s,
+                           math.nan, math.nan, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0, math.nan)
+                  for i in range(req.gen_tokens)]
+        ttft, completed = math.nan, 0
+    else:
+        records = list(answer.get("records") or [])
+        failed_reason = answer.get("failed")
+        tokens = _token_rows(arm, req, sent_s, tdf, records,
+                             str(failed_reason) if failed_reason else None)
+        completed = sum(t.ok for t in tokens)
+        ttft = (float(answer.get("ttft_ms", math.nan)) / tdf
+                if tokens and tokens[0].ok else math.nan)
+    failed = len(tokens) - sum(t.ok for t in tokens)
+    request = RequestRow(arm.label, req.id, req.home, -1 if req.user is None else req.user,
+                         req.warmup, at_s, sent_s, done_s, len(req.prompt), req.gen_tokens,
+                         completed, failed, ttft, (done_s - sent_s) * 1000.0, error)
+    return tokens, request
+
+
+class Driver:
+    """Sends one plan's requests for one arm to the home nodes at `urls`."""
+
+    def __init__(self, plan: WorkloadPlan, arm: Arm, urls: Mapping[str, str], *,
+                 time_dilation: float = 1.0, limits: DriveLimits | None = None,
+                 on_request: Callable[[RequestRow, list[TokenRow]], None] | None = None,
+                 budget: float | None = None) -> None:
+        homes = {r.home for r in plan.requests} | {u.home for u in plan.users}
+        missing = sorted(homes - set(urls))
+        if missing:
+            raise ValueError(f"no URL for home node(s) {', '.join(missing)}")
+        self.plan = plan
+        self.arm = arm
+        self.urls = dict(urls)
+        self.tdf = float(time_dilation)
+        self.limits = limits or DriveLimits()
+        self.on_request = on_request
+        self.budget = budget
+        self.result = DriveResult(arm)
+        self._start = 0.0
+        self._sent = 0  # closed loop: requests sent so far (their ids)
+
+    def _scenario_s(self, t: float) -> float:
+        return (t - self._start) / self.tdf
+
+    async def run(self) -> DriveResult:
+        """Run the whole workload; returns when every request has an answer or timed out."""
+        conn = aiohttp.TCPConnector(limit=0, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect_s * self.tdf)
+        async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+            self._start = now()
+            self.result.started_at = time.time()
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    if self.plan.closed:
+                        self._sent = 0
+                        for user in self.plan.users:
+                            tg.create_task(self._user(session, user), name=f"user-{user.index}")
+                    else:
+                        for req in self.plan.requests:
+                            assert req.at_s is not None
+                            await sleep_until(self._start + req.at_s * self.tdf)
+                            tg.create_task(self._send(session, req, req.at_s),
+                                           name=f"request-{req.id}")
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
+            self.result.wall_s = now() - self._start
+        self.result.requests.sort(key=lambda r: r.request)
+        self.result.tokens.sort(key=lambda t: (t.request, t.index))
+        return self.result
+
+    async def _user(self, session: aiohttp.ClientSession, user: Any) -> None:
+        w = self.plan.workload
+        k = 0
+        while True:
+            t = self._scenario_s(now())
+            if w.duration_s is not None and t >= w.duration_s:
+                return
+            if w.requests is not None and self._sent >= w.requests:
+                return
+            req = user.request(k, self._sent, t)
+            self._sent += 1
+            k += 1
+            await self._send(session, req, t)
+            if w.think_s > 0:
+                await asyncio.sleep(w.think_s * self.tdf)
+
+    async def _send(self, session: aiohttp.ClientSession, req: Request, at_s: float) -> None:
+        body: dict[str, Any] = {"tokens": list(req.prompt), "max_tokens": req.gen_tokens,
+                                "policy": self.arm.policy, "seed": req.seed, "records": True}
+        if self.budget is not None:
+            body["budget"] = self.budget
+        limit = (self.limits.per_request_s + self.limits.per_token_s * req.gen_tokens) * self.tdf
+        sent = now()
+        answer: dict[str, Any] | None = None
+        error = ""
+        try:
+            async with asyncio.timeout(limit):
+                async with session.post(self.urls[req.home] + "/v1/generate",
+                                        data=json.dumps(body),
+                                        headers={"Content-Type": "application/json"}) as resp:
+                    data = await resp.read()
+                    if resp.status == 400:
+                        raise RequestRefused(f"{req.home} refused request {req.id} as "
+                                             f"malformed: {data[:300].decode(errors='replace')}")
+                    if resp.status >= 400:
+                        error = f"http_{resp.status}"
+                    else:
+                        answer = json.loads(data)
+        except TimeoutError:
+            error = "client_timeout"
+        except (aiohttp.ClientConnectionError, ConnectionError, OSError) as exc:
+            error = f"unreachable:{type(exc).__name__}"
+        except ValueError as exc:  # an answer that is not JSON
+            error = f"bad_answer:{exc}"[:80]
+        done = now()
+        tokens, row = rows_of_answer(self.arm, req, at_s, self._scenario_s(sent),
+                                     self._scenario_s(done), self.tdf, answer, error)
+        self.result.tokens.extend(tokens)
+        self.result.requests.append(row)
+        if self.on_request is not None:
+            self.on_request(row, tokens)

@@ -1,0 +1,85 @@
+"""The live mesh behind an experiment: `orchestrator.mesh.LiveMesh` on the scenario's runtime.
+
+`open_live(scenario, placement)` starts the scenario's nodes on its runtime (`local`, `netns`
+or `docker`) with the first placement, configures them (links, the routers' view of the
+mesh) and stops them on the way out, also on errors and Ctrl-C (LiveMesh owns that).
+LiveMesh is the runner's `MeshTarget` (use_placement, use_links, reset, apply_fault).
+
+Node processes must serve the router (`/v1/generate`, `/v1/score`). Until the `moemesh` CLI
+registers `services.commands` and `router.commands`, LiveMesh starts local and netns nodes
+with `python -m services node`, which has no router; `make_runtime` then starts them with
+`python -m experiments.node_main node` instead (the same flags, router mounted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.runtimes.base import NodeLaunch, Runtime
+from orchestrator.scenario import Scenario
+
+from .target import MeshTarget
+
+__all__ = ["make_runtime", "open_live"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _router_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """`python -m services node ...` → the same node with the router mounted (see
+    experiments.node_main); any other command line is left alone."""
+    if len(argv) >= 4 and argv[1:4] == ("-m", "services", "node"):
+        return (argv[0], "-m", "experiments.node_main", *argv[3:])
+    return argv
+
+
+def _with_router(cls: type[Runtime]) -> type[Runtime]:
+    class WithRouter(cls):  # type: ignore[valid-type, misc]
+        async def start(self, nodes: Sequence[NodeLaunch]) -> Any:
+            fixed = [replace(n, argv=_router_argv(n.argv)) for n in nodes]
+            return await super().start(fixed)
+
+    WithRouter.__name__ = WithRouter.__qualname__ = cls.__name__
+    return WithRouter
+
+
+def make_runtime(name: str, token: str) -> Runtime:
+    """The runtime by name; local and netns node processes can import this checkout."""
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    if name == "local":
+        from orchestrator.runtimes.local import LocalRuntime
+
+        return _with_router(LocalRuntime)(env=env)
+    if name == "netns":
+        from orchestrator.runtimes.netns import NetnsRuntime
+
+        return _with_router(NetnsRuntime)(env=env)
+    if name == "docker":
+        from orchestrator.runtimes.docker import DockerRuntime
+
+        return DockerRuntime(token=token)
+    raise ValueError(f"unknown runtime {name!r} (local, netns, docker)")
+
+
+@contextlib.asynccontextmanager
+async def open_live(scenario: Scenario, placement: Mapping[str, Sequence[Mapping[str, Any]]],
+                    *, work_dir: Path | None = None) -> AsyncIterator[MeshTarget]:
+    """Start the scenario's mesh on its runtime and shaper with this first placement (node →
+    experts); stop it on the way out."""
+    from orchestrator.mesh import LiveMesh
+
+    token = os.environ.get("MOEMESH_TOKEN") or secrets.token_hex(16)
+    runtime = make_runtime(scenario.runtime, token)
+    token = getattr(runtime, "token", None) or token  # docker may bring its own
+    health_s = max(180.0, 30.0 * len(scenario.topology.nodes))
+    async with LiveMesh(scenario, runtime, dict(placement), token=token,
+                        shaper=scenario.shaper, work_dir=work_dir,
+                        health_timeout_s=health_s) as mesh:
+        yield mesh

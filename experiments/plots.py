@@ -1,0 +1,178 @@
+"""The plots of a report, drawn from rows and figures only (matplotlib, Agg: no screen needed).
+
+Each function takes plain data, writes one PNG and returns its path; nothing here reads the
+run's files or computes a statistic the report does not also show. Latencies are scenario ms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from router.records import MIX_KEYS
+
+from .metrics import LatencyHist, PolicyStats
+from .rows import TokenRow
+
+__all__ = ["bars", "latency_cdf", "latency_over_time", "mix_bars", "sweep_plot"]
+
+MIX_COLOURS = {"local_exact": "#2b8a3e", "remote_exact": "#1971c2", "cpu_loaded": "#f08c00",
+               "substitute": "#9c36b5", "fallback": "#c92a2a"}
+_GRID = np.concatenate([np.linspace(0, 90, 91), np.linspace(90.1, 99, 90),
+                        np.linspace(99.05, 99.99, 20)])
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def latency_cdf(tokens_by_policy: Mapping[str, Sequence[TokenRow]], path: Path) -> Path:
+    """Token latency CDF per policy (measured tokens, warm-up left out), from HDR percentiles."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, rows in tokens_by_policy.items():
+        h = LatencyHist.of(t.latency_ms for t in rows if t.ok and not t.warmup)
+        if not h.count:
+            continue
+        xs = [h.pct(p) for p in _GRID]
+        ax.plot(xs, _GRID / 100.0, label=name, lw=1.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("token latency (ms, scenario time, log scale)")
+    ax.set_ylabel("share of tokens ≤ x")
+    ax.set_ylim(0, 1.0)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Token latency CDF per policy")
+    return _save(fig, path)
+
+
+def bars(stats: Sequence[PolicyStats], path: Path) -> Path:
+    """Four panels: mean and p99 token latency, traffic per 1,000 tokens, throughput."""
+    names = [s.name for s in stats]
+    panels = [
+        ("mean token latency (ms)", [s.latency["mean"] for s in stats]),
+        ("p99 token latency (ms)", [s.latency["p99"] for s in stats]),
+        ("traffic per 1,000 tokens (MB)", [s.traffic_per_1k / 1e6 for s in stats]),
+        ("throughput (tokens/s)", [s.throughput_tok_s for s in stats]),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6))
+    x = np.arange(len(names))
+    for ax, (title, values) in zip(axes.flat, panels, strict=True):
+        vals = [0.0 if v is None or not math.isfinite(v) else v for v in values]
+        ax.bar(x, vals, color="#1971c2")
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+        for xi, v in zip(x, vals, strict=True):
+            ax.annotate(f"{v:.3g}", (xi, v), ha="center", va="bottom", fontsize=7)
+    return _save(fig, path)
+
+
+def mix_bars(stats: Sequence[PolicyStats], path: Path) -> Path:
+    """Execution mix: share of expert executions per kind, stacked per policy."""
+    names = [s.name for s in stats]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    bottom = np.zeros(len(names))
+    x = np.arange(len(names))
+    for key in MIX_KEYS:
+        vals = np.array([100.0 * s.mix[key] for s in stats])
+        ax.bar(x, vals, bottom=bottom, label=key.replace("_", " "), color=MIX_COLOURS[key])
+        bottom += vals
+    ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("% of expert executions")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title("Execution mix per policy")
+    return _save(fig, path)
+
+
+def _spans(faults: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float | None]]:
+    """(description, start, end) of each fault: a down and its matching up form one span."""
+    open_: dict[tuple[str, tuple[str, ...]], tuple[str, float]] = {}
+    out: list[tuple[str, float, float | None]] = []
+    undo = {"link-up": "link-down", "node-up": "node-down"}
+    for f in faults:
+        key_target = tuple(f.get("target", ()))
+        action = f.get("action", "")
+        t = float(f.get("done_s", f.get("at_s", 0.0)))
+        if action in ("link-down", "node-down", "link-degrade", "node-slow"):
+            open_[(action, key_target)] = (f.get("description", action), t)
+        elif action in undo and (undo[action], key_target) in open_:
+            desc, start = open_.pop((undo[action], key_target))
+            out.append((desc, start, t))
+        elif action == "link-up" and ("link-degrade", key_target) in open_:
+            desc, start = open_.pop(("link-degrade", key_target))
+            out.append((desc, start, t))
+        else:
+            out.append((f.get("description", action), t, None))
+    out += [(desc, start, None) for desc, start in open_.values()]
+    return out
+
+
+def latency_over_time(tokens_by_policy: Mapping[str, Sequence[TokenRow]],
+                      faults_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
+                      path: Path, *, warmup_s: float = 0.0, bin_s: float | None = None) -> Path:
+    """Mean token latency per time bin, one panel per policy, faults shaded and marked,
+    failed tokens as red ticks at the bottom."""
+    names = list(tokens_by_policy)
+    fig, axes = plt.subplots(len(names), 1, figsize=(8, 1.9 * len(names) + 0.6),
+                             sharex=True, squeeze=False)
+    end = max((t.done_s for rows in tokens_by_policy.values() for t in rows
+               if math.isfinite(t.done_s)), default=1.0)
+    width = bin_s or max(end / 60.0, 0.25)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        rows = tokens_by_policy[name]
+        bins: dict[int, list[float]] = defaultdict(list)
+        for t in rows:
+            if t.ok and math.isfinite(t.done_s):
+                bins[int(t.done_s // width)].append(t.latency_ms)
+        if bins:
+            ks = sorted(bins)
+            ax.plot([(k + 0.5) * width for k in ks], [float(np.mean(bins[k])) for k in ks],
+                    lw=1.0, marker=".", ms=4, color="#1971c2", label="mean token latency")
+        fails = [t.sent_s if not math.isfinite(t.done_s) else t.done_s
+                 for t in rows if not t.ok]
+        if fails:
+            ax.plot(fails, [0] * len(fails), "|", color="#c92a2a", ms=8, label="failed token")
+        if warmup_s > 0:
+            ax.axvspan(0, warmup_s, color="#adb5bd", alpha=0.25, lw=0)
+        for i, (desc, start, stop) in enumerate(_spans(faults_by_policy.get(name, ()))):
+            if stop is None:
+                ax.axvline(start, color="#e8590c", ls="--", lw=1)
+            else:
+                ax.axvspan(start, stop, color="#e8590c", alpha=0.15, lw=0)
+            ax.annotate(desc.replace(" (both ways)", ""), (start, 0.97 - 0.12 * (i % 4)),
+                        xycoords=("data", "axes fraction"), fontsize=6, va="top",
+                        color="#d9480f")
+        ax.set_ylabel("ms", fontsize=8)
+        ax.set_title(name, fontsize=9, loc="left")
+        ax.grid(True, alpha=0.3)
+    axes[-1, 0].set_xlabel("time since the workload's start (s, scenario time); grey: warm-up")
+    return _save(fig, path)
+
+
+def sweep_plot(param: str, points: Sequence[float], series: Mapping[str, Sequence[float]],
+               ylabel: str, path: Path, *, title: str = "") -> Path:
+    """One line per policy over a swept parameter."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, ys in series.items():
+        vals = [math.nan if y is None else y for y in ys]
+        ax.plot(points, vals, marker="o", label=name)
+    ax.set_xlabel(param)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or f"{ylabel} vs {param}")
+    return _save(fig, path)

@@ -1,0 +1,294 @@
+"""Raw records → summary.json, report.md and plots; also what `moemesh report DIR` runs.
+
+Reads only the run folder (`run.json`, `tokens.csv`, `requests.csv`, `overhead.csv`), so a
+report can be redrawn, or drawn with another SLO, without rerunning anything (STYLE 12).
+Every report states the runtime, the shaper, the time-dilation factor and the emulator's
+measured overhead, and every comparison carries its confidence interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from router.records import MIX_KEYS
+
+from . import plots
+from .metrics import PolicyStats, compare, policy_stats, summary_json
+from .reproduce import DIFFERENCES, reproduction_rows
+from .rows import RequestRow, TokenRow, read_rows
+
+__all__ = ["build_report", "load_run", "quality_delta", "render_markdown"]
+
+
+def load_run(folder: Path) -> tuple[dict[str, Any], list[TokenRow], list[RequestRow],
+                                    list[TokenRow]]:
+    """run.json, tokens, requests and overhead tokens of a run folder (ValueError if missing)."""
+    folder = Path(folder)
+    meta_path = folder / "run.json"
+    if not meta_path.is_file():
+        raise ValueError(f"{folder}: no run.json here (is it the --out folder of "
+                         f"`moemesh run`?)")
+    meta = json.loads(meta_path.read_text())
+    for name in ("tokens.csv", "requests.csv"):
+        if not (folder / name).is_file():
+            raise ValueError(f"{folder}: {name} is missing")
+    tokens = list(read_rows(folder / "tokens.csv", TokenRow))
+    requests = list(read_rows(folder / "requests.csv", RequestRow))
+    overhead = (list(read_rows(folder / "overhead.csv", TokenRow))
+                if (folder / "overhead.csv").is_file() else [])
+    return meta, tokens, requests, overhead
+
+
+def quality_delta(meta: Mapping[str, Any], label: str, tokens: Sequence[TokenRow]
+                  ) -> tuple[float, str]:
+    """Perplexity change in % against exact, and where it comes from."""
+    q = meta.get("quality", {})
+    exact, mine = q.get("exact"), q.get(label)
+    if exact and mine and exact.get("nll") is not None and mine.get("nll") is not None:
+        return 100.0 * (math.exp(mine["nll"] - exact["nll"]) - 1.0), "measured"
+    done = [t for t in tokens if t.ok and not t.warmup]
+    if not done:
+        return math.nan, "none"
+    return 100.0 * sum(t.quality for t in done) / len(done), "estimate"
+
+
+def _by_policy(rows: Sequence[Any], order: Sequence[str]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {name: [] for name in order}
+    for r in rows:
+        out.setdefault(r.policy, []).append(r)
+    return out
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    if x is None or not math.isfinite(x):
+        return "–"
+    return f"{x:.{digits}g}" if abs(x) < 10 ** digits else f"{x:.0f}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return out
+
+
+def _overhead_lines(meta: Mapping[str, Any], stats: Mapping[str, PolicyStats],
+                    overhead: Sequence[TokenRow], tokens: Mapping[str, Sequence[TokenRow]]
+                    ) -> list[str]:
+    gap = _prediction_gap(tokens)
+    info = meta.get("overhead")
+    if not info or not overhead:
+        return ["Emulator overhead: no zero-delay run in this run (`--overhead-requests 0`). "
+                + gap]
+    arm = info["arm"]
+    ids = {t.request for t in overhead}
+    # the same requests on both sides, warm-up ones included (the run starts cold in both)
+    zero = policy_stats("overhead", [replace(t, warmup=False) for t in overhead], [])
+    emu = policy_stats(arm, [replace(t, warmup=False) for t in tokens.get(arm, ())
+                             if t.request in ids], [])
+    z, e = zero.latency["mean"], emu.latency["mean"]
+    share = z / e if e and math.isfinite(e) and math.isfinite(z) else math.nan
+    return [
+        f"Emulator overhead: the first {info['requests']} requests of the workload under "
+        f"`{arm}` with {info['links']} gave a mean token latency of {_f(z)} ms (p99 "
+        f"{_f(zero.latency['p99'])} ms), against {_f(e)} ms for the same requests on the "
+        f"emulated links ({_f(100 * share, 2)}% of it). That floor is what this host adds "
+        f"besides the emulated network: HTTP hops, serialisation, the dense part of the model, "
+        f"and the devices' emulated compute, host-to-device loads and queues (scenario time, "
+        f"i.e. already divided by the time-dilation factor). It is one measurement on a host "
+        f"that may be shared: read it beside the host load above. " + gap,
+    ]
+
+
+def _prediction_gap(tokens: Mapping[str, Sequence[TokenRow]]) -> str:
+    """Measured token latency against the router's own prediction of the emulated costs."""
+    pairs = [(t.latency_ms, t.predicted_ms) for rows in tokens.values() for t in rows
+             if t.ok and not t.warmup and math.isfinite(t.predicted_ms)]
+    if not pairs:
+        return ""
+    measured = sum(m for m, _ in pairs) / len(pairs)
+    predicted = sum(p for _, p in pairs) / len(pairs)
+    return (f"Across all policies, a token took {_f(measured)} ms on average where the router "
+            f"predicted {_f(predicted)} ms of emulated costs (links, queues, loads, compute): "
+            f"{_f(measured - predicted)} ms per token that the cost model does not see (the "
+            f"emulator's own work plus the model's error).")
+
+
+def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
+                    tokens: Mapping[str, Sequence[TokenRow]], overhead: Sequence[TokenRow],
+                    images: Mapping[str, str]) -> str:
+    """The report (see the module docstring); `images` maps a caption to a file name."""
+    by_name = {s.name: s for s in stats}
+    lines = [f"# moemesh run: {meta['scenario']}", ""]
+    if meta.get("description"):
+        lines += [str(meta["description"]), ""]
+    t = meta.get("timings", {})
+    facts = [
+        ("runtime", meta.get("runtime")), ("shaper (link emulation)", meta.get("shaper")),
+        ("time dilation", f"{meta.get('time_dilation'):g} (emulated times x TDF on the wall "
+                          f"clock; every figure here is divided back: scenario time)"),
+        ("model", f"{meta.get('model')} ({meta.get('model_mode')})"),
+        ("seed", meta.get("seed")), ("workload", meta.get("workload")),
+        ("warm-up", f"{meta.get('warmup_s', 0):g} s, left out of every figure (not of the "
+                    f"token counts)"),
+        ("quality budget", f"{meta.get('quality_budget_pct'):g}% per token"),
+        ("SLO", f"a request's mean token latency ≤ {meta.get('slo_ms'):g} ms"),
+        ("started", meta.get("started")),
+        ("wall time", f"{_f(t.get('total_s'), 4)} s in all (mesh start "
+                      f"{_f(t.get('mesh_start_s'), 3)} s)"),
+        ("host", ", ".join(f"{k} {v}" for k, v in meta.get("host", {}).items())),
+    ]
+    load = meta.get("load") or {}
+    if load:
+        facts.append(("host load (1-min average, before → after each policy)",
+                      "; ".join(f"{k} {a:g} → {b:g}" for k, (a, b) in load.items())
+                      + f" on {meta.get('host', {}).get('cpus', '?')} CPUs"))
+    lines += _table(["", ""], [(k, v) for k, v in facts])
+    for note in meta.get("notes", []):
+        lines += ["", f"Note: {note}."]
+    lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
+
+    lines += ["## Results per policy", "",
+              "Token latency is each generated token's time (the first one includes the "
+              "prompt's prefill, which is also TTFT). Percentiles come from HDR histograms. "
+              "Traffic counts the activations each generated token moved between nodes "
+              "(prefill of the prompt positions not included).", ""]
+    rows = []
+    for s in stats:
+        rows.append([
+            s.name, _f(s.latency["mean"]), _f(s.latency["p50"]), _f(s.latency["p95"]),
+            _f(s.latency["p99"]), _f(s.ttft["mean"]), _f(s.ttft["p99"]),
+            _f(s.request_latency["mean"]), _f(s.throughput_tok_s),
+            "–" if not math.isfinite(s.slo_share) else f"{100 * s.slo_share:.0f}%",
+            _f(s.traffic_per_1k / 1e6), (f"{s.quality_delta_pct:+.2f}%"
+                                         + (" (est.)" if s.quality_source == "estimate" else "")
+                                         if math.isfinite(s.quality_delta_pct) else "–"),
+            f"{s.tokens}/{s.failed_tokens}", str(s.rerouted_tokens),
+        ])
+    lines += _table(["policy", "mean ms", "p50", "p95", "p99", "TTFT mean", "TTFT p99",
+                     "request mean ms", "tok/s", "within SLO", "MB per 1k tok", "quality Δ",
+                     "tokens ok/failed", "rerouted"], rows)
+    lines += ["", "Execution mix (share of expert executions; quantized replicas count as "
+                  "exact executions, their share is given apart):", ""]
+    lines += _table(["policy", *[k.replace("_", " ") for k in MIX_KEYS], "quantized",
+                     "on the home node"],
+                    [[s.name, *[f"{100 * s.mix[k]:.1f}%" for k in MIX_KEYS],
+                      f"{100 * s.quantized_share:.1f}%", f"{100 * s.local_share:.1f}%"]
+                     for s in stats])
+    exact = [a["label"] for a in meta.get("arms", []) if a.get("policy") == "exact"]
+    if exact:
+        lines += ["", f"`{'`, `'.join(exact)}`: the `exact` policy runs every expert in full "
+                      f"precision on the home node's own copy of the weights, ignoring the "
+                      f"placement and the network. It is the quality reference and a "
+                      f"no-network bound, not a system one could deploy on these nodes."]
+    if meta.get("model_mode") == "modeled":
+        lines += ["", "Quality: the model is modeled (no weights), so the quality change is "
+                      "the budget the router spent per token from its penalty tables: an "
+                      "estimate, not a measured perplexity."]
+    else:
+        q = meta.get("quality", {}).get("exact") or {}
+        if q.get("nll") is not None:
+            lines += ["", f"Quality: perplexity of {q['tokens']} held-out tokens scored "
+                          f"through each policy's routing (`/v1/score`), against exact "
+                          f"execution (NLL {q['nll']:.4f} nats/token, perplexity "
+                          f"{math.exp(q['nll']):.3f})."]
+
+    if len(stats) > 1:
+        ref = stats[0].name
+        lines += ["", "## Comparisons", "",
+                  f"Each policy against `{ref}` (the first listed). Change of the mean per "
+                  f"token with a 95% bootstrap CI over requests and a Mann-Whitney U p-value "
+                  f"on per-request means; a CI that holds 0 is no difference.", ""]
+        crow = []
+        seed = int(meta.get("seed", 0))
+        for s in stats[1:]:
+            for metric, label in (("latency_ms", "mean latency"), ("bytes", "traffic/token")):
+                c = compare(ref, tokens[ref], s.name, tokens[s.name], metric, seed=seed)
+                ci = ("–" if not math.isfinite(c.ci_low_pct)
+                      else f"{c.ci_low_pct:+.1f}% .. {c.ci_high_pct:+.1f}%")
+                crow.append([s.name, label, _f(c.value_a), _f(c.value_b),
+                             "–" if not math.isfinite(c.change_pct) else f"{c.change_pct:+.1f}%",
+                             ci, _f(c.p_value, 2), c.verdict()])
+        lines += _table(["policy", "metric", ref, "this", "change", "95% CI", "p", "verdict"],
+                        crow)
+
+    faults = meta.get("faults", {})
+    if any(faults.values()):
+        lines += ["", "## Faults", "", "Applied at these times (scenario seconds from the "
+                  "workload's start; due → done):", ""]
+        frow = []
+        for policy, recs in faults.items():
+            for r in recs:
+                frow.append([policy, f"{r['at_s']:g}", f"{r['done_s']:.2f}", r["description"],
+                             "ok" if r.get("ok", True) else f"failed: {r.get('error')}"])
+        lines += _table(["policy", "due s", "done s", "fault", "result"], frow)
+    reasons = {s.name: s.reasons for s in stats if s.reasons}
+    if reasons:
+        lines += ["", "Failed tokens by reason (every token counts, warm-up included; "
+                      "`after:` = never ran because an earlier token of its request failed):",
+                  ""]
+        lines += _table(["policy", "reason", "tokens"],
+                        [[p, r, str(n)] for p, rs in reasons.items()
+                         for r, n in sorted(rs.items(), key=lambda kv: -kv[1])])
+    placements = meta.get("placements", {})
+    if placements:
+        lines += ["", "Placements used (expected cost: the router simulated on calibration "
+                      "traffic, ms per token):", ""]
+        lines += _table(["placement", "replicas", "expected cost ms"],
+                        [[n, str(p.get("replicas")), _f(p.get("expected_cost_ms"))]
+                         for n, p in placements.items()])
+
+    if images:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{cap}]({name})" for cap, name in images.items()]
+
+    repro = reproduction_rows(meta, by_name, tokens)
+    if repro:
+        lines += ["", "## Reproduction", "",
+                  "What the papers report (PAPERS.md) beside this run. 'Holds' = the measured "
+                  "change has the paper's direction and its 95% CI excludes 0. The scenarios "
+                  "were not tuned to match.", ""]
+        lines += _table(["paper", "comparison", "paper", "this run", "difference", "holds",
+                         "arms / note"], [r.cells() for r in repro])
+        lines += ["", "Where and why we differ:", ""] + [f"- {d}" for d in DIFFERENCES]
+    return "\n".join(lines) + "\n"
+
+
+def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool = True
+                 ) -> dict[str, Any]:
+    """Write summary.json, report.md and the plots into `folder`; returns the summary."""
+    folder = Path(folder)
+    meta, tokens, requests, overhead = load_run(folder)
+    if slo_ms is not None:
+        meta["slo_ms"] = slo_ms
+    order = [a["label"] for a in meta["arms"]]
+    tok = _by_policy(tokens, order)
+    req = _by_policy(requests, order)
+    stats = []
+    for name in tok:
+        q, source = quality_delta(meta, name, tok[name])
+        stats.append(policy_stats(name, tok[name], req.get(name, []),
+                                  warmup_s=float(meta.get("warmup_s", 0.0)),
+                                  slo_ms=float(meta.get("slo_ms", 300.0)),
+                                  quality_delta_pct=q, quality_source=source))
+    summary = summary_json(meta, stats)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    images: dict[str, str] = {}
+    if plots_too and tokens:
+        faults = dict(meta.get("faults", {}))
+        made = [
+            ("token latency CDF per policy", plots.latency_cdf(tok, folder / "latency_cdf.png")),
+            ("mean and p99 latency, traffic, throughput", plots.bars(stats, folder / "bars.png")),
+            ("execution mix", plots.mix_bars(stats, folder / "mix.png")),
+            ("latency over time with faults",
+             plots.latency_over_time(tok, faults, folder / "latency_time.png",
+                                     warmup_s=float(meta.get("warmup_s", 0.0)))),
+        ]
+        images = {cap: p.name for cap, p in made}
+    text = render_markdown(meta, stats, tok, overhead, images)
+    (folder / "report.md").write_text(text)
+    return summary

@@ -1,0 +1,396 @@
+"""Run a scenario: every policy (arm) on the SAME seeded workload, then write the raw records.
+
+For each arm, in the scenario's order: put its placement on the nodes (when it differs from
+the one in force), reset the mesh (queues drained, GPU caches emptied, faults cleared, links
+back to the topology, routers' estimators fresh), run the workload with the fault timeline
+beside it (events at their scenario times, recorded), reset again, then score held-out text
+through the arm's routing for quality (`/v1/score`, against `exact`). Last, the overhead run:
+the same workload (its first `overhead_requests` requests) under the first arm with every link
+at zero delay, which measures what the emulator itself adds.
+
+Compute → rows → render (STYLE 12): this module writes `tokens.csv`, `requests.csv`,
+`overhead.csv` and `run.json` into the output folder and then calls `experiments.report` to
+turn them into `summary.json`, `report.md` and the plots, exactly as `moemesh report DIR` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from orchestrator.faults import FaultTimeline
+from orchestrator.scenario import Scenario, scenario_to_data
+
+from .arms import Arm
+from .driver import DriveLimits, Driver, DriveResult, first_error
+from .metrics import DEFAULT_SLO_MS
+from .progress import RunProgress
+from .rows import RequestRow, TokenRow, write_rows
+from .target import MeshTarget, zero_links
+from .workload import WorkloadPlan, plan_workload
+
+__all__ = ["MeshFactory", "RunOptions", "run_experiment", "shorten"]
+
+FAULT_FINISH_S = 120.0  # the longest an event due before the workload's end may take to finish
+QUALITY_LIMIT_S = 120.0  # one /v1/score call (times the time dilation)
+# (scenario, first placement: node → experts) → a started mesh, stopped on the way out
+MeshFactory = Callable[[Scenario, Mapping[str, list[dict]]],
+                       contextlib.AbstractAsyncContextManager[MeshTarget]]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run (not what: that is the scenario). Times are scenario seconds."""
+
+    quality_windows: int = 8  # held-out windows scored per policy (0: no scoring)
+    quality_seq: int = 256  # tokens per window
+    overhead_requests: int = 30  # requests of the zero-delay overhead run (0: none)
+    slo_ms: float = DEFAULT_SLO_MS
+    quiet: bool = False
+    limits: DriveLimits = field(default_factory=DriveLimits)
+    render: bool = True  # write summary.json, report.md and plots after the raw records
+
+    def __post_init__(self) -> None:
+        for name in ("quality_windows", "quality_seq", "overhead_requests"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+        if self.quality_windows and self.quality_seq < 2:
+            raise ValueError(f"quality_seq must be >= 2, got {self.quality_seq}")
+        if not (math.isfinite(self.slo_ms) and self.slo_ms > 0):
+            raise ValueError(f"slo_ms must be > 0, got {self.slo_ms!r}")
+
+
+def shorten(scenario: Scenario, *, requests: int | None = None,
+            duration_s: float | None = None) -> tuple[Scenario, list[str]]:
+    """The scenario with a shorter workload (CI, a quick look); faults that would fall after
+    the new end are dropped. Returns the scenario and notes saying what changed."""
+    if requests is None and duration_s is None:
+        return scenario, []
+    if requests is not None and duration_s is not None:
+        raise ValueError("give --requests or --duration, not both")
+    w = scenario.workload
+    notes = []
+    if requests is not None:
+        if requests < 1:
+            raise ValueError(f"--requests must be >= 1, got {requests}")
+        warm = w.warmup_s
+        if w.rate_rps is not None:  # keep about three quarters of the requests measured
+            warm = min(warm, round(requests / w.rate_rps / 4, 3))
+        wl = replace(w, requests=requests, duration_s=None, warmup_s=warm)
+        notes.append(f"workload shortened to {requests} requests (was "
+                     f"{w.requests if w.requests is not None else f'{w.duration_s:g} s'}), "
+                     f"warm-up {warm:g} s")
+        faults = scenario.faults
+    else:
+        assert duration_s is not None
+        if not duration_s > 0:
+            raise ValueError(f"--duration must be > 0, got {duration_s:g} s")
+        warm = min(w.warmup_s, duration_s / 4)
+        wl = replace(w, requests=None, duration_s=duration_s, warmup_s=warm)
+        notes.append(f"workload shortened to {duration_s:g} s (warm-up {warm:g} s)")
+        faults = tuple(f for f in scenario.faults if f.at_s < duration_s)
+        if len(faults) < len(scenario.faults):
+            notes.append(f"{len(scenario.faults) - len(faults)} fault(s) after {duration_s:g} s "
+                         f"dropped")
+    return replace(scenario, workload=wl, faults=faults), notes
+
+
+# ----------------------------------------------------------------------------- the pieces
+
+
+def _placement(scenario: Scenario, arm: Arm) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+    """The nodes' experts under the arm's placement, and what to record about it."""
+    from orchestrator.placement import place, problem_from_scenario
+
+    name, redundancy = arm.placement_key(scenario)
+    problem = problem_from_scenario(arm.placement_scenario(scenario))
+    result = place(problem, name)
+    info = {"policy": name, "redundancy": redundancy,
+            "expected_cost_ms": round(result.expected_cost_ms, 6),
+            "replicas": len(result.replicas), "memory": result.memory(),
+            "notes": _jsonable(dict(result.notes))}
+    return result.by_node(), info
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: WorkloadPlan, arm: Arm,
+                             options: RunOptions, progress: RunProgress,
+                             faults: bool = True) -> tuple[DriveResult, list[dict[str, Any]]]:
+    tdf = scenario.time_dilation
+    driver = Driver(plan, arm, mesh.urls, time_dilation=tdf, limits=options.limits,
+                    on_request=progress.on_request, budget=arm.budget_of(scenario))
+    events = scenario.timeline() if faults else ()
+    timeline = FaultTimeline(mesh, events, time_dilation=tdf)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            fault_task = tg.create_task(timeline.run(), name="faults") if events else None
+            result = await driver.run()
+            if fault_task is not None and not fault_task.done():
+                # an event already due (a node restarting, say) finishes and is recorded;
+                # events after the workload's end do not happen
+                due = sum(1 for e in events if e.at_s <= result.wall_s / tdf)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FAULT_FINISH_S * tdf):
+                        while len(timeline.records) < due and not fault_task.done():
+                            await asyncio.sleep(0.05)
+                fault_task.cancel()
+    except BaseExceptionGroup as group:  # a fault that failed (FaultError), a refused request
+        raise first_error(group) from None
+    return result, [r.to_json() for r in timeline.records]
+
+
+def quality_windows(count: int, seq: int) -> list[list[int]]:
+    """The held-out windows quality is scored on (the ones `moemesh model eval` uses first)."""
+    from moe.evaluate import heldout_batch
+
+    return [row.tolist() for row in heldout_batch(seq=seq, count=count)]
+
+
+async def score(urls: Mapping[str, str], homes: Sequence[str], windows: Sequence[list[int]],
+                policy: str, budget: float, timeout_s: float) -> dict[str, Any]:
+    """Teacher-forced NLL of the windows routed by `policy` (window i scored at homes[i])."""
+    total, count, failed, per = 0.0, 0, 0, []
+    async with aiohttp.ClientSession() as session:
+        for home, tokens in zip(homes, windows, strict=True):
+            body = {"tokens": tokens, "policy": policy, "budget": budget, "records": False}
+            async with asyncio.timeout(timeout_s):
+                async with session.post(urls[home] + "/v1/score", json=body) as resp:
+                    data = await resp.json(content_type=None)
+                    if resp.status >= 400:
+                        raise RuntimeError(f"/v1/score on {home} under {policy} answered "
+                                           f"{resp.status}: {data}")
+            n = int(data["tokens"]) - int(data["failed_tokens"])
+            failed += int(data["failed_tokens"])
+            if data.get("nll") is not None and n > 0:
+                total += float(data["nll"]) * n
+                count += n
+            per.append({"home": home, "nll": data.get("nll"), "tokens": data["tokens"],
+                        "failed_tokens": data["failed_tokens"]})
+    return {"policy": policy, "nll": total / count if count else None, "tokens": count,
+            "failed_tokens": failed, "windows": per}
+
+
+def _score_homes(plan: WorkloadPlan, count: int, seed: int) -> list[str]:
+    names = [n for n, s in plan.shares.items() if s > 0]
+    p = np.array([plan.shares[n] for n in names], dtype=float)
+    rng = np.random.default_rng([seed, 0x5C0DE])
+    return [names[int(i)] for i in rng.choice(len(names), size=count, p=p / p.sum())]
+
+
+def _host() -> dict[str, Any]:
+    import aiohttp as _aiohttp
+
+    out = {"python": platform.python_version(), "platform": platform.platform(),
+           "cpus": os.cpu_count(), "aiohttp": _aiohttp.__version__}
+    with contextlib.suppress(ImportError):
+        import torch
+
+        out["torch"] = torch.__version__
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5, cwd=Path(__file__).parent)
+        if commit.returncode == 0:
+            out["commit"] = commit.stdout.strip()
+    return out
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@dataclass
+class _Collected:
+    tokens: list[TokenRow] = field(default_factory=list)
+    requests: list[RequestRow] = field(default_factory=list)
+    overhead_tokens: list[TokenRow] = field(default_factory=list)
+    overhead_requests: list[RequestRow] = field(default_factory=list)
+
+
+class _Run:
+    """One `run_experiment` call's state: the plan, the placements, what was collected."""
+
+    def __init__(self, scenario: Scenario, arms: Sequence[Arm], options: RunOptions,
+                 plan: WorkloadPlan, notes: Sequence[str], progress: RunProgress) -> None:
+        self.scenario, self.arms, self.options, self.plan = scenario, arms, options, plan
+        self.progress = progress
+        self.tdf = scenario.time_dilation
+        self.got = _Collected()
+        self.placements: dict[tuple, dict[str, list[dict]]] = {}
+        self.current: tuple | None = None
+        modeled = scenario.model.mode == "modeled"
+        self.windows = (quality_windows(options.quality_windows, options.quality_seq)
+                        if options.quality_windows and not modeled else [])
+        self.homes = _score_homes(plan, len(self.windows), scenario.seed)
+        self.meta: dict[str, Any] = {
+            "format": 1,
+            "scenario": scenario.name, "description": scenario.description,
+            "model": scenario.model.name, "model_mode": scenario.model.mode,
+            "seed": scenario.seed, "time_dilation": self.tdf, "slo_ms": options.slo_ms,
+            "warmup_s": scenario.workload.warmup_s,
+            "quality_budget_pct": scenario.quality_budget_pct,
+            "arms": [a.to_json() for a in arms], "workload": plan.describe(),
+            "heldout_sha256": plan.text_sha256, "notes": list(notes),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": _host(),
+            "scenario_data": _jsonable(scenario_to_data(scenario)),
+            "runtime": scenario.runtime, "shaper": scenario.shaper,
+            "placements": {}, "faults": {}, "quality": {}, "timings": {}, "overhead": None,
+            "load": {},  # 1-minute load average of the host before and after each arm
+        }
+
+    def _time(self, key: str, since: float) -> None:
+        self.meta["timings"][key] = round(time.monotonic() - since, 3)
+
+    def place_all(self) -> dict[str, list[dict]]:
+        """Every arm's placement, computed before any node starts; returns the first."""
+        for arm in self.arms:
+            key = arm.placement_key(self.scenario)
+            if key not in self.placements:
+                name = f"{key[0]} (redundancy {key[1]:g})"
+                self.progress.note(f"placement {name}")
+                t = time.monotonic()
+                self.placements[key], self.meta["placements"][name] = _placement(
+                    self.scenario, arm)
+                self._time(f"placement:{name}", t)
+        return self.placements[self.arms[0].placement_key(self.scenario)]
+
+    async def use(self, mesh: MeshTarget, arm: Arm) -> None:
+        want = (arm.placement_key(self.scenario), arm.settings)
+        if want != self.current:
+            await mesh.use_placement(self.placements[want[0]], arm.router_settings())
+            self.current = want
+
+    async def arm(self, mesh: MeshTarget, arm: Arm) -> None:
+        await self.use(mesh, arm)
+        await mesh.reset()
+        self.progress.arm(arm.label, self.plan.expected_requests)
+        t = time.monotonic()
+        load = os.getloadavg()[0]
+        result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
+                                                  self.options, self.progress)
+        self.progress.end_arm()
+        self.meta["load"][arm.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
+        self.meta["faults"][arm.label] = faults
+        self._time(arm.label, t)
+        self.got.tokens += result.tokens
+        self.got.requests += result.requests
+
+    async def quality(self, mesh: MeshTarget, arm: Arm) -> None:
+        """Held-out NLL through the arm's routing (its placement is in force), and exact's."""
+        if not self.windows:
+            return
+        await mesh.reset()
+        t = time.monotonic()
+        q = self.meta["quality"]
+        limit = QUALITY_LIMIT_S * self.tdf
+        if "exact" not in q:
+            q["exact"] = await score(mesh.urls, self.homes, self.windows, "exact",
+                                     self.scenario.quality_budget_pct / 100.0, limit)
+        q[arm.label] = q["exact"] if arm.policy == "exact" else await score(
+            mesh.urls, self.homes, self.windows, arm.policy, arm.budget_of(self.scenario), limit)
+        self._time(f"quality:{arm.label}", t)
+
+    async def overhead(self, mesh: MeshTarget) -> None:
+        """The first arm on zero-delay links, the first `overhead_requests` requests."""
+        arm = self.arms[0]
+        small = self.plan.truncated(self.options.overhead_requests)
+        self.progress.note(f"overhead run: {arm.label} on zero-delay links "
+                           f"({small.expected_requests} requests)")
+        await self.use(mesh, arm)
+        await mesh.use_links(zero_links(self.scenario.topology))
+        await mesh.reset()
+        label = replace(arm, label=f"overhead:{arm.label}")
+        self.progress.arm(label.label, small.expected_requests)
+        t = time.monotonic()
+        load = os.getloadavg()[0]
+        result, _ = await _drive_with_faults(mesh, self.scenario, small, label, self.options,
+                                             self.progress, faults=False)
+        self.progress.end_arm()
+        self.meta["load"][label.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
+        await mesh.use_links(None)
+        self.got.overhead_tokens, self.got.overhead_requests = result.tokens, result.requests
+        self.meta["overhead"] = {"arm": arm.label, "requests": len(result.requests),
+                                 "links": "every link 0 ms delay, 0 jitter, 0% loss, 100 Gbit/s"}
+        self._time("overhead_s", t)
+
+    def write(self, out: Path) -> None:
+        got = self.got
+        write_rows(out / "tokens.csv", got.tokens, TokenRow)
+        write_rows(out / "requests.csv", got.requests, RequestRow)
+        if self.meta["overhead"] is not None:
+            write_rows(out / "overhead.csv", got.overhead_tokens, TokenRow)
+            write_rows(out / "overhead_requests.csv", got.overhead_requests, RequestRow)
+        (out / "run.json").write_text(json.dumps(_jsonable(self.meta), indent=1) + "\n")
+
+
+async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: MeshFactory,
+                         out: Path, options: RunOptions | None = None, *,
+                         notes: Sequence[str] = (), plan: WorkloadPlan | None = None
+                         ) -> dict[str, Any]:
+    """Run every arm (see the module docstring); returns run.json's content.
+
+    If the run fails half-way, the rows collected so far and run.json (with `error`) are
+    still written, then the error is raised; no report is drawn from a broken run.
+    """
+    options = options or RunOptions()
+    if not arms:
+        raise ValueError("no policy to run")
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.monotonic()
+    plan = plan or plan_workload(scenario)
+    with RunProgress(f"moemesh run {scenario.name}: {plan.describe()}",
+                     quiet=options.quiet) as progress:
+        run = _Run(scenario, arms, options, plan, notes, progress)
+        try:
+            first = run.place_all()
+            progress.note(f"starting the mesh ({scenario.runtime} runtime, "
+                          f"{len(scenario.topology.nodes)} nodes)")
+            t0 = time.monotonic()
+            async with open_mesh(scenario, first) as mesh:
+                run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
+                run._time("mesh_start_s", t0)
+                for arm in arms:
+                    await run.arm(mesh, arm)
+                    await run.quality(mesh, arm)
+                if options.overhead_requests:
+                    await run.overhead(mesh)
+        except BaseException as exc:
+            run.meta["error"] = f"{type(exc).__name__}: {exc}"
+            run._time("total_s", t_all)
+            run.write(out)
+            raise
+        run._time("total_s", t_all)
+        run.write(out)
+        if options.render:
+            from .report import build_report
+
+            progress.note("writing the report")
+            build_report(out)
+    return run.meta

@@ -1,0 +1,140 @@
+"""Sweeps: one scenario run again with one knob changed, one plot per sweep.
+
+Knobs (PAPERS.md's sweeps): `rate` (arrival rate, req/s, open loop), `redundancy` (the
+placement's memory ratio, 1.0-3.0), `budget` (the per-token quality budget in %, 0.5-3.0),
+`nodes` (node count, 4-16: the scenario's topology cut to its first N nodes, or grown by
+copying its nodes in order, each copy with its original's device, users and links, and a
+LAN-like link to its original). Every point is a full run in `OUT/<knob>=<value>/`; the
+sweep writes `sweep.json` (per point and policy: mean and p99 latency, traffic per token,
+throughput, quality change), `sweep.md` and `sweep_<knob>.png`. Faults are left out of
+sweeps (they measure steady state).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from netem.spec import LinkSpec
+from orchestrator.scenario import Scenario
+from orchestrator.topology import Node, Topology
+
+from . import plots
+
+__all__ = ["KNOBS", "apply_knob", "grow_topology", "sweep_rows", "write_sweep"]
+
+KNOBS = {
+    "rate": "arrival rate (req/s)",
+    "redundancy": "memory redundancy ratio",
+    "budget": "quality budget (%)",
+    "nodes": "nodes",
+}
+DEFAULT_VALUES = {
+    "rate": (0.5, 1.0, 2.0, 4.0),
+    "redundancy": (1.0, 1.5, 2.0, 2.5, 3.0),
+    "budget": (0.5, 1.0, 2.0, 3.0),
+    "nodes": (4, 8, 12, 16),
+}
+
+
+def grow_topology(topology: Topology, n: int) -> Topology:
+    """The topology with exactly `n` nodes (see the module docstring)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"nodes: must be a whole number >= 1, got {n!r}")
+    base = list(topology.nodes)
+    m = len(base)
+    origin: dict[str, str] = {}
+    nodes: list[Node] = []
+    for i in range(n):
+        src = base[i % m]
+        name = src.name if i < m else f"{src.name}-c{i // m}"
+        origin[name] = src.name
+        nodes.append(Node(name, src.device, src.users))
+    lan = min((lk.spec for lk in topology.links), key=lambda s: (s.delay_ms, -s.rate_mbit),
+              default=LinkSpec())
+    oneway = {}
+    for a in nodes:
+        for b in nodes:
+            if a.name == b.name:
+                continue
+            oa, ob = origin[a.name], origin[b.name]
+            oneway[(a.name, b.name)] = lan if oa == ob else topology.link(oa, ob)
+    return Topology.build(nodes, oneway=oneway, name=f"{topology.name}-{n}n",
+                          description=f"{topology.description} (sweep: {n} nodes)".strip())
+
+
+def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
+    """The scenario with one knob set (faults dropped; see the module docstring)."""
+    base = replace(scenario, faults=())
+    if knob == "rate":
+        if scenario.workload.arrival != "poisson":
+            raise ValueError("sweep rate: needs an open-loop (poisson) workload")
+        return replace(base, workload=replace(scenario.workload, rate_rps=float(value)))
+    if knob == "redundancy":
+        return replace(base, placement=replace(scenario.placement, redundancy=float(value)))
+    if knob == "budget":
+        return replace(base, quality_budget_pct=float(value))
+    if knob == "nodes":
+        if float(value) != int(value):
+            raise ValueError(f"sweep nodes: a node count must be whole, got {value!r}")
+        topo = grow_topology(scenario.topology, int(value))
+        w = scenario.workload
+        if not isinstance(w.home, str):
+            w = replace(w, home="users")
+        return replace(base, topology=topo, workload=w)
+    raise ValueError(f"unknown sweep knob {knob!r} (known: {', '.join(KNOBS)})")
+
+
+def sweep_rows(points: Sequence[tuple[float, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """(value, summary.json) per point → one row per point and policy."""
+    rows = []
+    for value, summary in points:
+        for name, p in summary["policies"].items():
+            tokens = p["tokens"] or 0
+            rows.append({
+                "value": value, "policy": name, "mean_ms": p["latency_ms"]["mean"],
+                "p99_ms": p["latency_ms"]["p99"], "throughput_tok_s": p["throughput_tok_s"],
+                "traffic_kb_per_token": (p["traffic_bytes"] / tokens / 1e3) if tokens else None,
+                "quality_delta_pct": p["quality_delta_pct"], "tokens": tokens,
+                "failed_tokens": p["failed_tokens"],
+            })
+    return rows
+
+
+def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any]]]) -> Path:
+    """sweep.json, sweep.md and sweep_<knob>.png in `out`; returns the plot's path."""
+    rows = sweep_rows(points)
+    (out / "sweep.json").write_text(json.dumps({"knob": knob, "rows": rows}, indent=1) + "\n")
+    values = [v for v, _ in points]
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+
+    def series(key: str) -> dict[str, list[float]]:
+        return {p: [next((r[key] for r in rows if r["policy"] == p and r["value"] == v),
+                         math.nan) for v in values] for p in policies}
+
+    path = plots.sweep_plot(KNOBS[knob], values, series("mean_ms"), "mean token latency (ms)",
+                            out / f"sweep_{knob}.png",
+                            title=f"Mean token latency vs {KNOBS[knob]}")
+    plots.sweep_plot(KNOBS[knob], values, series("p99_ms"), "p99 token latency (ms)",
+                     out / f"sweep_{knob}_p99.png", title=f"p99 token latency vs {KNOBS[knob]}")
+    head = ["value", "policy", "mean ms", "p99 ms", "tok/s", "kB/token", "quality Δ %",
+            "tokens ok/failed"]
+    lines = [f"# Sweep of {KNOBS[knob]}", "", f"![mean]({path.name})",
+             f"![p99](sweep_{knob}_p99.png)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{r['value']:g}", r["policy"]]
+        for key in ("mean_ms", "p99_ms", "throughput_tok_s", "traffic_kb_per_token",
+                    "quality_delta_pct"):
+            v = r[key]
+            cells.append("–" if v is None else f"{v:.3g}")
+        cells.append(f"{r['tokens']}/{r['failed_tokens']}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Each point is a full run (its own report in the folder named after the "
+                  "value). Faults are left out of sweeps."]
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    return path

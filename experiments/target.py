@@ -1,0 +1,58 @@
+"""What the runner needs from a running mesh: the seam between experiments and orchestrator.
+
+`MeshTarget` is the protocol; `orchestrator.mesh` provides the live one (local, netns or
+docker runtime, see `experiments.live`), the tests an in-process one. The runner never starts
+or stops nodes itself: it asks the target.
+
+Link values are ONE-WAY (A→B), as in the topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from netem.spec import LinkSpec
+from orchestrator.faults import Fault
+from orchestrator.topology import Topology
+
+__all__ = ["MeshTarget", "zero_links"]
+
+ZERO_RATE_MBIT = 100_000.0  # "unlimited": 100 Gbit/s, far above what loopback carries here
+
+
+class MeshTarget(Protocol):
+    runtime: str  # local | netns | docker | inproc
+    shaper: str  # the backend the nodes applied: tc | app
+
+    @property
+    def urls(self) -> Mapping[str, str]:
+        """Node name → base URL the runner reaches it at."""
+        ...
+
+    async def use_placement(self, by_node: Mapping[str, Sequence[Mapping[str, Any]]],
+                            router_settings: Mapping[str, Any] | None = None) -> None:
+        """Hold exactly these experts (node → PUT /v1/placement entries); the home nodes'
+        routers learn it too, with these `router.Settings` overrides (PUT /v1/mesh)."""
+        ...
+
+    async def use_links(self, links: Mapping[tuple[str, str], LinkSpec] | None) -> None:
+        """Shape every one-way link (a, b) → spec from now on; None: the topology's."""
+        ...
+
+    async def reset(self) -> None:
+        """Back to a fresh start with the current placement and links: every node up, faults
+        cleared, queues empty, GPU caches emptied, routers' estimators and breakers fresh."""
+        ...
+
+    async def apply_fault(self, fault: Fault) -> Mapping[str, Any]:
+        """Make one timeline event true on the mesh (orchestrator.faults.FaultTarget)."""
+        ...
+
+
+def zero_links(topology: Topology) -> dict[tuple[str, str], LinkSpec]:
+    """Every one-way link with no delay, no jitter, no loss and a rate far above loopback's:
+    what the emulator costs by itself (the overhead run)."""
+    return {(link.src, link.dst): LinkSpec(delay_ms=0.0, jitter_ms=0.0,
+                                           rate_mbit=ZERO_RATE_MBIT, loss_pct=0.0)
+            for link in topology.links}

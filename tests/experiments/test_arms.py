@@ -1,0 +1,73 @@
+"""Arms: router policies with their own placement, redundancy, budget or router settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.arms import Arm, arms_of, load_experiment, parse_arm
+from orchestrator.yamlio import InputError
+from tests.experiments.conftest import small_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "experiments" / "scenarios"
+
+
+def test_the_three_forms() -> None:
+    assert parse_arm("hetroute") == Arm("hetroute", "hetroute")
+    assert parse_arm("greedy@prism") == Arm("greedy@prism", "greedy", "prism")
+    arm = parse_arm({"policy": "ordermoe", "settings": {"lookahead": 0}, "redundancy": 1,
+                     "budget_pct": 0.5})
+    assert arm.label == "ordermoe (redundancy=1, budget=0.5%, lookahead=0)"
+    assert arm.router_settings() == {"lookahead": 0} and arm.redundancy == 1.0
+    sc = small_scenario()
+    assert arm.budget_of(sc) == pytest.approx(0.005)
+    assert arm.placement_key(sc) == ("hetroute", 1.0)
+    assert arm.placement_scenario(sc).placement.redundancy == 1.0
+    assert parse_arm("exact").budget_of(sc) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("fastest", "unknown router policy 'fastest'"),
+    ("greedy@everywhere", "unknown placement 'everywhere'"),
+    ({"policy": "hetroute", "redundancy": 0.5}, "redundancy: must be in 1..100"),
+    ({"policy": "hetroute", "settings": {"lookahed": 1}}, "unknown router setting"),
+    ({"policy": "hetroute", "colour": "red"}, "unknown key"),
+    ({"label": "x"}, "missing required field 'policy'"),
+    (3, "must be a router policy"),
+])
+def test_bad_arms_name_the_problem(item: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_arm(item)
+
+
+def test_a_label_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="listed twice"):
+        arms_of(small_scenario(), ["hetroute", "hetroute"])
+
+
+def test_shipped_paper_scenarios_load_with_their_arms() -> None:
+    _, arms = load_experiment(SCENARIOS / "hetroute-paper.yaml")
+    labels = [a.label for a in arms]
+    assert labels[:2] == ["edgeshard", "prism"] and "exact" in labels
+    assert {a.placement for a in arms} >= {"layer-shard", "prism", None}
+    scenario, arms = load_experiment(SCENARIOS / "ordermoe-paper.yaml")
+    assert scenario.placement.policy == "ordermoe"
+    no_la = next(a for a in arms if a.label == "no-lookahead")
+    assert no_la.router_settings() == {"lookahead": 0}
+    scenario, arms = load_experiment(SCENARIOS / "quickstart.yaml")
+    assert [a.policy for a in arms] == list(scenario.policies)
+
+
+def test_a_bad_arm_in_a_file_gives_file_and_line(tmp_path: Path) -> None:
+    text = (SCENARIOS / "quickstart.yaml").read_text().replace(
+        "policies: [local-first, greedy, hetroute, hetroute+ordermoe]",
+        "policies:\n  - hetroute\n  - greedy@nowhere\n")
+    assert "greedy@nowhere" in text
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace("topologies/edge5.yaml",
+                                 str(SCENARIOS / "topologies" / "edge5.yaml")))
+    with pytest.raises(InputError) as err:
+        load_experiment(path)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "greedy@nowhere" in t)
+    assert str(err.value).startswith(f"{path}:{line}: policies[1]: unknown placement 'nowhere'")

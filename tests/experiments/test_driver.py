@@ -1,0 +1,93 @@
+"""Answers of /v1/generate → rows, and requests that never got an answer."""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import pytest
+
+from experiments.arms import Arm
+from experiments.driver import Driver, rows_of_answer
+from experiments.runner import RunOptions, shorten
+from experiments.workload import Request, plan_workload
+from orchestrator.faults import Fault
+from tests.experiments.conftest import TEXT, small_scenario
+
+ARM = Arm("hetroute", "hetroute")
+REQ = Request(7, "edge1", (1, 2, 3), 5, 0.5, False, None, 11)
+
+
+def _record(i: int, status: str = "ok", reason: str | None = None) -> dict:
+    return {"index": i, "status": status, "reason": reason, "latency_ms": 40.0, "quality": 0.001,
+            "retries": 0, "reroutes": 1 if i == 1 else 0, "bytes": 2048,
+            "mix": {"local_exact": 3, "remote_exact": 1, "cpu_loaded": 0, "substitute": 0,
+                    "fallback": 0},
+            "quantized": 1, "layers": [{"predicted_ms": 5.0}, {"predicted_ms": 7.0}],
+            "choices": [[0, 1, 1, "edge1", "fp16", "exact", True, False],
+                        [0, 2, 2, "edge2", "int8", "quantized", False, False]]}
+
+
+def test_a_generation_that_stops_accounts_for_every_token() -> None:
+    answer = {"records": [_record(0), _record(1), _record(2, "failed", "no_replica")],
+              "failed": "no_replica", "ttft_ms": 80.0}
+    tokens, req = rows_of_answer(ARM, REQ, 0.5, 0.6, 1.0, 2.0, answer)
+    assert [t.status for t in tokens] == ["ok", "ok", "failed", "failed", "failed"]
+    assert [t.reason for t in tokens] == ["", "", "no_replica", "after:no_replica",
+                                          "after:no_replica"]
+    assert tokens[0].latency_ms == 20.0  # 40 ms wall / time dilation 2
+    assert tokens[1].done_s == pytest.approx(0.6 + 0.04)
+    assert tokens[0].predicted_ms == 6.0 and tokens[0].local == 1 and tokens[1].reroutes == 1
+    assert (req.completed, req.failed, req.ttft_ms) == (2, 3, 40.0)
+    assert req.latency_ms == pytest.approx(400.0)
+
+
+def test_a_lost_request_fails_all_its_tokens_with_its_reason() -> None:
+    tokens, req = rows_of_answer(ARM, REQ, 0.5, 0.6, 0.9, 1.0, None, "unreachable:X")
+    assert len(tokens) == 5 and {t.reason for t in tokens} == {"request:unreachable:X"}
+    assert math.isnan(req.ttft_ms) and req.failed == 5 and req.error == "unreachable:X"
+
+
+async def test_an_unreachable_home_node_is_a_failed_request_not_a_crash() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plan = plan_workload(small_scenario(duration_s=None, requests=3, warmup_s=0.0), TEXT)
+    urls = {n: f"http://127.0.0.1:{port}" for n in ("edge1", "edge2", "edge3")}
+    result = await Driver(plan, ARM, urls, time_dilation=1.0).run()
+    assert len(result.requests) == 3
+    assert all(r.error.startswith("unreachable") for r in result.requests)
+    assert len(result.tokens) == sum(r.gen_tokens for r in plan.requests)
+    with pytest.raises(ValueError, match="no URL for home node"):
+        Driver(plan, ARM, {"edge3": "http://x"})
+
+
+def test_shorten_keeps_faults_that_still_happen() -> None:
+    sc = small_scenario()
+    from dataclasses import replace
+
+    sc = replace(sc, faults=(Fault(3.0, "link-down", ("edge1", "edge2"), for_s=2.0),
+                             Fault(15.0, "node-down", ("edge3",))))
+    short, notes = shorten(sc, duration_s=10.0)
+    assert short.workload.duration_s == 10.0 and len(short.faults) == 1
+    assert any("dropped" in n for n in notes)
+    counted, _ = shorten(sc, requests=6)
+    assert counted.workload.requests == 6 and counted.workload.duration_s is None
+    with pytest.raises(ValueError, match="not both"):
+        shorten(sc, requests=3, duration_s=4.0)
+    with pytest.raises(ValueError, match="overhead_requests"):
+        RunOptions(overhead_requests=-1)
+
+
+async def test_a_closed_loop_sends_exactly_its_request_count() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sc = small_scenario(arrival="closed", rate_rps=None, concurrency=2, duration_s=None,
+                        requests=5, warmup_s=0.0)
+    plan = plan_workload(sc, TEXT)
+    urls = {n: f"http://127.0.0.1:{port}" for n in ("edge1", "edge2", "edge3")}
+    result = await Driver(plan, ARM, urls).run()
+    assert sorted(r.request for r in result.requests) == [0, 1, 2, 3, 4]
+    assert {r.user for r in result.requests} <= {0, 1}
+    assert all(r.at_s == r.sent_s or abs(r.at_s - r.sent_s) < 0.05 for r in result.requests)

@@ -1,0 +1,165 @@
+"""End to end on real node processes (the `local` runtime: loopback, the `app` shaper).
+
+`test_shortened_quickstart` is what CI runs: the README's main job, shortened with
+`--requests`, then checks summary.json's schema (DESIGN §3) and that every token issued is
+accounted for. `test_faults_happen_and_nothing_is_left_behind` runs a link cut and a node kill
+through the same runner and checks they are recorded and undone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from experiments.arms import load_experiment
+from experiments.live import open_live
+from experiments.runner import RunOptions, run_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+MIX = {"local_exact", "remote_exact", "cpu_loaded", "substitute", "fallback"}
+PERCENTILES = {"mean", "p50", "p95", "p99"}
+
+
+def _cli(*args: str, timeout: float = 280) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _check_summary(summary: dict, policies: list[str]) -> None:
+    assert set(summary) == {"scenario", "runtime", "shaper", "model", "seed", "time_dilation",
+                            "policies"}
+    assert isinstance(summary["seed"], int) and isinstance(summary["time_dilation"], float)
+    assert list(summary["policies"]) == policies
+    for p in summary["policies"].values():
+        assert set(p) == {"tokens", "failed_tokens", "rerouted_tokens", "latency_ms", "ttft_ms",
+                          "throughput_tok_s", "traffic_bytes", "quality_delta_pct", "mix"}
+        assert set(p["latency_ms"]) == set(p["ttft_ms"]) == PERCENTILES
+        assert set(p["mix"]) == MIX
+        for key in ("tokens", "failed_tokens", "rerouted_tokens", "traffic_bytes"):
+            assert isinstance(p[key], int) and p[key] >= 0
+
+
+def _issued(folder: Path) -> tuple[Counter, Counter, Counter]:
+    """Per policy: token rows, tokens asked for by the requests, ok rows."""
+    rows, ok, asked = Counter(), Counter(), Counter()
+    with (folder / "tokens.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            rows[r["policy"]] += 1
+            ok[r["policy"]] += r["status"] == "ok"
+    with (folder / "requests.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            asked[r["policy"]] += int(r["gen_tokens"])
+    return rows, asked, ok
+
+
+def test_shortened_quickstart(tmp_path: Path) -> None:
+    out = tmp_path / "quickstart"
+    done = _cli("run", str(QUICKSTART), "--requests", "4", "--quality-windows", "1",
+                "--overhead-requests", "2", "--quiet", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    _, arms = load_experiment(QUICKSTART)
+    _check_summary(summary, [a.label for a in arms])
+    assert (summary["scenario"], summary["runtime"], summary["shaper"]) == (
+        "quickstart", "local", "app")
+    rows, asked, ok = _issued(out)
+    for name, p in summary["policies"].items():
+        # completed + failed = issued: every token the requests asked for has a row
+        assert p["tokens"] + p["failed_tokens"] == rows[name] == asked[name] > 0
+        assert p["tokens"] == ok[name] > 0
+        assert p["latency_ms"]["p50"] <= p["latency_ms"]["p99"]
+        assert p["quality_delta_pct"] is not None
+    text = (out / "report.md").read_text()
+    assert "Emulator overhead: the first 2 requests" in text and "| time dilation | 1" in text
+    assert all((out / f).is_file() for f in ("latency_cdf.png", "bars.png", "mix.png",
+                                             "latency_time.png", "run.json", "overhead.csv"))
+    # the report is redrawn from the raw records alone, to the same summary
+    (out / "summary.json").unlink()
+    again = _cli("report", str(out))
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_bad_input_is_exit_2_naming_it(tmp_path: Path) -> None:
+    done = _cli("run", str(QUICKSTART), "--policies", "hetroute,fastest", "--out",
+                str(tmp_path))
+    assert done.returncode == 2 and "fastest" in done.stderr
+    done = _cli("run", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2 and "missing.yaml" in done.stderr
+
+
+FAULTY = """
+name: faulty
+topology:
+  nodes:
+    - {name: edge1, profile: tiny-edge, users: 2}
+    - {name: edge2, profile: tiny-edge, users: 1}
+    - {name: edge3, profile: tiny-edge, users: 0}
+  defaults: {delay_ms: 2ms, rate_mbit: 200mbit}
+model: tiny-moe
+runtime: local
+shaper: app
+placement: {policy: hetroute, redundancy: 3.0}
+policies: [hetroute]
+workload: {arrival: poisson, rate_rps: 3, prompt_tokens: [8, 16], gen_tokens: 4,
+           duration: 5s, seed: 2}
+faults:
+  - {at: 1s, link-down: edge1 edge2, for: 2s}
+  - {at: 1.5s, node-down: edge3, for: 2s}
+"""
+
+
+def _node_processes() -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"experiments.node_main" in cmd and b"faulty" not in cmd:
+                pids.add(int(entry.name))
+    return pids
+
+
+async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
+    path = tmp_path / "faulty.yaml"
+    path.write_text(FAULTY)
+    scenario, arms = load_experiment(path)
+    before = _node_processes()
+    meta = await run_experiment(scenario, arms, open_live, tmp_path / "out",
+                                RunOptions(quality_windows=0, overhead_requests=0, quiet=True))
+    events = meta["faults"]["hetroute"]
+    assert [(e["action"], e["at_s"]) for e in events] == [
+        ("link-down", 1.0), ("node-down", 1.5), ("link-up", 3.0), ("node-up", 3.5)]
+    assert all(e["ok"] and e["done_s"] >= e["at_s"] for e in events)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    rows, asked, _ = _issued(tmp_path / "out")
+    p = summary["policies"]["hetroute"]
+    assert p["tokens"] + p["failed_tokens"] == rows["hetroute"] == asked["hetroute"] > 0
+    assert "node-down edge3" in (tmp_path / "out" / "report.md").read_text()
+    assert _node_processes() - before == set()  # every node process of the run is gone
+
+
+def test_a_sweep_runs_each_point_and_plots_them(tmp_path: Path) -> None:
+    path = tmp_path / "faulty.yaml"
+    path.write_text(FAULTY)
+    out = tmp_path / "sweep"
+    done = _cli("sweep", str(path), "--knob", "budget", "--values", "0.5,3", "--requests", "3",
+                "--quality-windows", "0", "--overhead-requests", "0", "--quiet",
+                "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert [(r["value"], r["policy"]) for r in rows] == [(0.5, "hetroute"), (3.0, "hetroute")]
+    for value in ("0.5", "3"):
+        point = json.loads((out / f"budget={value}" / "run.json").read_text())
+        assert point["quality_budget_pct"] == float(value) and point["faults"]["hetroute"] == []
+    assert (out / "sweep_budget.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,74 @@
+"""Sweeps (one knob changed per point), and the paper topologies scaled for tiny-moe."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from experiments.scaling import EXPERT_RATIO, MODEL_RATIO, tiny_scaled
+from experiments.sweep import apply_knob, grow_topology, sweep_rows, write_sweep
+from orchestrator.faults import Fault
+from orchestrator.randomtopo import random_topology
+from orchestrator.topology import load_topology
+from tests.experiments.conftest import small_scenario
+
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "experiments" / "scenarios" / "topologies"
+
+
+def test_each_knob_changes_one_thing_and_drops_faults() -> None:
+    sc = replace(small_scenario(), faults=(Fault(1.0, "link-down", ("edge1", "edge2")),))
+    assert apply_knob(sc, "rate", 7).workload.rate_rps == 7.0
+    assert apply_knob(sc, "redundancy", 3).placement.redundancy == 3.0
+    assert apply_knob(sc, "budget", 0.5).quality_budget_pct == 0.5
+    grown = apply_knob(sc, "nodes", 5)
+    assert len(grown.topology.nodes) == 5 and grown.faults == ()
+    assert grown.workload == sc.workload and grown.placement == sc.placement
+    with pytest.raises(ValueError, match="unknown sweep knob"):
+        apply_knob(sc, "colour", 1)
+    closed = small_scenario(arrival="closed", rate_rps=None, concurrency=2)
+    with pytest.raises(ValueError, match="open-loop"):
+        apply_knob(closed, "rate", 2)
+
+
+def test_grown_nodes_copy_their_originals_and_cut_keeps_the_first() -> None:
+    topo = load_topology(TOPOLOGIES / "edge5.yaml")
+    cut = grow_topology(topo, 3)
+    assert cut.names == ("edge1", "edge2", "edge3")
+    assert cut.link("edge1", "edge2") == topo.link("edge1", "edge2")
+    big = grow_topology(topo, 12)
+    assert len(big.names) == 12 and big.names[5] == "edge1-c1" and big.names[10] == "edge1-c2"
+    assert big.node("edge1-c1").device == topo.node("edge1").device
+    assert big.link("edge1-c1", "edge5") == topo.link("edge1", "edge5")  # the original's links
+    lan = min((lk.spec for lk in topo.links), key=lambda s: s.delay_ms)
+    assert big.link("edge1", "edge1-c1") == lan
+
+
+def test_sweep_rows_and_files(tmp_path: Path) -> None:
+    def summary(mean: float) -> dict:
+        pol = {"tokens": 100, "failed_tokens": 0, "latency_ms": {"mean": mean, "p99": 2 * mean},
+               "throughput_tok_s": 5.0, "traffic_bytes": 50_000, "quality_delta_pct": 0.1}
+        return {"policies": {"hetroute": pol, "greedy": {**pol, "latency_ms": {
+            "mean": mean * 1.3, "p99": 3 * mean}}}}
+
+    points = [(1.0, summary(30.0)), (2.0, summary(20.0))]
+    rows = sweep_rows(points)
+    assert len(rows) == 4 and rows[0]["traffic_kb_per_token"] == 0.5
+    plot = write_sweep(tmp_path, "redundancy", points)
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert "| 2 | greedy | 26 |" in (tmp_path / "sweep.md").read_text()
+
+
+def test_shipped_paper_topologies_are_what_the_generators_make() -> None:
+    paper = load_topology(TOPOLOGIES / "paper10.yaml")
+    made = random_topology(10, 7)
+    assert paper.nodes == made.nodes and paper.links == made.links
+    tiny = load_topology(TOPOLOGIES / "paper10-tiny.yaml")
+    scaled = tiny_scaled(paper)
+    assert tiny.nodes == scaled.nodes and tiny.links == scaled.links
+    a, b = paper.nodes[0].device, tiny.nodes[0].device
+    assert a.gpu_tflops / b.gpu_tflops == pytest.approx(EXPERT_RATIO, rel=1e-3)
+    assert a.gpu_mem_gb / b.gpu_mem_gb == pytest.approx(MODEL_RATIO, rel=1e-3)
+    assert math.isclose(paper.link("edge1", "edge2").delay_ms, tiny.link("edge1", "edge2").delay_ms)
