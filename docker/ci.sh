@@ -72,12 +72,22 @@ if [ "$experiment" = 1 ]; then
         docker-compose -p "$project" -f "$file" down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
     }
     trap down EXIT
-    if ! docker-compose -p "$project" -f "$file" up --exit-code-from controller \
-            >"$work/up.log" 2>&1; then
+    # Not `up --exit-code-from controller`: that implies --abort-on-container-exit, and the
+    # scenario's node-down fault kills a node container on purpose.
+    if ! docker-compose -p "$project" -f "$file" up -d >"$work/up.log" 2>&1; then
         tail -n 60 "$work/up.log" >&2
-        echo "ci.sh: the compose experiment failed (log above)" >&2
+        echo "ci.sh: compose up failed (log above)" >&2
         exit 1
     fi
+    controller=$(docker-compose -p "$project" -f "$file" ps -q controller)
+    code=$(timeout 900 docker wait "$controller" || echo timeout)
+    docker logs "$controller" >"$work/controller.log" 2>&1 || true
+    if [ "$code" != 0 ]; then
+        tail -n 60 "$work/controller.log" >&2
+        echo "ci.sh: the compose experiment failed: controller exit $code (log above)" >&2
+        exit 1
+    fi
+    tail -n 5 "$work/controller.log"
     expect=$(python3 -c 'from netem.probe import probe_tc; print("tc" if probe_tc().ok else "app")')
     python3 docker/check_summary.py "$work/results" --expect-shaper "$expect"
     down

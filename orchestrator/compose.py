@@ -205,8 +205,9 @@ def compose_text(topology: Topology, scenario: Scenario | None = None,
         f"#   printf 'MOEMESH_TOKEN=%s\\n' \"$(openssl rand -hex 16)\" > {opts.env_file}",
     ]
     if CONTROLLER in data["services"]:
-        head += [f"#   docker compose -f {file_name} up --exit-code-from controller    # report "
-                 f"in {opts.results}",
+        head += [f"#   docker compose -f {file_name} up -d      # the controller starts once all "
+                 f"nodes are healthy; report in {opts.results}",
+                 f"#   docker compose -f {file_name} logs -f controller",
                  f"#   docker compose -f {file_name} down -v"]
     else:
         head += [f"#   docker compose -f {file_name} up -d; ...; docker compose -f {file_name} "

@@ -1,7 +1,7 @@
 """`moemesh compose FILE`: a Docker Compose file for any scenario or topology.
 
     moemesh compose experiments/scenarios/quickstart.yaml > quickstart.compose.yaml
-    docker compose -f quickstart.compose.yaml up --exit-code-from controller
+    docker compose -f quickstart.compose.yaml up -d    # then: logs -f controller; down -v
 
 A scenario gives nodes and a controller that runs it; a bare topology gives nodes only (attach
 to them with the docker runtime). Paths in the file (build context, the scenario's folder,
