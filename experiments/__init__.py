@@ -12,8 +12,8 @@ Compute → rows → render (STYLE 12):
   (`experiments.report`, `experiments.metrics`, `experiments.plots`,
   `experiments.reproduce`).
 
-Names load on first use: node processes import this package (`experiments.node_main`) and
-must not pay for matplotlib or scipy.
+Names load on first use: every `moemesh` command (a node process too) imports this package
+to build its parser, and must not pay for matplotlib or scipy.
 """
 
 from __future__ import annotations

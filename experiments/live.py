@@ -5,10 +5,9 @@ or `docker`) with the first placement, configures them (links, the routers' view
 mesh) and stops them on the way out, also on errors and Ctrl-C (LiveMesh owns that).
 LiveMesh is the runner's `MeshTarget` (use_placement, use_links, reset, apply_fault).
 
-Node processes must serve the router (`/v1/generate`, `/v1/score`). Until the `moemesh` CLI
-registers `services.commands` and `router.commands`, LiveMesh starts local and netns nodes
-with `python -m services node`, which has no router; `make_runtime` then starts them with
-`python -m experiments.node_main node` instead (the same flags, router mounted).
+Node processes serve the router too (`/v1/generate`, `/v1/score`): LiveMesh starts them with
+`python -m orchestrator.cli node`, whose CLI registers `router.commands` (DESIGN §2: the router
+is composed into the node at the top).
 """
 
 from __future__ import annotations
@@ -17,11 +16,10 @@ import contextlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runtimes.base import NodeLaunch, Runtime
+from orchestrator.runtimes.base import Runtime
 from orchestrator.scenario import Scenario
 
 from .target import MeshTarget
@@ -31,36 +29,19 @@ __all__ = ["make_runtime", "open_live"]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _router_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """`python -m services node ...` → the same node with the router mounted (see
-    experiments.node_main); any other command line is left alone."""
-    if len(argv) >= 4 and argv[1:4] == ("-m", "services", "node"):
-        return (argv[0], "-m", "experiments.node_main", *argv[3:])
-    return argv
-
-
-def _with_router(cls: type[Runtime]) -> type[Runtime]:
-    class WithRouter(cls):  # type: ignore[valid-type, misc]
-        async def start(self, nodes: Sequence[NodeLaunch]) -> Any:
-            fixed = [replace(n, argv=_router_argv(n.argv)) for n in nodes]
-            return await super().start(fixed)
-
-    WithRouter.__name__ = WithRouter.__qualname__ = cls.__name__
-    return WithRouter
-
-
 def make_runtime(name: str, token: str) -> Runtime:
-    """The runtime by name; local and netns node processes can import this checkout."""
+    """The runtime by name; local and netns node processes can import this checkout even
+    when it is not installed."""
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
                                          if p)}
     if name == "local":
         from orchestrator.runtimes.local import LocalRuntime
 
-        return _with_router(LocalRuntime)(env=env)
+        return LocalRuntime(env=env)
     if name == "netns":
         from orchestrator.runtimes.netns import NetnsRuntime
 
-        return _with_router(NetnsRuntime)(env=env)
+        return NetnsRuntime(env=env)
     if name == "docker":
         from orchestrator.runtimes.docker import DockerRuntime
 

@@ -23,8 +23,6 @@ from netem.spec import LinkSpec
 from orchestrator.scenario import Scenario
 from orchestrator.topology import Node, Topology
 
-from . import plots
-
 __all__ = ["KNOBS", "apply_knob", "grow_topology", "sweep_rows", "write_sweep"]
 
 KNOBS = {
@@ -107,6 +105,8 @@ def sweep_rows(points: Sequence[tuple[float, dict[str, Any]]]) -> list[dict[str,
 
 def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any]]]) -> Path:
     """sweep.json, sweep.md and sweep_<knob>.png in `out`; returns the plot's path."""
+    from . import plots  # matplotlib loads here, not when the CLI is built
+
     rows = sweep_rows(points)
     (out / "sweep.json").write_text(json.dumps({"knob": knob, "rows": rows}, indent=1) + "\n")
     values = [v for v, _ in points]

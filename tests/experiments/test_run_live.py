@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from experiments.arms import load_experiment
 from experiments.live import open_live
@@ -117,7 +118,8 @@ faults:
 """
 
 
-def _node_processes() -> set[int]:
+def _processes_with(marker: str) -> set[int]:
+    """Processes whose command line holds `marker` (this run's own mesh folder)."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -125,7 +127,7 @@ def _node_processes() -> set[int]:
                 cmd = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"experiments.node_main" in cmd and b"faulty" not in cmd:
+            if marker.encode() in cmd:
                 pids.add(int(entry.name))
     return pids
 
@@ -134,8 +136,12 @@ async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
     path = tmp_path / "faulty.yaml"
     path.write_text(FAULTY)
     scenario, arms = load_experiment(path)
-    before = _node_processes()
-    meta = await run_experiment(scenario, arms, open_live, tmp_path / "out",
+    mesh_dir = tmp_path / "mesh"
+
+    def open_mesh(sc: Any, placement: Any) -> Any:  # the nodes' state folders go in mesh_dir
+        return open_live(sc, placement, work_dir=mesh_dir)
+
+    meta = await run_experiment(scenario, arms, open_mesh, tmp_path / "out",
                                 RunOptions(quality_windows=0, overhead_requests=0, quiet=True))
     events = meta["faults"]["hetroute"]
     assert [(e["action"], e["at_s"]) for e in events] == [
@@ -146,7 +152,8 @@ async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
     p = summary["policies"]["hetroute"]
     assert p["tokens"] + p["failed_tokens"] == rows["hetroute"] == asked["hetroute"] > 0
     assert "node-down edge3" in (tmp_path / "out" / "report.md").read_text()
-    assert _node_processes() - before == set()  # every node process of the run is gone
+    assert (mesh_dir / "nodes" / "edge3").is_dir()  # the nodes ran with their state here
+    assert _processes_with(str(mesh_dir)) == set()  # and every node process of it is gone
 
 
 def test_a_sweep_runs_each_point_and_plots_them(tmp_path: Path) -> None:
