@@ -95,7 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     from dataclasses import replace
 
-    from .arms import load_experiment
+    from orchestrator.arms import load_experiment
+
     from .runner import shorten
 
     scenario, arms = load_experiment(args.scenario)

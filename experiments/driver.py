@@ -24,9 +24,9 @@ from typing import Any
 
 import aiohttp
 
+from orchestrator.arms import Arm
 from services.clock import now, sleep_until
 
-from .arms import Arm
 from .rows import RequestRow, TokenRow
 from .workload import Request, WorkloadPlan
 

@@ -31,10 +31,10 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from orchestrator.arms import Arm
 from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
 
-from .arms import Arm
 from .driver import DriveLimits, Driver, DriveResult, first_error
 from .metrics import DEFAULT_SLO_MS
 from .progress import RunProgress

@@ -54,7 +54,7 @@ from orchestrator.faults import fault_to_data as _fault_data
 from orchestrator.faults import read_faults as _read_faults
 from orchestrator.topology import Topology, load_topology, topology_from_data, topology_to_data
 from orchestrator.units import parse_duration_s
-from orchestrator.yamlio import Loc, Section, describe, load_yaml, locate
+from orchestrator.yamlio import Loc, Section, describe, locate
 
 __all__ = [
     "FAULT_ACTIONS",
@@ -476,10 +476,14 @@ def _check_context(scenario: Scenario, sec: Section) -> None:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file; its stem is the default name."""
-    path = Path(path)
-    return scenario_from_data(load_yaml(path), Loc(str(path)), path.parent,
-                              default_name=path.stem)
+    """Read and validate a scenario file; its stem is the default name.
+
+    `policies:` entries may be arms (`greedy@layer-shard`, mappings, `exact`: orchestrator.arms);
+    the Scenario keeps their plain router names, `load_experiment` gives the arms too.
+    """
+    from orchestrator.arms import load_experiment  # arms build on this module
+
+    return load_experiment(path)[0]
 
 
 def scenario_to_data(scenario: Scenario) -> dict[str, Any]:

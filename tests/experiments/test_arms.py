@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.arms import Arm, arms_of, load_experiment, parse_arm
+from orchestrator.arms import Arm, arms_of, load_experiment, parse_arm
 from orchestrator.yamlio import InputError
 from tests.experiments.conftest import small_scenario
 

@@ -7,10 +7,10 @@ import socket
 
 import pytest
 
-from experiments.arms import Arm
 from experiments.driver import Driver, rows_of_answer
 from experiments.runner import RunOptions, shorten
 from experiments.workload import Request, plan_workload
+from orchestrator.arms import Arm
 from orchestrator.faults import Fault
 from tests.experiments.conftest import TEXT, small_scenario
 

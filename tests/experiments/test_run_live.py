@@ -17,9 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from experiments.arms import load_experiment
 from experiments.live import open_live
 from experiments.runner import RunOptions, run_experiment
+from orchestrator.arms import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"

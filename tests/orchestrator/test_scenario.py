@@ -211,7 +211,8 @@ BAD = [
     _bad("workload: {rate_rps: 1, duration: 5s, sed: 3}\n", L + 1,
          "workload.sed: unknown field (did you mean 'seed'?)"),
     _bad(WORKLOAD + "policies: [hetroute, oracle]\n", L + 2,
-         "policies[1]: must be one of " + ", ".join(ROUTER_POLICIES) + ", got 'oracle'"),
+         "policies[1]: unknown router policy 'oracle' (known: "
+         + ", ".join((*ROUTER_POLICIES, "exact")) + ")"),
     _bad(WORKLOAD + "policies:\n  - greedy\n  - greedy\n", L + 4,
          "policies[1]: 'greedy' is listed twice"),
     _bad(WORKLOAD + "placement: {redundancy: 0.5}\n", L + 2,

@@ -17,8 +17,8 @@ Mapping keys: `policy` (required), `label` (default: built from the rest), `plac
 with every request), `settings` (router `Settings` overrides put with the mesh, e.g.
 `lookahead`, `beam_width`).
 
-`load_experiment(path)` reads a scenario whose list uses these forms. Until
-`orchestrator.scenario` accepts them natively, the plain router names are handed to
+`load_experiment(path)` reads a scenario whose list uses these forms (`load_scenario` goes
+through it too, so every command reads the same files): the plain router names are handed to
 `scenario_from_data` (its file:line errors stay as they are) and the arms are checked here
 with file:line messages of their own.
 """
