@@ -30,7 +30,7 @@ PERCENTILES = {"mean", "p50", "p95", "p99"}
 def _cli(*args: str, timeout: float = 280) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
