@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from netem.commands import bench_subparsers  # the one `moemesh bench` group helper
+
 from .device import DEFAULT_PROFILE, builtin_profiles
 
 __all__ = ["bench_subparsers", "register"]
-
-
-def bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """The `moemesh bench TARGET` group, created by whichever package registers first."""
-    bench = sub.choices.get("bench")
-    if bench is None:
-        bench = sub.add_parser("bench", help="benchmarks that print figures and ratios")
-        bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET")
-    for action in bench._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    raise RuntimeError("the bench parser has no subcommands")  # pragma: no cover
 
 
 def register(sub: argparse._SubParsersAction) -> None:
