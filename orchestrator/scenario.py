@@ -39,7 +39,6 @@ The YAML form, with every default:
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,13 @@ from moe import DEFAULT_MODEL, MoEError
 from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
-from orchestrator.faults import FAULT_ACTIONS, Fault, LinkChange
+from orchestrator.faults import (  # the one copy of these validators
+    FAULT_ACTIONS,
+    Fault,
+    LinkChange,
+    _finite,
+    _floats,
+)
 from orchestrator.faults import fault_to_data as _fault_data
 from orchestrator.faults import read_faults as _read_faults
 from orchestrator.topology import Topology, load_topology, topology_from_data, topology_to_data
@@ -91,23 +96,6 @@ ALIASES = {"at_s": "at", "for_s": "for", "duration_s": "duration", "warmup_s": "
 def _positive_int(value: Any, name: str, low: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name}: must be a whole number >= {low}, got {describe(value)}")
-
-
-def _finite(value: Any, name: str, *, ge: float | None = None, gt: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name}: must be a finite number, got {describe(value)}")
-    if ge is not None and value < ge:
-        raise ValueError(f"{name}: must be >= {ge:g}, got {value!r}")
-    if gt is not None and value <= gt:
-        raise ValueError(f"{name}: must be > {gt:g}, got {value!r}")
-
-
-def _floats(obj: object, *names: str) -> None:
-    """Store validated numbers as floats, so 2 and 2.0 read back alike."""
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None:
-            object.__setattr__(obj, name, float(value))
 
 
 @dataclass(frozen=True)
