@@ -18,7 +18,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +51,17 @@ class TokenRow:
     quantized: int
     local: int  # expert executions on the home node (any kind)
     predicted_ms: float  # sum over layers of the plan's predicted bottleneck
+    # The token's latency split (docs/measurement.md): what the mesh enforced as emulated time
+    # on the token's critical path, by component, and the host's overhead (the rest). nan when
+    # the token never ran or the record predates the split.
+    emulated_ms: float = math.nan  # link_ms + queue_ms + load_ms + compute_ms + dense_ms
+    overhead_ms: float = math.nan  # latency_ms - emulated_ms: the host's own work
+    link_ms: float = math.nan  # delay and serialisation of the critical branches, both ways
+    queue_ms: float = math.nan  # waiting in the serving nodes' queues
+    load_ms: float = math.nan  # CPU-tier experts copied to the GPU tier
+    compute_ms: float = math.nan  # expert compute (emulated)
+    dense_ms: float = math.nan  # attention, gate and head on the home node (emulated)
+    dense_excess_ms: float = math.nan  # host dense time above its emulated time, taken off
 
     @property
     def ok(self) -> bool:
@@ -116,13 +127,14 @@ def read_rows(path: Path, kind: type[Row]) -> Iterator[Row]:
     kinds = {f.name: _CONVERT[str(f.type)] for f in fields(kind)}
     with path.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        missing = sorted(set(kinds) - set(reader.fieldnames or ()))
+        optional = {f.name for f in fields(kind) if f.default is not MISSING}
+        missing = sorted(set(kinds) - set(reader.fieldnames or ()) - optional)
         if missing:
             raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
         for line, raw in enumerate(reader, start=2):
             try:
                 values = {k: (math.nan if conv is float and raw[k] == "" else conv(raw[k]))
-                          for k, conv in kinds.items()}
+                          for k, conv in kinds.items() if k in raw}
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{line}: {exc}") from None
             yield kind(**values)
