@@ -62,6 +62,7 @@ class TokenRow:
     compute_ms: float = math.nan  # expert compute (emulated)
     dense_ms: float = math.nan  # attention, gate and head on the home node (emulated)
     dense_excess_ms: float = math.nan  # host dense time above its emulated time, taken off
+    rep: int = 0  # repetition of the whole set of arms (`moemesh run --repeat N`), from 0
 
     @property
     def ok(self) -> bool:
@@ -88,6 +89,7 @@ class RequestRow:
     ttft_ms: float  # nan when the first token failed
     latency_ms: float  # the whole request as the client saw it
     error: str  # "" or why the request failed as a whole
+    rep: int = 0  # repetition of the whole set of arms (`moemesh run --repeat N`), from 0
 
     @property
     def ok(self) -> bool:
