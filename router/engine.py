@@ -46,6 +46,13 @@ class ScoreResult:
     def to_json(self, records: bool = True) -> dict:
         out = {"nll": None if math.isnan(self.nll) else self.nll, "tokens": self.tokens,
                "failed_tokens": self.failed}
+        # which positions failed, and every position's NLL (null where it failed), so that a
+        # caller can compare policies on the identical token set
+        failed = [i for i, r in enumerate(self.records) if r.status == "failed"]
+        out["failed_positions"] = failed
+        bad = set(failed)
+        out["token_nll"] = [None if i in bad or not math.isfinite(v) else round(v, 6)
+                            for i, v in enumerate(self.token_nll)]
         if records:
             out["records"] = [r.to_json() for r in self.records]
         return out
