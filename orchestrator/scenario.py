@@ -21,6 +21,7 @@ The YAML form, with every default:
     runtime: local                      # local | netns | docker
     shaper: auto                        # tc | app | auto (the runtime picks)
     time_dilation: 1.0                  # >= 1
+    repeat: 1                           # the whole set of policies N times (moemesh run)
     quality_budget_pct: 2.0             # per-token quality budget of the router
     placement: {policy: hetroute, redundancy: 2.0, variants: [fp16, int8, int4]}
     policies: [local-first, random, greedy, hetroute, ordermoe, hetroute+ordermoe]
@@ -264,6 +265,7 @@ class Scenario:
     shaper: str = "auto"
     faults: tuple[Fault, ...] = ()
     description: str = ""
+    repeat: int = 1  # `moemesh run` runs every policy this many times (experiments.repeats)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not SCENARIO_NAME.match(self.name):
@@ -283,6 +285,8 @@ class Scenario:
         if self.quality_budget_pct > 100:
             raise ValueError(f"quality_budget_pct: must be <= 100, got {self.quality_budget_pct}")
         _finite(self.time_dilation, "time_dilation", ge=1.0)
+        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
+            raise ValueError(f"repeat: must be a whole number >= 1, got {describe(self.repeat)}")
         if self.runtime not in RUNTIMES:
             raise ValueError(f"runtime: must be one of {', '.join(RUNTIMES)}, "
                              f"got {self.runtime!r}")
@@ -437,6 +441,7 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "policies": sec.list("policies", ROUTER_POLICIES),
         "workload": sec.value("workload", _read_workload),
         "faults": sec.value("faults", _read_faults, ()),
+        "repeat": sec.raw("repeat", 1),
     }
     sec.done()
     try:
@@ -507,4 +512,6 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
         "placement": placement, "policies": list(scenario.policies), "workload": workload,
         "faults": [_fault_data(f) for f in scenario.faults],
     })
+    if scenario.repeat != 1:
+        data["repeat"] = scenario.repeat
     return data
