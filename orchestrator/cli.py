@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "orchestrator.commands",
     "orchestrator.mesh_commands",
     "orchestrator.docker_commands",
+    "orchestrator.doctor",
     "experiments.commands",
 )
 
