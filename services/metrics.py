@@ -8,6 +8,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .looplag import LAG_BUCKETS
+
 __all__ = ["CONTENT_TYPE_LATEST", "NodeMetrics"]
 
 # 50 µs .. 20 s: loopback answers to paper-scale loads under time dilation.
@@ -45,6 +47,9 @@ class NodeMetrics:
                                          buckets=TIME_BUCKETS, registry=r)
         self.service_seconds = Histogram(p + "service_seconds", "load + compute per request",
                                          buckets=TIME_BUCKETS, registry=r)
+        self.loop_lag_seconds = Histogram(
+            "moemesh_loop_lag_seconds", "how late the node's event loop woke a 10 ms timer "
+            "(services.looplag)", buckets=LAG_BUCKETS, registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

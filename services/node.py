@@ -7,6 +7,12 @@ as `async with Node(settings) as node:` (tests, the `local` runtime) or through
 
 With a state directory the node keeps the last accepted placement and links there and
 re-applies them when it starts, so a restarted container comes back as it was.
+
+Control actions never block the event loop the data plane runs on: the slow parts of a
+placement (quantizing and warming the experts), of a link change (building a shaper, which may
+probe the kernel or import pyroute2) and the state files are done on one control thread, in
+the order the calls came; only the swap of the new state is done on the loop. A sampler
+(`services.looplag`) measures how late the loop runs (`GET /v1/looplag`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +34,7 @@ from .compute import ExpertCompute, make_compute
 from .errors import BadRequest
 from .faults import Faults
 from .links import Links
+from .looplag import LoopLag
 from .metrics import NodeMetrics
 from .routes import NODE_KEY, add_routes, error_middleware
 from .settings import NodeSettings
@@ -54,6 +63,10 @@ class Node:
             max_queue=settings.max_queue, max_batch_rows=settings.max_batch_rows,
         )
         self.links = Links(time_dilation=settings.time_dilation)
+        self.links.offload = self.off_loop  # building a shaper may block: the control thread
+        self.loop_lag = LoopLag(observe=self.metrics.loop_lag_seconds.observe)
+        # One thread for control work, so calls finish in the order they came (state files).
+        self._control: ThreadPoolExecutor | None = None
         self.app = web.Application(middlewares=[error_middleware],
                                    client_max_size=settings.max_body_bytes)
         self.app[NODE_KEY] = self
@@ -74,6 +87,7 @@ class Node:
 
     async def start(self) -> str:
         """Restore state, start the device and listen; returns the node's URL."""
+        self.loop_lag.start()
         await self._restore()
         self._worker = asyncio.create_task(self.device.run(), name=f"device-{self.settings.name}")
         self._runner = web.AppRunner(self.app, access_log=None,
@@ -108,6 +122,10 @@ class Node:
                 self._worker = None
             self.device.close()
             await self.links.close()
+            await self.loop_lag.stop()
+            if self._control is not None:
+                self._control.shutdown(wait=False)
+                self._control = None
 
     async def __aenter__(self) -> Node:
         await self.start()
@@ -117,15 +135,36 @@ class Node:
         await self.stop()
 
     # -- control --------------------------------------------------------------------------
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run blocking control work on the node's control thread (calls keep their order)."""
+        if self._control is None:
+            self._control = ThreadPoolExecutor(
+                1, thread_name_prefix=f"control-{self.settings.name}")
+        return await asyncio.get_running_loop().run_in_executor(self._control, fn, *args)
+
     def set_placement(self, entries: list[Placed]) -> dict[str, Any]:
-        self.tiers.replace(entries)
+        """Hold exactly these experts, all on the calling thread (tests, start-up);
+        `apply_placement` is the one a running node uses."""
+        self.tiers.check(entries)
         self.compute.prepare([p.key for p in entries])
+        self.tiers.replace(entries)
         self._save(PLACEMENT_FILE, {"experts": [p.to_json() for p in entries]})
+        return {"placed": len(entries), "memory": self.tiers.memory()}
+
+    async def apply_placement(self, entries: list[Placed]) -> dict[str, Any]:
+        """`set_placement` off the loop: the experts are quantized and warmed on the control
+        thread before the new placement takes effect, so no request meets a cold expert and
+        the loop keeps serving meanwhile."""
+        self.tiers.check(entries)  # refuse what does not fit before doing any work
+        await self.off_loop(self.compute.prepare, [p.key for p in entries])
+        self.tiers.replace(entries)
+        await self.off_loop(self._save, PLACEMENT_FILE,
+                            {"experts": [p.to_json() for p in entries]})
         return {"placed": len(entries), "memory": self.tiers.memory()}
 
     async def set_links(self, body: Any) -> dict[str, Any]:
         out = await self.links.put(body)
-        self._save(LINKS_FILE, self.links.accepted)
+        await self.off_loop(self._save, LINKS_FILE, self.links.accepted)
         return out
 
     def health(self) -> dict[str, Any]:
@@ -202,7 +241,7 @@ class Node:
     async def _restore(self) -> None:
         entries = self._initial_placement()
         if entries is not None:
-            self.set_placement(entries)
+            await self.apply_placement(entries)
         links = self._load(LINKS_FILE)
         if links is not None:
             try:

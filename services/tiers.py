@@ -129,8 +129,8 @@ class Tiers:
         self.loaded_bytes = 0
 
     # -- placement ------------------------------------------------------------------------
-    def replace(self, placement: list[Placed]) -> None:
-        """Hold exactly this set; refuses (DoesNotFit) without changing anything if too big."""
+    def check(self, placement: list[Placed]) -> tuple[int, int]:
+        """(GPU-tier bytes, CPU-tier bytes) of a placement; DoesNotFit if it is too big."""
         size = {v: self.shape.expert_bytes(v) for v in VARIANTS}
         gpu = sum(size[p.variant] for p in placement if p.tier == "gpu")
         cpu = sum(size[p.variant] for p in placement if p.tier == "cpu")
@@ -145,6 +145,11 @@ class Tiers:
         if biggest > prof.gpu_bytes - gpu:
             raise DoesNotFit(f"a CPU-tier expert of {_gb(biggest)} cannot be loaded: the GPU "
                              f"tier leaves {_gb(prof.gpu_bytes - gpu)} of GPU memory free")
+        return gpu, cpu
+
+    def replace(self, placement: list[Placed]) -> None:
+        """Hold exactly this set; refuses (DoesNotFit) without changing anything if too big."""
+        gpu, cpu = self.check(placement)
         self._tier = {p.key: p.tier for p in placement}
         self._by_layer = {}
         for p in placement:
