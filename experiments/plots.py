@@ -121,11 +121,28 @@ def _spans(faults: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float 
     return out
 
 
+def lag_spans(per_node: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[float, float]]:
+    """The merged spans (scenario seconds) in which any node's event loop was more than 5 ms
+    late, from one arm's `run.json` `loop_lag` entry (experiments.looplag)."""
+    spans = sorted((float(a), float(b)) for entry in (per_node or {}).values()
+                   for a, b, *_ in entry.get("intervals", ()))
+    out: list[tuple[float, float]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def latency_over_time(tokens_by_policy: Mapping[str, Sequence[TokenRow]],
                       faults_by_policy: Mapping[str, Sequence[Mapping[str, Any]]],
-                      path: Path, *, warmup_s: float = 0.0, bin_s: float | None = None) -> Path:
+                      path: Path, *, warmup_s: float = 0.0, bin_s: float | None = None,
+                      lag_by_policy: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
     """Mean token latency per time bin, one panel per policy, faults shaded and marked,
-    failed tokens as red ticks at the bottom."""
+    failed tokens as red ticks at the bottom; with `lag_by_policy` (run.json's `loop_lag`),
+    the spans where any node's event loop was more than 5 ms late in purple (widened to be
+    seen, and ticked at the top)."""
     names = list(tokens_by_policy)
     fig, axes = plt.subplots(len(names), 1, figsize=(8, 1.9 * len(names) + 0.6),
                              sharex=True, squeeze=False)
@@ -148,6 +165,14 @@ def latency_over_time(tokens_by_policy: Mapping[str, Sequence[TokenRow]],
             ax.plot(fails, [0] * len(fails), "|", color="#c92a2a", ms=8, label="failed token")
         if warmup_s > 0:
             ax.axvspan(0, warmup_s, color="#adb5bd", alpha=0.25, lw=0)
+        lags = lag_spans((lag_by_policy or {}).get(name))
+        seen = end / 300.0  # a 10 ms stall on a 40 s axis is a hairline: widen it
+        for j, (a, b) in enumerate(lags):
+            ax.axvspan(a, max(b, a + seen), color="#9c36b5", alpha=0.35, lw=0,
+                       label="loop lag > 5 ms" if j == 0 else None)
+        if lags:
+            ax.plot([a for a, _ in lags], [1.0] * len(lags), "v", color="#9c36b5", ms=4,
+                    transform=ax.get_xaxis_transform(), clip_on=False)
         for i, (desc, start, stop) in enumerate(_spans(faults_by_policy.get(name, ()))):
             if stop is None:
                 ax.axvline(start, color="#e8590c", ls="--", lw=1)
@@ -159,7 +184,10 @@ def latency_over_time(tokens_by_policy: Mapping[str, Sequence[TokenRow]],
         ax.set_ylabel("ms", fontsize=8)
         ax.set_title(name, fontsize=9, loc="left")
         ax.grid(True, alpha=0.3)
-    axes[-1, 0].set_xlabel("time since the workload's start (s, scenario time); grey: warm-up")
+    label = "time since the workload's start (s, scenario time); grey: warm-up"
+    if lag_by_policy:
+        label += "; purple: a node's event loop > 5 ms late"
+    axes[-1, 0].set_xlabel(label)
     return _save(fig, path)
 
 

@@ -49,6 +49,13 @@ class MeshTarget(Protocol):
         """Make one timeline event true on the mesh (orchestrator.faults.FaultTarget)."""
         ...
 
+    async def loop_lag(self, since: float, until: float | None = None, *, min_ms: float = 0.0,
+                       every_s: float | None = None) -> Mapping[str, Mapping[str, Any]]:
+        """Node → its event-loop lag samples in (since, until] (`netem.timing.now()` seconds)
+        as `GET /v1/looplag` answers them, or {"error": why}. Optional: a target without it
+        records no loop lag."""
+        ...
+
 
 def zero_links(topology: Topology) -> dict[tuple[str, str], LinkSpec]:
     """Every one-way link with no delay, no jitter, no loss and a rate far above loopback's:

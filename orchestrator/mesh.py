@@ -374,6 +374,22 @@ class LiveMesh:
                     return
                 await asyncio.sleep(0.05)
 
+    async def loop_lag(self, since: float, until: float | None = None, *, min_ms: float = 0.0,
+                       every_s: float | None = None) -> dict[str, dict[str, Any]]:
+        """Each node's event-loop lag in (since, until] (perf_counter seconds of this host:
+        every runtime here shares one kernel clock), as `GET /v1/looplag` answers; a node that
+        is down or does not answer gets {"error": why}."""
+        async def one(name: str) -> tuple[str, dict[str, Any]]:
+            if name in self.down:
+                return name, {"error": "node down"}
+            try:
+                return name, await self.client.loop_lag(self.endpoints[name].url, since, until,
+                                                        min_ms=min_ms, every_s=every_s)
+            except (NodeUnreachable, NodeTimeout, NodeRefused) as exc:
+                return name, {"error": str(exc)}
+
+        return dict(await _together(*(one(n) for n in self.endpoints)))
+
     # -- status -----------------------------------------------------------------------------
     async def status(self) -> dict[str, Any]:
         """Nodes (as each answers, or why not) and every link that is not as the topology

@@ -1,0 +1,72 @@
+"""What run.json keeps of the nodes' event-loop lag (experiments.looplag) and the plot's marks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from experiments.looplag import collect_loop_lag, lag_intervals, worst_node
+from experiments.plots import lag_spans
+
+
+class FakeMesh:
+    """Answers loop_lag as LiveMesh does: node → the GET /v1/looplag window."""
+
+    def __init__(self, windows: dict[str, dict[str, Any]]) -> None:
+        self.windows = windows
+        self.asked: list[tuple] = []
+
+    async def loop_lag(self, since: float, until: float | None = None, *, min_ms: float = 0.0,
+                       every_s: float | None = None) -> dict[str, dict[str, Any]]:
+        self.asked.append((since, until, min_ms, every_s))
+        return self.windows
+
+
+def window(samples: list[list[float]], peaks: list[list[float]], **summary: float
+           ) -> dict[str, Any]:
+    return {"samples": samples, "peaks": peaks, "count": 300, "p99_ms": 2.0, "max_ms": 40.0,
+            "over_5ms_frac": 0.01, **summary}
+
+
+async def test_series_are_scenario_seconds_from_the_workload_start() -> None:
+    start, tdf = 1000.0, 2.0  # perf_counter of the driver's start; wall = 2 x scenario
+    mesh = FakeMesh({
+        "edge2": {"error": "node down"},
+        "edge1": window([[1010.0, 40.0], [1010.5, 1.5]], [[1001.0, 0.6], [1010.0, 40.0]]),
+    })
+    got = await collect_loop_lag(mesh, start, tdf, end=1020.0)
+    assert mesh.asked == [(1000.0, 1020.0, 1.0, 2.0)]  # > 1 ms plus the worst per scenario s
+    assert list(got) == ["edge1", "edge2"] and got["edge2"] == {"error": "node down"}
+    e1 = got["edge1"]
+    assert e1["series"] == [[0.5, 0.6], [5.0, 40.0], [5.25, 1.5]]  # merged, deduplicated
+    assert (e1["p99_ms"], e1["max_ms"], e1["over_5ms_frac"], e1["samples"]) == (2.0, 40.0,
+                                                                                0.01, 300)
+    # 40 wall ms late at scenario 5.0 s: the loop stalled from 5.0 - 0.04 / 2 to 5.0
+    assert e1["intervals"] == [[pytest.approx(4.98), 5.0, 40.0]]
+    assert worst_node(got) == {"p99": 2.0, "max": 40.0}
+
+
+async def test_a_target_without_loop_lag_records_none() -> None:
+    assert await collect_loop_lag(object(), 0.0, 1.0) is None
+
+
+def test_intervals_merge_and_the_plot_joins_nodes() -> None:
+    series = [[1.0, 3.0], [2.0, 20.0], [2.01, 15.0], [4.0, 6.0]]
+    assert lag_intervals(series, tdf=1.0) == [[1.98, 2.01, 20.0], [3.994, 4.0, 6.0]]
+    per_node = {"a": {"intervals": [[1.0, 1.5, 9.0]]}, "b": {"intervals": [[1.4, 2.0, 7.0]]},
+                "c": {"error": "node down"}}
+    assert lag_spans(per_node) == [(1.0, 2.0)]
+    assert lag_spans(None) == []
+    assert worst_node({"c": {"error": "x"}}) is None
+
+
+def test_the_latency_plot_marks_lag_spans(tmp_path) -> None:
+    from experiments import plots
+    from tests.experiments.conftest import make_rows
+
+    tokens, _ = make_rows("hetroute", 20.0, n_requests=10)
+    lag = {"hetroute": {"edge1": {"intervals": [[2.0, 2.02, 30.0]]}}}
+    path = plots.latency_over_time({"hetroute": tokens}, {}, tmp_path / "t.png",
+                                   lag_by_policy=lag)
+    assert path.stat().st_size > 1000
