@@ -9,7 +9,14 @@ A comparison of two policies (`compare`) gives the change of the mean token late
 traffic per token) with a 95% confidence interval from a bootstrap over requests (tokens of
 one request are not independent, so requests are resampled whole), and a two-sided
 Mann-Whitney U test on the per-request mean latency. A change whose interval holds 0 is not
-called a difference.
+called a difference. The report compares policies paired by request instead
+(`experiments.paired`): every policy serves the same requests, so they are resampled
+together; `compare` stays for samples that are not paired.
+
+Each policy also gets its latency split from the token rows (`emulated_ms`, `overhead_ms` and
+the components, docs/measurement.md): the overhead share is the summed host overhead over the
+summed measured latency of its measured tokens, nan when the rows carry no split; and, with
+repetitions (`rep`), the mean and p99 token latency of each repetition and their spread.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from .rows import RequestRow, TokenRow
 
 __all__ = [
     "DEFAULT_SLO_MS",
+    "SPLIT_KEYS",
     "Comparison",
     "LatencyHist",
     "PolicyStats",
@@ -42,6 +50,9 @@ DEFAULT_SLO_MS = 300.0  # HetRoute's SLO: a request's mean token latency within 
 PERCENTILES = (50.0, 95.0, 99.0)
 BOOTSTRAP = 2000
 _HDR_LOW_US, _HDR_HIGH_US, _HDR_DIGITS = 1, 3_600_000_000, 3
+# the latency split of a token (TokenRow columns, ms): emulated components, then the host's
+SPLIT_KEYS = ("link_ms", "queue_ms", "load_ms", "compute_ms", "dense_ms", "emulated_ms",
+              "overhead_ms", "dense_host_ms")
 
 
 class LatencyHist:
@@ -109,9 +120,40 @@ class PolicyStats:
     quality_source: str
     reasons: dict[str, int] = field(default_factory=dict)
     predicted_mean_ms: float = math.nan
+    # the latency split (see the module docstring); nan where the rows carry none
+    overhead_share: float = math.nan  # 0-1: host overhead / measured latency
+    emulated: dict[str, float] = field(
+        default_factory=lambda: {"mean": math.nan, "p99": math.nan})
+    split: dict[str, float] = field(  # mean per measured token of each SPLIT_KEYS column
+        default_factory=lambda: dict.fromkeys(SPLIT_KEYS, math.nan))
+    split_tokens: int = 0  # measured tokens that carry the split
+    loop_lag: dict[str, Any] | None = None  # worst node: {"p99", "max", ...} ms; None: absent
+    scoring_failed_tokens: int = 0  # held-out positions that failed under this policy
+    reps: list[dict[str, float]] = field(default_factory=list)  # per repetition, see reps_of
+
+    @property
+    def rep_spread_pct(self) -> float:
+        """(max - min) / mean of the repetitions' mean token latency, in % (nan with one)."""
+        means = [r["mean"] for r in self.reps if math.isfinite(r["mean"])]
+        if len(means) < 2:
+            return math.nan
+        return 100.0 * (max(means) - min(means)) / float(np.mean(means))
+
+    @property
+    def rep_cv_pct(self) -> float:
+        """Standard deviation (n - 1) / mean of the repetitions' mean latency, in %."""
+        means = [r["mean"] for r in self.reps if math.isfinite(r["mean"])]
+        if len(means) < 2:
+            return math.nan
+        return 100.0 * float(np.std(means, ddof=1) / np.mean(means))
 
     def summary(self) -> dict[str, Any]:
         """This policy's entry of summary.json (DESIGN §3), nan written as null."""
+        lag = None if self.loop_lag is None else {
+            "p99": _num(self.loop_lag.get("p99", math.nan)),
+            "max": _num(self.loop_lag.get("max", math.nan)),
+            "over_5ms_frac": _num(self.loop_lag.get("over_5ms_frac", math.nan)),
+            "node": self.loop_lag.get("node")}
         return {
             "tokens": self.tokens, "failed_tokens": self.failed_tokens,
             "rerouted_tokens": self.rerouted_tokens,
@@ -120,6 +162,16 @@ class PolicyStats:
             "traffic_bytes": self.traffic_bytes,
             "quality_delta_pct": _num(self.quality_delta_pct),
             "mix": {k: _num(self.mix[k]) for k in MIX_KEYS},
+            "overhead_share": (None if not math.isfinite(self.overhead_share)
+                               else round(float(self.overhead_share), 6)),
+            "emulated_ms": _clean(self.emulated),
+            "latency_split_ms": {k.removesuffix("_ms"): _num(v) for k, v in self.split.items()},
+            "loop_lag_ms": lag,
+            "scoring_failed_tokens": int(self.scoring_failed_tokens),
+            "repeats": {"mean_ms": [_num(r["mean"]) for r in self.reps],
+                        "p99_ms": [_num(r["p99"]) for r in self.reps],
+                        "spread_pct": _num(self.rep_spread_pct),
+                        "cv_pct": _num(self.rep_cv_pct)},
         }
 
 
@@ -131,6 +183,36 @@ def _clean(d: Mapping[str, float]) -> dict[str, float | None]:
     return {k: _num(v) for k, v in d.items()}
 
 
+def _split_of(done: Sequence[TokenRow]) -> tuple[float, dict[str, float], dict[str, float],
+                                                  int]:
+    """(overhead share, emulated {"mean","p99"}, mean of each split column, tokens with it)."""
+    nan = math.nan
+    with_split = [t for t in done if math.isfinite(t.overhead_ms) and
+                  math.isfinite(t.latency_ms)]
+    total = sum(t.latency_ms for t in with_split)
+    share = (sum(t.overhead_ms for t in with_split) / total) if with_split and total > 0 \
+        else nan
+    emu = LatencyHist.of(t.emulated_ms for t in with_split)
+    split = {}
+    for k in SPLIT_KEYS:
+        vals = [v for v in (float(getattr(t, k, nan)) for t in with_split) if math.isfinite(v)]
+        split[k] = float(np.mean(vals)) if vals else nan
+    return share, {"mean": emu.mean(), "p99": emu.pct(99.0)}, split, len(with_split)
+
+
+def reps_of(done: Sequence[TokenRow]) -> list[dict[str, float]]:
+    """Per repetition (in `rep` order): {"rep", "mean", "p99", "tokens"} of the measured
+    tokens' latency."""
+    by: dict[int, list[float]] = defaultdict(list)
+    for t in done:
+        by[t.rep].append(t.latency_ms)
+    out = []
+    for rep in sorted(by):
+        h = LatencyHist.of(by[rep])
+        out.append({"rep": rep, "mean": h.mean(), "p99": h.pct(99.0), "tokens": h.count})
+    return out
+
+
 def policy_stats(
     name: str,
     tokens: Sequence[TokenRow],
@@ -140,8 +222,13 @@ def policy_stats(
     slo_ms: float = DEFAULT_SLO_MS,
     quality_delta_pct: float = math.nan,
     quality_source: str = "none",
+    loop_lag: dict[str, Any] | None = None,
+    scoring_failed_tokens: int = 0,
 ) -> PolicyStats:
-    """Figures of one policy from its rows (rows of other policies must be filtered out)."""
+    """Figures of one policy from its rows (rows of other policies must be filtered out).
+
+    With repetitions the rows of every repetition count together (the throughput window is
+    the longest repetition's, so tok/s is per repetition's workload times repetitions)."""
     measured = [t for t in tokens if not t.warmup]
     done = [t for t in measured if t.ok]
     lat = LatencyHist.of(t.latency_ms for t in done)
@@ -163,6 +250,7 @@ def policy_stats(
     reasons = Counter(t.reason for t in tokens if not t.ok)
     traffic = sum(t.bytes for t in done)
     ok_all = [t for t in tokens if t.ok]
+    share, emulated, split, split_tokens = _split_of(done)
     return PolicyStats(
         name=name,
         issued=len(tokens),
@@ -188,17 +276,36 @@ def policy_stats(
         quality_source=quality_source,
         reasons=dict(reasons),
         predicted_mean_ms=float(np.mean([t.predicted_ms for t in done])) if done else math.nan,
+        overhead_share=share, emulated=emulated, split=split, split_tokens=split_tokens,
+        loop_lag=loop_lag, scoring_failed_tokens=scoring_failed_tokens, reps=reps_of(done),
     )
 
 
-def summary_json(meta: Mapping[str, Any], stats: Sequence[PolicyStats]) -> dict[str, Any]:
-    """summary.json exactly as DESIGN §3 (times in scenario time)."""
-    return {
+def summary_json(meta: Mapping[str, Any], stats: Sequence[PolicyStats], *,
+                 comparisons: Sequence[Comparison] = (),
+                 faithful: tuple[bool, Sequence[str]] | None = None,
+                 quality: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """summary.json as DESIGN §3 (times in scenario time), with the faithfulness verdict
+    (`faithful`, `unfaithful_reasons`: `experiments.faithful`, judged here when not given)
+    and the paired `comparisons` the report's table shows."""
+    if faithful is None:
+        from .faithful import assess
+
+        faithful = assess(meta, stats)
+    ok, reasons = faithful
+    repeats = meta.get("repeats") or {}
+    out = {
         "scenario": str(meta["scenario"]), "runtime": str(meta["runtime"]),
         "shaper": str(meta["shaper"]), "model": str(meta["model"]), "seed": int(meta["seed"]),
         "time_dilation": float(meta["time_dilation"]),
+        "faithful": bool(ok), "unfaithful_reasons": [str(r) for r in reasons],
+        "repeat": int(repeats.get("n", 1)),
         "policies": {s.name: s.summary() for s in stats},
+        "comparisons": [c.summary_entry() for c in comparisons],
     }
+    if quality is not None:
+        out["quality"] = dict(quality)
+    return out
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -219,6 +326,8 @@ class Comparison:
     p_value: float
     n_a: int
     n_b: int
+    paired: bool = False  # resampled by request on both sides together (experiments.paired)
+    mean_diff: float = math.nan  # paired: mean over requests of (b - a) of the request's mean
 
     @property
     def significant(self) -> bool:
@@ -237,6 +346,17 @@ class Comparison:
                 "value_b": _num(self.value_b), "change_pct": _num(self.change_pct),
                 "ci95_pct": [_num(self.ci_low_pct), _num(self.ci_high_pct)],
                 "p_value": _num(self.p_value), "significant": self.significant}
+
+    def summary_entry(self) -> dict[str, Any]:
+        """This comparison as an entry of summary.json's `comparisons`."""
+        return {"policy": self.b, "against": self.a, "metric": self.metric,
+                "value": _num(self.value_b), "against_value": _num(self.value_a),
+                "change_pct": _num(self.change_pct),
+                "paired_ci_pct" if self.paired else "ci95_pct":
+                    [_num(self.ci_low_pct), _num(self.ci_high_pct)],
+                "p_value": _num(self.p_value), "significant": self.significant,
+                "requests": self.n_a if self.paired else [self.n_a, self.n_b],
+                "mean_diff": _num(self.mean_diff), "verdict": self.verdict()}
 
 
 def _per_request(tokens: Sequence[TokenRow], attr: str) -> tuple[np.ndarray, np.ndarray]:

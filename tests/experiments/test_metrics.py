@@ -13,7 +13,10 @@ from experiments.rows import RequestRow, TokenRow, read_rows, write_rows
 from tests.experiments.conftest import make_rows, token
 
 POLICY_KEYS = {"tokens", "failed_tokens", "rerouted_tokens", "latency_ms", "ttft_ms",
-               "throughput_tok_s", "traffic_bytes", "quality_delta_pct", "mix"}
+               "throughput_tok_s", "traffic_bytes", "quality_delta_pct", "mix",
+               # the latency split, loop lag, scoring failures, repetitions (issue 11)
+               "overhead_share", "emulated_ms", "latency_split_ms", "loop_lag_ms",
+               "scoring_failed_tokens", "repeats"}
 
 
 def test_hdr_percentiles_match_the_data_within_its_precision() -> None:
@@ -59,13 +62,17 @@ def test_summary_json_has_exactly_the_design_shape() -> None:
             "seed": 3, "time_dilation": 2}
     out = summary_json(meta, [s])
     assert set(out) == {"scenario", "runtime", "shaper", "model", "seed", "time_dilation",
-                        "policies"}
+                        "policies", "faithful", "unfaithful_reasons", "comparisons", "repeat"}
+    assert out["faithful"] is False and out["unfaithful_reasons"] == ["no latency split"]
+    assert out["comparisons"] == []
     p = out["policies"]["hetroute"]
     assert set(p) == POLICY_KEYS
     assert set(p["latency_ms"]) == set(p["ttft_ms"]) == {"mean", "p50", "p95", "p99"}
     assert set(p["mix"]) == {"local_exact", "remote_exact", "cpu_loaded", "substitute",
                              "fallback"}
     assert isinstance(out["time_dilation"], float) and p["quality_delta_pct"] == 0.5
+    assert p["overhead_share"] is None and p["loop_lag_ms"] is None  # rows without a split
+    assert set(p["emulated_ms"]) == {"mean", "p99"} and p["scoring_failed_tokens"] == 0
 
 
 def test_a_real_difference_is_significant_and_noise_is_not() -> None:

@@ -1,0 +1,107 @@
+"""Is a run faithful: did it measure the emulated mesh rather than the host it ran on?
+
+A run is NOT faithful, and says so at the top of report.md, in summary.json (`faithful`,
+`unfaithful_reasons`) and on the console at the end of `moemesh run`, when any of these holds:
+
+* a policy's overhead share (the host's own time over the measured token latency, summed
+  over its measured tokens) is above `OVERHEAD_LIMIT` (5%), or cannot be told because the
+  rows carry no latency split (reason "no latency split": a run recorded before the split),
+  or because no measured token of it completed;
+* some node's event loop lagged more than `LAG_MS` (5 ms) for more than `LAG_SHARE` (1%) of
+  the time while a policy ran (run.json `loop_lag`);
+* a scoring token failed under some policy (it is left out of every policy's quality
+  average, see `experiments.quality`, and the quality deltas rest on fewer tokens).
+
+A run whose nodes recorded no loop lag is not marked for it (nothing to judge); the report
+says the lag was not measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .repeats import base_label
+
+if TYPE_CHECKING:
+    from .metrics import PolicyStats
+
+__all__ = ["LAG_MS", "LAG_SHARE", "NO_SPLIT", "OVERHEAD_LIMIT", "assess", "loop_lag_of"]
+
+OVERHEAD_LIMIT = 0.05
+LAG_MS = 5.0
+LAG_SHARE = 0.01
+NO_SPLIT = "no latency split"
+
+
+def _float(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def loop_lag_of(meta: Mapping[str, Any], label: str) -> dict[str, Any] | None:
+    """The worst node's event-loop lag while `label` ran (every repetition):
+    {"p99", "max", "over_5ms_frac", "node"}, or None when the run recorded none."""
+    lag = meta.get("loop_lag") or {}
+    worst: dict[str, Any] | None = None
+    for key, nodes in lag.items():
+        if base_label(str(key)) != label or not isinstance(nodes, Mapping):
+            continue
+        for node, v in nodes.items():
+            if not isinstance(v, Mapping) or "error" in v:  # a node that could not be read
+                continue
+            p99, mx, frac = (_float(v.get("p99_ms")), _float(v.get("max_ms")),
+                             _float(v.get("over_5ms_frac")))
+            if worst is None:
+                worst = {"p99": p99, "max": mx, "over_5ms_frac": frac, "node": str(node)}
+                continue
+            if math.isfinite(p99) and not p99 <= worst["p99"]:
+                worst["p99"], worst["node"] = p99, str(node)
+            if math.isfinite(mx) and not mx <= worst["max"]:
+                worst["max"] = mx
+            if math.isfinite(frac) and not frac <= worst["over_5ms_frac"]:
+                worst["over_5ms_frac"] = frac
+    return worst
+
+
+def _lag_reasons(meta: Mapping[str, Any], labels: set[str]) -> list[str]:
+    out = []
+    for key, nodes in (meta.get("loop_lag") or {}).items():
+        if base_label(str(key)) not in labels or not isinstance(nodes, Mapping):
+            continue
+        for node, v in nodes.items():
+            frac = _float(v.get("over_5ms_frac")) if isinstance(v, Mapping) else math.nan
+            if math.isfinite(frac) and frac > LAG_SHARE:
+                out.append(f"{key}: {node}'s event loop lagged more than {LAG_MS:g} ms for "
+                           f"{100 * frac:.1f}% of the time (limit {100 * LAG_SHARE:g}%; worst "
+                           f"{_float(v.get('max_ms')):.1f} ms)")
+    return out
+
+
+def assess(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
+           scoring_failed: Mapping[str, int] | None = None) -> tuple[bool, list[str]]:
+    """(faithful, reasons) of a run from its figures (see the module docstring);
+    `scoring_failed` maps every scored label (exact too) to its failed scoring tokens."""
+    reasons: list[str] = []
+    for s in stats:
+        if not s.measured_tokens:
+            reasons.append(f"{s.name}: no measured token completed (nothing was measured)")
+    if any(s.measured_tokens and not math.isfinite(s.overhead_share) for s in stats):
+        reasons.append(NO_SPLIT)
+    for s in stats:
+        if math.isfinite(s.overhead_share) and s.overhead_share > OVERHEAD_LIMIT:
+            reasons.append(f"{s.name}: overhead share {100 * s.overhead_share:.1f}% of the "
+                           f"measured token latency (limit {100 * OVERHEAD_LIMIT:g}%)")
+    reasons += _lag_reasons(meta, {s.name for s in stats})
+    failed = dict(scoring_failed or {})
+    for s in stats:
+        failed.setdefault(s.name, s.scoring_failed_tokens)
+    bad = {k: n for k, n in failed.items() if n}
+    if bad:
+        reasons.append(f"{sum(bad.values())} scoring token(s) failed ("
+                       + ", ".join(f"{k}: {n}" for k, n in bad.items())
+                       + "): left out of every policy's quality average")
+    return not reasons, reasons

@@ -1,0 +1,151 @@
+"""Comparisons paired by request: every policy serves the same seeded requests (same ids).
+
+A policy's request `i` and another policy's request `i` are the same prompt, the same
+generation length, the same home node and the same arrival time, so the two are compared
+request by request: the units of the bootstrap are the requests both policies completed
+(at least one measured token each), resampled with the SAME draw on both sides. What varies
+from request to request (a long prompt, a home far from the experts it needs) then cancels
+out of the difference, and the interval is about the policies, not about the workload.
+
+Metrics (the name is what `summary.json`'s `comparisons` say):
+
+* `mean_latency`: mean token latency over the paired requests' measured tokens (every token
+  weighs the same, as in the per-policy tables): the ratio of the summed latencies over the
+  summed token counts, for each side of each resample;
+* `p99_latency`: the 99th percentile of the paired requests' token latencies (the rank the
+  HDR histograms of the tables use, on exact values);
+* `traffic`: bytes moved per measured token, like `mean_latency`.
+
+The change is `100 x (b / a - 1)` in percent; its 95% CI is the percentile interval of that
+change over `BOOTSTRAP` paired resamples from a generator seeded with the run's seed, so a
+report redrawn from the same rows gives the same interval. With repetitions
+(`moemesh run --repeat N`) a request's tokens of every repetition are pooled into that
+request: the unit stays the request, and the run-to-run noise is inside each unit's value.
+The p-value (mean metrics) is a two-sided Wilcoxon signed-rank test on the per-request
+differences of the request's mean; `p99_latency` gets none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import wilcoxon
+
+from .metrics import BOOTSTRAP, Comparison
+from .rows import TokenRow
+
+__all__ = ["METRICS", "PerRequest", "paired_compare", "per_request"]
+
+METRICS = {"mean_latency": "latency_ms", "p99_latency": "latency_ms", "traffic": "bytes"}
+P99 = 99.0
+_CHUNK = 250  # resamples per block in the percentile bootstrap (bounds the memory)
+
+
+@dataclass(frozen=True)
+class PerRequest:
+    """One policy's measured tokens grouped by request: id → the values of its tokens."""
+
+    values: dict[int, list[float]]
+
+    def ids(self) -> set[int]:
+        return set(self.values)
+
+
+def per_request(tokens: Sequence[TokenRow], attr: str = "latency_ms") -> PerRequest:
+    """The completed, measured (outside the warm-up) tokens' `attr`, by request id; every
+    repetition of a request is pooled into it."""
+    out: dict[int, list[float]] = defaultdict(list)
+    for t in tokens:
+        if t.ok and not t.warmup:
+            v = float(getattr(t, attr))
+            if math.isfinite(v):
+                out[t.request].append(v)
+    return PerRequest(dict(out))
+
+
+def _nearest_rank(sorted_values: np.ndarray, weights: np.ndarray, p: float) -> np.ndarray:
+    """The p-th percentile of `sorted_values` under each row of `weights` (resample counts
+    per value, shape (B, T)); one value per row. The rank is HDR histogram's (round(p% x n),
+    at least 1), so the point estimate agrees with the per-policy tables."""
+    cum = np.cumsum(weights, axis=1)
+    rank = np.maximum(np.floor(p / 100.0 * cum[:, -1] + 0.5), 1)
+    pos = (cum < rank[:, None]).sum(axis=1)
+    return sorted_values[np.minimum(pos, len(sorted_values) - 1)]
+
+
+def _percentile_boot(a: list[np.ndarray], b: list[np.ndarray], idx: np.ndarray,
+                     p: float) -> tuple[np.ndarray, np.ndarray]:
+    out_a, out_b = [], []
+    for side, out in ((a, out_a), (b, out_b)):
+        values = np.concatenate(side)
+        owner = np.concatenate([np.full(len(v), i) for i, v in enumerate(side)])
+        order = np.argsort(values, kind="stable")
+        values, owner = values[order], owner[order]
+        n = len(side)
+        for lo in range(0, len(idx), _CHUNK):
+            block = idx[lo:lo + _CHUNK]
+            counts = np.zeros((len(block), n), dtype=np.int32)
+            np.add.at(counts, (np.arange(len(block))[:, None], block), 1)
+            out.append(_nearest_rank(values, counts[:, owner], p))
+    return np.concatenate(out_a), np.concatenate(out_b)
+
+
+def paired_compare(a_name: str, a: Sequence[TokenRow], b_name: str, b: Sequence[TokenRow],
+                   metric: str = "mean_latency", *, seed: int = 0,
+                   resamples: int = BOOTSTRAP) -> Comparison:
+    """`b` against `a` on `metric` (see the module docstring), paired by request id."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    attr = METRICS[metric]
+    pa, pb = per_request(a, attr), per_request(b, attr)
+    keys = sorted(pa.ids() & pb.ids())
+    nan = math.nan
+    va = [np.asarray(pa.values[k], dtype=float) for k in keys]
+    vb = [np.asarray(pb.values[k], dtype=float) for k in keys]
+    if not keys:
+        return Comparison(metric, a_name, b_name, nan, nan, nan, nan, nan, nan, 0, 0,
+                          paired=True)
+    if metric == "p99_latency":
+        def point(values: list[np.ndarray]) -> float:
+            flat = np.sort(np.concatenate(values))
+            return float(_nearest_rank(flat, np.ones((1, len(flat))), P99)[0])
+    else:
+        def point(values: list[np.ndarray]) -> float:
+            return float(sum(v.sum() for v in values) / sum(len(v) for v in values))
+    ma, mb = point(va), point(vb)
+    change = 100.0 * (mb / ma - 1.0) if ma else nan
+    means_a = np.array([v.mean() for v in va])
+    means_b = np.array([v.mean() for v in vb])
+    diff = float(np.mean(means_b - means_a))
+    if len(keys) < 2:
+        return Comparison(metric, a_name, b_name, ma, mb, change, nan, nan, nan, 1, 1,
+                          paired=True, mean_diff=diff)
+    rng = np.random.default_rng([seed, 0xB007])
+    idx = rng.integers(0, len(keys), size=(resamples, len(keys)))
+    if metric == "p99_latency":
+        boot_a, boot_b = _percentile_boot(va, vb, idx, P99)
+    else:
+        sa, ca = np.array([v.sum() for v in va]), np.array([len(v) for v in va], dtype=float)
+        sb, cb = np.array([v.sum() for v in vb]), np.array([len(v) for v in vb], dtype=float)
+        boot_a = sa[idx].sum(axis=1) / ca[idx].sum(axis=1)
+        boot_b = sb[idx].sum(axis=1) / cb[idx].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        changes = 100.0 * (boot_b / boot_a - 1.0)
+    changes = changes[np.isfinite(changes)]
+    lo, hi = (np.percentile(changes, [2.5, 97.5]) if len(changes) else (nan, nan))
+    p = nan
+    if metric != "p99_latency":
+        d = means_b - means_a
+        if not np.any(d):
+            p = 1.0
+        else:
+            try:
+                p = float(wilcoxon(d).pvalue)
+            except ValueError:
+                p = nan
+    return Comparison(metric, a_name, b_name, ma, mb, float(change), float(lo), float(hi), p,
+                      len(keys), len(keys), paired=True, mean_diff=diff)
