@@ -2,16 +2,21 @@
 
     moemesh run experiments/scenarios/quickstart.yaml --out results/quickstart
     moemesh run SCENARIO --requests 6 --out /tmp/ci      # a shortened run (CI)
+    moemesh run SCENARIO --repeat 4                      # every policy 4 times, interleaved
     moemesh report results/quickstart                    # redraw from the raw records
     moemesh sweep SCENARIO --knob redundancy --values 1,2,3 --out results/sweep-redundancy
 
 Bad input (a scenario file, a flag) raises ValueError: `moemesh` prints it and exits 2.
+A run that is not faithful (experiments.faithful) ends with a warning on stderr naming why;
+the exit status stays 0 (the run itself worked, and its report says the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="requests of the zero-delay overhead run, e.g. 30 (0: skip)")
     p.add_argument("--slo-ms", type=float, default=300.0, metavar="MS",
                    help="SLO on a request's mean token latency, e.g. 300")
+    p.add_argument("--repeat", type=int, metavar="N",
+                   help="run the whole set of policies N times, each time in a "
+                        "counterbalanced order (rotated, then reversed), e.g. 4; the report "
+                        "shows the run-to-run spread (default: the scenario's repeat, 1)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
@@ -122,12 +131,32 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     return scenario, arms, notes
 
 
-def _options(args: argparse.Namespace) -> Any:
+def _options(args: argparse.Namespace, scenario: Any = None) -> Any:
     from .runner import RunOptions
 
+    repeat = args.repeat if args.repeat is not None else getattr(scenario, "repeat", 1)
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"--repeat must be a whole number >= 1, got {repeat!r}")
     return RunOptions(quality_windows=args.quality_windows,
                       overhead_requests=args.overhead_requests, slo_ms=args.slo_ms,
-                      quiet=args.quiet)
+                      quiet=args.quiet, repeat=repeat)
+
+
+def warn_unfaithful(folder: Path, command: str = "moemesh run") -> bool:
+    """Print a warning on stderr when the run in `folder` is not faithful (its summary.json
+    says why); True when it printed one."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if summary.get("faithful", True):
+        return False
+    reasons = summary.get("unfaithful_reasons") or ["(no reason recorded)"]
+    print(f"{command}: WARNING: {folder} is not a faithful run; it measured the host as well "
+          f"as the emulated mesh:", file=sys.stderr)
+    for reason in reasons:
+        print(f"  - {reason}", file=sys.stderr)
+    return True
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -135,12 +164,13 @@ def _run(args: argparse.Namespace) -> int:
     from .runner import run_experiment
 
     scenario, arms, notes = _prepare(args)
-    options = _options(args)
+    options = _options(args, scenario)
     out = args.out or Path("results") / scenario.name
     t0 = time.monotonic()
     asyncio.run(run_experiment(scenario, arms, open_live, out, options, notes=notes))
     print(f"moemesh run: {scenario.name} done in {time.monotonic() - t0:.0f} s: "
           f"{out / 'report.md'}, {out / 'summary.json'}")
+    warn_unfaithful(out)
     return 0
 
 
@@ -151,18 +181,17 @@ def _report(args: argparse.Namespace) -> int:
         raise ValueError(f"--slo-ms must be > 0, got {args.slo_ms:g}")
     build_report(args.folder, slo_ms=args.slo_ms)
     print(f"moemesh report: {args.folder / 'report.md'}")
+    warn_unfaithful(args.folder, "moemesh report")
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    import json
-
     from .live import open_live
     from .runner import run_experiment
     from .sweep import DEFAULT_VALUES, apply_knob, write_sweep
 
     scenario, arms, notes = _prepare(args)
-    options = _options(args)
+    options = _options(args, scenario)
     if args.values:
         try:
             values = [float(v) for v in args.values.split(",") if v.strip()]
@@ -182,6 +211,7 @@ def _sweep(args: argparse.Namespace) -> int:
         asyncio.run(run_experiment(point, arms, open_live, folder, options,
                                    notes=[*notes, f"sweep point {args.knob}={value:g}"]))
         done.append((value, json.loads((folder / "summary.json").read_text())))
+        warn_unfaithful(folder, "moemesh sweep")
     plot = write_sweep(out, args.knob, done)
     print(f"moemesh sweep: {out / 'sweep.md'}, {plot}")
     return 0
