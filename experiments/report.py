@@ -4,6 +4,12 @@ Reads only the run folder (`run.json`, `tokens.csv`, `requests.csv`, `overhead.c
 report can be redrawn, or drawn with another SLO, without rerunning anything (STYLE 12).
 Every report states the runtime, the shaper, the time-dilation factor and the emulator's
 measured overhead, and every comparison carries its confidence interval.
+
+A run that is not faithful (`experiments.faithful`: host overhead above 5% of a policy's
+latency, event-loop lag, failed scoring tokens) says so in its first lines. Each policy's
+latency is split into what the mesh enforced (emulated) and the host's overhead; comparisons
+are paired by request (`experiments.paired`); quality is compared on the identical token set
+(`experiments.quality`); with repetitions the run-to-run spread is shown.
 """
 
 from __future__ import annotations
@@ -18,11 +24,17 @@ from typing import Any
 from router.records import MIX_KEYS
 
 from . import plots
-from .metrics import PolicyStats, compare, policy_stats, summary_json
+from .faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT, assess, loop_lag_of
+from .metrics import Comparison, PolicyStats, policy_stats, summary_json
+from .paired import METRICS, paired_compare
+from .quality import QualitySet, identical_set
 from .reproduce import DIFFERENCES, reproduction_rows
 from .rows import RequestRow, TokenRow, read_rows
 
-__all__ = ["build_report", "load_run", "quality_delta", "render_markdown"]
+__all__ = ["build_report", "comparisons", "load_run", "quality_delta", "render_markdown"]
+
+METRIC_LABELS = {"mean_latency": "mean latency", "p99_latency": "p99 latency",
+                 "traffic": "traffic/token"}
 
 
 def load_run(folder: Path) -> tuple[dict[str, Any], list[TokenRow], list[RequestRow],
@@ -44,13 +56,18 @@ def load_run(folder: Path) -> tuple[dict[str, Any], list[TokenRow], list[Request
     return meta, tokens, requests, overhead
 
 
-def quality_delta(meta: Mapping[str, Any], label: str, tokens: Sequence[TokenRow]
-                  ) -> tuple[float, str]:
-    """Perplexity change in % against exact, and where it comes from."""
+def quality_delta(meta: Mapping[str, Any], label: str, tokens: Sequence[TokenRow],
+                  qset: QualitySet | None = None) -> tuple[float, str]:
+    """Perplexity change in % against exact on the identical token set (`experiments.quality`),
+    and where it comes from: "measured", "not comparable" (failed positions in a run without
+    per-position NLL), or "estimate" (the budget spent, when nothing was scored)."""
     q = meta.get("quality", {})
-    exact, mine = q.get("exact"), q.get(label)
-    if exact and mine and exact.get("nll") is not None and mine.get("nll") is not None:
-        return 100.0 * (math.exp(mine["nll"] - exact["nll"]) - 1.0), "measured"
+    if q.get("exact") and q.get(label):
+        qset = qset if qset is not None else identical_set(q)
+        if not qset.comparable:
+            return math.nan, "not comparable"
+        delta = qset.delta_pct(label)
+        return (delta, "measured") if math.isfinite(delta) else (math.nan, "not comparable")
     done = [t for t in tokens if t.ok and not t.warmup]
     if not done:
         return math.nan, "none"
@@ -118,12 +135,156 @@ def _prediction_gap(tokens: Mapping[str, Sequence[TokenRow]]) -> str:
             f"emulator's own work plus the model's error).")
 
 
+def comparisons(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
+                tokens: Mapping[str, Sequence[TokenRow]]) -> list[Comparison]:
+    """Each policy against the first listed, paired by request, on every paired metric."""
+    if len(stats) < 2:
+        return []
+    ref, seed = stats[0].name, int(meta.get("seed", 0))
+    return [paired_compare(ref, tokens.get(ref, ()), s.name, tokens.get(s.name, ()), m,
+                           seed=seed)
+            for s in stats[1:] for m in METRICS]
+
+
+def _faithful_lines(faithful: tuple[bool, Sequence[str]]) -> list[str]:
+    ok, reasons = faithful
+    if ok:
+        return [f"**Faithful run**: every policy's host overhead is at most "
+                f"{100 * OVERHEAD_LIMIT:g}% of its measured token latency, no node's event loop "
+                f"lagged more than {LAG_MS:g} ms for more than {100 * LAG_SHARE:g}% of the "
+                f"time, and no scoring token failed.", ""]
+    return ["> **Not a faithful run.** What it reports is partly the host it ran on, not only "
+            "the emulated mesh:", ">", *[f"> - {r}" for r in reasons], ""]
+
+
+def _pct(x: float, digits: int = 1) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{100 * x:.{digits}f}%"
+
+
+def _split_lines(stats: Sequence[PolicyStats]) -> list[str]:
+    """Emulated against measured latency, the overhead share and the split's means."""
+    lines = ["## Latency split", ""]
+    if not any(s.measured_tokens for s in stats):
+        return [*lines, "No measured token completed: there is no latency to split.", ""]
+    if not any(s.split_tokens for s in stats):
+        return [*lines, ("The token rows carry no latency split (a run recorded before it): "
+                         "the host's share of these figures is unknown, so the run is not "
+                         "faithful by definition."), ""]
+    lines += ["Each measured token's latency is what the mesh enforced as emulated time on its "
+              "critical path (link delay and serialisation, queue wait, host-to-device load, "
+              "expert compute, the dense part on the home node) plus the host's overhead (the "
+              "rest). Overhead share = summed overhead over summed measured latency; the limit "
+              f"of a faithful run is {100 * OVERHEAD_LIMIT:g}%. Means per measured token, ms.",
+              ""]
+    rows = []
+    for s in stats:
+        sp = s.split
+        lag = s.loop_lag
+        rows.append([s.name, _f(s.latency["mean"]), _f(s.emulated["mean"]),
+                     _f(s.emulated["p99"]), _pct(s.overhead_share), _f(sp["link_ms"]),
+                     _f(sp["queue_ms"]), _f(sp["load_ms"]), _f(sp["compute_ms"]),
+                     _f(sp["dense_ms"]), _f(sp["overhead_ms"]), _f(sp["dense_host_ms"]),
+                     "not recorded" if lag is None
+                     else f"{_f(lag.get('p99'))} / {_f(lag.get('max'))} ({lag.get('node')})"])
+    lines += _table(["policy", "measured mean", "emulated mean", "emulated p99",
+                     "overhead share", "link", "queue", "load", "compute", "dense", "overhead",
+                     "dense host", "loop lag p99 / max (worst node)"], rows)
+    lines += [""] + [
+        f"- `{s.name}`: overhead share {_pct(s.overhead_share)}; emulated "
+        f"{_f(s.emulated['mean'])} ms against {_f(s.latency['mean'])} ms measured per token"
+        + ("" if s.split_tokens == s.measured_tokens
+           else f" ({s.split_tokens} of {s.measured_tokens} measured tokens carry the split)")
+        for s in stats]
+    lines += ["", "'dense host' is what the dense part took this host, for reference: it is "
+                  "not on the token's timeline, where the dense part costs its emulated time "
+                  "('dense'). Loop lag: each node's "
+                  "event-loop lag while the policy ran (every repetition), worst node.", ""]
+    return lines
+
+
+def _repeat_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats]) -> list[str]:
+    rep = meta.get("repeats") or {}
+    n = int(rep.get("n", 1))
+    lines = ["## Run-to-run spread", ""]
+    if n <= 1:
+        return [*lines, ("One repetition: the run-to-run spread is not measured here "
+                         "(`moemesh run --repeat N` runs every policy N times, in "
+                         "counterbalanced orders). The comparisons are still paired by "
+                         "request."), ""]
+    orders = rep.get("orders") or []
+    lines += [f"Every policy ran {n} times on the same requests, the arms in a "
+              f"counterbalanced order each time (so host drift hits all of them alike): "
+              + "; ".join(f"{i}: {', '.join(o)}" for i, o in enumerate(orders))
+              + ". Mean token latency (ms) per repetition; spread = (max − min) / mean; CV = "
+                "standard deviation / mean.", ""]
+    width = max((len(s.reps) for s in stats), default=0)
+    rows = [[s.name, *[_f(r["mean"]) for r in s.reps], *["–"] * (width - len(s.reps)),
+             "–" if not math.isfinite(s.rep_spread_pct) else f"{s.rep_spread_pct:.1f}%",
+             "–" if not math.isfinite(s.rep_cv_pct) else f"{s.rep_cv_pct:.1f}%"]
+            for s in stats]
+    return lines + _table(["policy", *[f"rep {i}" for i in range(width)], "spread", "CV"],
+                          rows) + [""]
+
+
+def _comparison_lines(stats: Sequence[PolicyStats], comps: Sequence[Comparison]) -> list[str]:
+    ref = stats[0].name
+    lines = ["## Comparisons", "",
+             f"Each policy against `{ref}` (the first listed), paired by request: every policy "
+             f"served the same seeded requests, so the 95% CI is a paired bootstrap over the "
+             f"requests both completed (the same resampled requests on both sides, seeded "
+             f"with the run's seed). Mean metrics are per measured token; p is a Wilcoxon "
+             f"signed-rank test on the per-request differences of the request's mean; a CI "
+             f"that holds 0 is no difference.", ""]
+    rows = []
+    for c in comps:
+        ci = ("–" if not math.isfinite(c.ci_low_pct)
+              else f"{c.ci_low_pct:+.1f}% .. {c.ci_high_pct:+.1f}%")
+        rows.append([c.b, METRIC_LABELS.get(c.metric, c.metric), _f(c.value_a), _f(c.value_b),
+                     "–" if not math.isfinite(c.change_pct) else f"{c.change_pct:+.1f}%", ci,
+                     str(c.n_a), _f(c.p_value, 2), c.verdict()])
+    return lines + _table(["policy", "metric", ref, "this", "change", "paired 95% CI",
+                           "requests", "p", "verdict"], rows)
+
+
+def _quality_lines(meta: Mapping[str, Any], qset: QualitySet,
+                   stats: Sequence[PolicyStats]) -> list[str]:
+    q = meta.get("quality", {}).get("exact") or {}
+    if not q:
+        return []
+    if not qset.comparable:
+        return ["", f"Quality: {qset.failed_total} scoring token(s) failed and this run "
+                    f"recorded no per-position NLL, so the policies' averages are over "
+                    f"different token sets and no quality delta is given."]
+    if not qset.scored:
+        return ["", "Quality: no held-out position completed under every policy: no quality "
+                    "delta."]
+    nll = qset.nll.get("exact", math.nan)
+    lines = ["", f"Quality: perplexity of the {qset.scored} held-out tokens that every policy "
+                 f"(and exact execution) scored through its routing (`/v1/score`), against "
+                 f"exact execution (NLL {nll:.4f} nats/token, perplexity {math.exp(nll):.3f})."]
+    if qset.excluded:
+        lines[-1] += (f" {qset.excluded} position(s) failed under some policy and are left out "
+                      f"of EVERY policy's average, exact's included (identical token sets).")
+        bad = [(k, n) for k, n in qset.failed.items() if n]
+        lines += ["", "Failed scoring tokens (held-out positions with no MoE output at some "
+                      "layer):", ""]
+        lines += _table(["policy", "failed scoring tokens"], [[k, str(n)] for k, n in bad])
+    return lines
+
+
 def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
                     tokens: Mapping[str, Sequence[TokenRow]], overhead: Sequence[TokenRow],
-                    images: Mapping[str, str]) -> str:
+                    images: Mapping[str, str], *, comps: Sequence[Comparison] | None = None,
+                    faithful: tuple[bool, Sequence[str]] | None = None,
+                    qset: QualitySet | None = None) -> str:
     """The report (see the module docstring); `images` maps a caption to a file name."""
     by_name = {s.name: s for s in stats}
-    lines = [f"# moemesh run: {meta['scenario']}", ""]
+    qset = qset if qset is not None else identical_set(meta.get("quality", {}))
+    if faithful is None:
+        faithful = assess(meta, stats, qset.failed)
+    if comps is None:
+        comps = comparisons(meta, stats, tokens)
+    lines = [f"# moemesh run: {meta['scenario']}", "", *_faithful_lines(faithful)]
     if meta.get("description"):
         lines += [str(meta["description"]), ""]
     t = meta.get("timings", {})
@@ -166,7 +327,9 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
             "–" if not math.isfinite(s.slo_share) else f"{100 * s.slo_share:.0f}%",
             _f(s.traffic_per_1k / 1e6), (f"{s.quality_delta_pct:+.2f}%"
                                          + (" (est.)" if s.quality_source == "estimate" else "")
-                                         if math.isfinite(s.quality_delta_pct) else "–"),
+                                         if math.isfinite(s.quality_delta_pct) else
+                                         "n/c" if s.quality_source == "not comparable"
+                                         else "–"),
             f"{s.tokens}/{s.failed_tokens}", str(s.rerouted_tokens),
         ])
     lines += _table(["policy", "mean ms", "p50", "p95", "p99", "TTFT mean", "TTFT p99",
@@ -190,31 +353,12 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
                       "the budget the router spent per token from its penalty tables: an "
                       "estimate, not a measured perplexity."]
     else:
-        q = meta.get("quality", {}).get("exact") or {}
-        if q.get("nll") is not None:
-            lines += ["", f"Quality: perplexity of {q['tokens']} held-out tokens scored "
-                          f"through each policy's routing (`/v1/score`), against exact "
-                          f"execution (NLL {q['nll']:.4f} nats/token, perplexity "
-                          f"{math.exp(q['nll']):.3f})."]
+        lines += _quality_lines(meta, qset, stats)
 
+    lines += ["", *_split_lines(stats)]
+    lines += _repeat_lines(meta, stats)
     if len(stats) > 1:
-        ref = stats[0].name
-        lines += ["", "## Comparisons", "",
-                  f"Each policy against `{ref}` (the first listed). Change of the mean per "
-                  f"token with a 95% bootstrap CI over requests and a Mann-Whitney U p-value "
-                  f"on per-request means; a CI that holds 0 is no difference.", ""]
-        crow = []
-        seed = int(meta.get("seed", 0))
-        for s in stats[1:]:
-            for metric, label in (("latency_ms", "mean latency"), ("bytes", "traffic/token")):
-                c = compare(ref, tokens[ref], s.name, tokens[s.name], metric, seed=seed)
-                ci = ("–" if not math.isfinite(c.ci_low_pct)
-                      else f"{c.ci_low_pct:+.1f}% .. {c.ci_high_pct:+.1f}%")
-                crow.append([s.name, label, _f(c.value_a), _f(c.value_b),
-                             "–" if not math.isfinite(c.change_pct) else f"{c.change_pct:+.1f}%",
-                             ci, _f(c.p_value, 2), c.verdict()])
-        lines += _table(["policy", "metric", ref, "this", "change", "95% CI", "p", "verdict"],
-                        crow)
+        lines += _comparison_lines(stats, comps)
 
     faults = meta.get("faults", {})
     if any(faults.values()):
@@ -268,27 +412,39 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
     order = [a["label"] for a in meta["arms"]]
     tok = _by_policy(tokens, order)
     req = _by_policy(requests, order)
+    qset = identical_set(meta.get("quality", {}))
     stats = []
     for name in tok:
-        q, source = quality_delta(meta, name, tok[name])
+        q, source = quality_delta(meta, name, tok[name], qset)
         stats.append(policy_stats(name, tok[name], req.get(name, []),
                                   warmup_s=float(meta.get("warmup_s", 0.0)),
                                   slo_ms=float(meta.get("slo_ms", 300.0)),
-                                  quality_delta_pct=q, quality_source=source))
-    summary = summary_json(meta, stats)
+                                  quality_delta_pct=q, quality_source=source,
+                                  loop_lag=loop_lag_of(meta, name),
+                                  scoring_failed_tokens=qset.failed.get(name, 0)))
+    comps = comparisons(meta, stats, tok)
+    faithful = assess(meta, stats, qset.failed)
+    quality = {"scored_tokens": qset.scored, "excluded_tokens": qset.excluded,
+               "comparable": qset.comparable, "scoring_failed_tokens": dict(qset.failed)}
+    summary = summary_json(meta, stats, comparisons=comps, faithful=faithful,
+                           quality=quality if meta.get("quality") else None)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     images: dict[str, str] = {}
     if plots_too and tokens:
         faults = dict(meta.get("faults", {}))
+        # faults and loop lag are on repetition 0's timeline (run.json keys them by label)
+        once = ({k: [t for t in v if t.rep == 0] for k, v in tok.items()}
+                if any(t.rep for t in tokens) else tok)
         made = [
             ("token latency CDF per policy", plots.latency_cdf(tok, folder / "latency_cdf.png")),
             ("mean and p99 latency, traffic, throughput", plots.bars(stats, folder / "bars.png")),
             ("execution mix", plots.mix_bars(stats, folder / "mix.png")),
-            ("latency over time with faults",
-             plots.latency_over_time(tok, faults, folder / "latency_time.png",
+            ("latency over time with faults" + (" (repetition 0)" if once is not tok else ""),
+             plots.latency_over_time(once, faults, folder / "latency_time.png",
                                      warmup_s=float(meta.get("warmup_s", 0.0)))),
         ]
         images = {cap: p.name for cap, p in made}
-    text = render_markdown(meta, stats, tok, overhead, images)
+    text = render_markdown(meta, stats, tok, overhead, images, comps=comps, faithful=faithful,
+                           qset=qset)
     (folder / "report.md").write_text(text)
     return summary

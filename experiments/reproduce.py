@@ -2,8 +2,9 @@
 
 Each `Claim` is one comparison from PAPERS.md: two systems (arms picked by what they are, not
 by name: "the arm with the layer-shard placement" is EdgeShard), a metric, and the paper's
-figure. The measured side is this run's; a latency or traffic change carries the 95% CI and
-the verdict of `experiments.metrics.compare`. "Direction holds" means the measured change
+figure. The measured side is this run's; a latency or traffic change carries the paired 95%
+CI and the verdict of `experiments.paired.paired_compare` (by request, as the report's
+comparisons). "Direction holds" means the measured change
 has the paper's sign AND its interval excludes 0; otherwise it says what happened.
 
 We do not tune scenarios to match the papers: absolute numbers differ by construction
@@ -18,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .metrics import Comparison, PolicyStats, compare
+from .metrics import Comparison, PolicyStats
+from .paired import paired_compare
 from .rows import TokenRow
 
 __all__ = ["DIFFERENCES", "Claim", "ReproRow", "claims", "reproduction_rows"]
@@ -87,7 +89,7 @@ def claims() -> tuple[Claim, ...]:
             Claim("HetRoute", f"mean latency, hetroute vs {name}", "latency_mean", base, het,
                   figures[0], f"{figures[0]:+.1f}%"),
             Claim("HetRoute", f"p99 latency, hetroute vs {name}", "latency_p99", base, het,
-                  figures[1], f"{figures[1]:+.1f}%", "no CI on p99: direction only"),
+                  figures[1], f"{figures[1]:+.1f}%"),
             Claim("HetRoute", f"traffic per token, hetroute vs {name}", "traffic", base, het,
                   figures[2], f"{figures[2]:+.1f}%"),
             Claim("HetRoute", f"throughput, hetroute vs {name}", "throughput", base, het,
@@ -192,27 +194,22 @@ def reproduction_rows(meta: Mapping[str, Any], stats: Mapping[str, PolicyStats],
             continue
         sb = stats[b]
         pair = f"{a} → {b}" if a else b
-        if c.metric in ("latency_mean", "traffic"):
-            metric = "latency_ms" if c.metric == "latency_mean" else "bytes"
-            cmp = compare(a, tokens[a], b, tokens[b], metric, seed=int(meta.get("seed", 0)))
-            unit = "ms" if metric == "latency_ms" else "kB/tok"
-            scale = 1.0 if metric == "latency_ms" else 1e-3
+        if c.metric in ("latency_mean", "latency_p99", "traffic"):
+            metric = {"latency_mean": "mean_latency", "latency_p99": "p99_latency",
+                      "traffic": "traffic"}[c.metric]
+            cmp = paired_compare(a, tokens[a], b, tokens[b], metric,
+                                 seed=int(meta.get("seed", 0)))
+            unit = "kB/tok" if metric == "traffic" else "ms"
+            scale = 1e-3 if metric == "traffic" else 1.0
             measured = (f"{cmp.value_a * scale:.3g} → {cmp.value_b * scale:.3g} {unit} "
                         f"({cmp.change_pct:+.1f}%, CI {cmp.ci_low_pct:+.1f}.."
-                        f"{cmp.ci_high_pct:+.1f}%, p={cmp.p_value:.2g})")
+                        f"{cmp.ci_high_pct:+.1f}%"
+                        + (f", p={cmp.p_value:.2g})" if math.isfinite(cmp.p_value) else ")"))
             diff = ("-" if c.paper_value is None
                     else f"{cmp.change_pct - c.paper_value:+.1f} pts")
             paper = -1.0 if c.paper_value is None else c.paper_value  # no figure: "lower"
             rows.append(ReproRow(c.paper, c.what, c.paper_text, measured, diff,
                                  _verdict(paper, cmp), f"{pair}. {c.note}".strip()))
-        elif c.metric == "latency_p99":
-            pa, pb = stats[a].latency["p99"], sb.latency["p99"]
-            change = 100.0 * (pb / pa - 1.0) if pa else math.nan
-            same = (change < 0) == (c.paper_value < 0)
-            rows.append(ReproRow(c.paper, c.what, c.paper_text,
-                                 f"{pa:.3g} → {pb:.3g} ms ({change:+.1f}%)",
-                                 f"{change - c.paper_value:+.1f} pts",
-                                 "yes (no CI)" if same else "no (no CI)", f"{pair}. {c.note}"))
         elif c.metric == "throughput":
             ta, tb = stats[a].throughput_tok_s, sb.throughput_tok_s
             ratio = tb / ta if ta else math.nan
