@@ -10,38 +10,37 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from experiments.live import open_live
 from experiments.runner import RunOptions, run_experiment
 from orchestrator.arms import load_experiment
+from tests.helpers import ROOT, moemesh, moemesh_process, processes_with
 
-ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
 MIX = {"local_exact", "remote_exact", "cpu_loaded", "substitute", "fallback"}
 PERCENTILES = {"mean", "p50", "p95", "p99"}
 
 
-def _cli(*args: str, timeout: float = 280) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def _check_summary(summary: dict, policies: list[str]) -> None:
-    assert set(summary) == {"scenario", "runtime", "shaper", "model", "seed", "time_dilation",
-                            "policies"}
+    assert set(summary) >= {"scenario", "runtime", "shaper", "model", "seed", "time_dilation",
+                            "policies", "faithful", "unfaithful_reasons", "comparisons"}
     assert isinstance(summary["seed"], int) and isinstance(summary["time_dilation"], float)
+    assert isinstance(summary["faithful"], bool)
+    assert summary["faithful"] == (summary["unfaithful_reasons"] == [])
     assert list(summary["policies"]) == policies
+    for c in summary["comparisons"]:
+        assert set(c) >= {"policy", "against", "metric", "change_pct", "paired_ci_pct"}
     for p in summary["policies"].values():
-        assert set(p) == {"tokens", "failed_tokens", "rerouted_tokens", "latency_ms", "ttft_ms",
-                          "throughput_tok_s", "traffic_bytes", "quality_delta_pct", "mix"}
+        assert set(p) >= {"tokens", "failed_tokens", "rerouted_tokens", "latency_ms", "ttft_ms",
+                          "throughput_tok_s", "traffic_bytes", "quality_delta_pct", "mix",
+                          "overhead_share", "emulated_ms", "loop_lag_ms",
+                          "scoring_failed_tokens"}
+        assert isinstance(p["scoring_failed_tokens"], int)
         assert set(p["latency_ms"]) == set(p["ttft_ms"]) == PERCENTILES
         assert set(p["mix"]) == MIX
         for key in ("tokens", "failed_tokens", "rerouted_tokens", "traffic_bytes"):
@@ -61,10 +60,11 @@ def _issued(folder: Path) -> tuple[Counter, Counter, Counter]:
     return rows, asked, ok
 
 
+@pytest.mark.slow
 def test_shortened_quickstart(tmp_path: Path) -> None:
     out = tmp_path / "quickstart"
-    done = _cli("run", str(QUICKSTART), "--requests", "4", "--quality-windows", "1",
-                "--overhead-requests", "2", "--quiet", "--out", str(out))
+    done = moemesh_process("run", str(QUICKSTART), "--requests", "4", "--quality-windows",
+                           "1", "--overhead-requests", "2", "--quiet", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
     _, arms = load_experiment(QUICKSTART)
@@ -84,17 +84,18 @@ def test_shortened_quickstart(tmp_path: Path) -> None:
                                              "latency_time.png", "run.json", "overhead.csv"))
     # the report is redrawn from the raw records alone, to the same summary
     (out / "summary.json").unlink()
-    again = _cli("report", str(out))
+    again = moemesh_process("report", str(out))
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "summary.json").read_text()) == summary
 
 
-def test_bad_input_is_exit_2_naming_it(tmp_path: Path) -> None:
-    done = _cli("run", str(QUICKSTART), "--policies", "hetroute,fastest", "--out",
-                str(tmp_path))
-    assert done.returncode == 2 and "fastest" in done.stderr
-    done = _cli("run", str(tmp_path / "missing.yaml"))
-    assert done.returncode == 2 and "missing.yaml" in done.stderr
+def test_bad_input_is_exit_2_naming_it(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert moemesh("run", str(QUICKSTART), "--policies", "hetroute,fastest", "--out",
+                   str(tmp_path)) == 2
+    assert "fastest" in capsys.readouterr().err
+    assert moemesh("run", str(tmp_path / "missing.yaml")) == 2
+    assert "missing.yaml" in capsys.readouterr().err
 
 
 FAULTY = """
@@ -118,20 +119,7 @@ faults:
 """
 
 
-def _processes_with(marker: str) -> set[int]:
-    """Processes whose command line holds `marker` (this run's own mesh folder)."""
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker.encode() in cmd:
-                pids.add(int(entry.name))
-    return pids
-
-
+@pytest.mark.slow
 async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
     path = tmp_path / "faulty.yaml"
     path.write_text(FAULTY)
@@ -142,27 +130,35 @@ async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
         return open_live(sc, placement, work_dir=mesh_dir)
 
     meta = await run_experiment(scenario, arms, open_mesh, tmp_path / "out",
-                                RunOptions(quality_windows=0, overhead_requests=0, quiet=True))
-    events = meta["faults"]["hetroute"]
-    assert [(e["action"], e["at_s"]) for e in events] == [
-        ("link-down", 1.0), ("node-down", 1.5), ("link-up", 3.0), ("node-up", 3.5)]
-    assert all(e["ok"] and e["done_s"] >= e["at_s"] for e in events)
+                                RunOptions(quality_windows=0, overhead_requests=0, quiet=True,
+                                           repeat=2))
+    assert meta["repeats"] == {"n": 2, "orders": [["hetroute"], ["hetroute"]]}
+    for key in ("hetroute", "hetroute#rep1"):  # every repetition has the fault timeline
+        events = meta["faults"][key]
+        assert [(e["action"], e["at_s"]) for e in events] == [
+            ("link-down", 1.0), ("node-down", 1.5), ("link-up", 3.0), ("node-up", 3.5)]
+        assert all(e["ok"] and e["done_s"] >= e["at_s"] for e in events)
+    with (tmp_path / "out" / "tokens.csv").open() as fh:
+        reps = Counter((r["policy"], r["rep"]) for r in csv.DictReader(fh))
+    assert set(reps) == {("hetroute", "0"), ("hetroute", "1")}
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     rows, asked, _ = _issued(tmp_path / "out")
     p = summary["policies"]["hetroute"]
     assert p["tokens"] + p["failed_tokens"] == rows["hetroute"] == asked["hetroute"] > 0
+    assert len(p["repeats"]["mean_ms"]) == 2 and summary["repeat"] == 2
     assert "node-down edge3" in (tmp_path / "out" / "report.md").read_text()
     assert (mesh_dir / "nodes" / "edge3").is_dir()  # the nodes ran with their state here
-    assert _processes_with(str(mesh_dir)) == set()  # and every node process of it is gone
+    assert processes_with(str(mesh_dir)) == []  # and every node process of it is gone
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_each_point_and_plots_them(tmp_path: Path) -> None:
     path = tmp_path / "faulty.yaml"
     path.write_text(FAULTY)
     out = tmp_path / "sweep"
-    done = _cli("sweep", str(path), "--knob", "budget", "--values", "0.5,3", "--requests", "3",
-                "--quality-windows", "0", "--overhead-requests", "0", "--quiet",
-                "--out", str(out))
+    done = moemesh_process("sweep", str(path), "--knob", "budget", "--values", "0.5,3",
+                           "--requests", "3", "--quality-windows", "0", "--overhead-requests",
+                           "0", "--quiet", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads((out / "sweep.json").read_text())["rows"]
     assert [(r["value"], r["policy"]) for r in rows] == [(0.5, "hetroute"), (3.0, "hetroute")]
