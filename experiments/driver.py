@@ -64,6 +64,7 @@ class DriveResult:
     requests: list[RequestRow] = field(default_factory=list)
     wall_s: float = 0.0
     started_at: float = 0.0  # time.time() of the workload's start
+    started_perf: float = 0.0  # now() (perf_counter) of the start: sent_s/done_s count from it
 
 
 def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
@@ -87,7 +88,8 @@ def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
         if not ok:
             stopped = reason
         mix = rec.get("mix", {})
-        predicted = sum(float(layer.get("predicted_ms", 0.0)) for layer in rec.get("layers", ()))
+        layers = rec.get("layers", ())
+        predicted = sum(float(layer.get("predicted_ms", 0.0)) for layer in layers)
         rows.append(TokenRow(
             arm.label, req.id, req.home, i, req.warmup, "ok" if ok else "failed", reason,
             sent_s, t, lat, int(rec.get("bytes", 0)), int(rec.get("reroutes", 0)),
@@ -95,8 +97,24 @@ def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
             int(mix.get("local_exact", 0)), int(mix.get("remote_exact", 0)),
             int(mix.get("cpu_loaded", 0)), int(mix.get("substitute", 0)),
             int(mix.get("fallback", 0)), int(rec.get("quantized", 0)),
-            sum(1 for c in rec.get("choices", ()) if len(c) > 6 and c[6]), predicted / tdf))
+            sum(1 for c in rec.get("choices", ()) if len(c) > 6 and c[6]), predicted / tdf,
+            **_split(rec, layers, lat, tdf)))
     return rows
+
+
+def _split(rec: Mapping[str, Any], layers: Any, latency_ms: float, tdf: float
+           ) -> dict[str, float]:
+    """The token's latency split (scenario ms) from its record; nan where the record has no
+    emulated timeline (an older node)."""
+    if "emulated_ms" not in rec:
+        return {}
+    out = {k: sum(float(layer.get(k, 0.0)) for layer in layers) / tdf
+           for k in ("link_ms", "queue_ms", "load_ms", "compute_ms")}
+    emulated = float(rec["emulated_ms"]) / tdf
+    out.update(emulated_ms=emulated, overhead_ms=latency_ms - emulated,
+               dense_ms=float(rec.get("dense_ms", 0.0)) / tdf,
+               dense_host_ms=float(rec.get("dense_host_ms", 0.0)) / tdf)
+    return out
 
 
 def rows_of_answer(arm: Arm, req: Request, at_s: float, sent_s: float, done_s: float,
@@ -154,7 +172,7 @@ class Driver:
         conn = aiohttp.TCPConnector(limit=0, force_close=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect_s * self.tdf)
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
-            self._start = now()
+            self._start = self.result.started_perf = now()
             self.result.started_at = time.time()
             try:
                 async with asyncio.TaskGroup() as tg:

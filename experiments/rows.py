@@ -61,7 +61,7 @@ class TokenRow:
     load_ms: float = math.nan  # CPU-tier experts copied to the GPU tier
     compute_ms: float = math.nan  # expert compute (emulated)
     dense_ms: float = math.nan  # attention, gate and head on the home node (emulated)
-    dense_excess_ms: float = math.nan  # host dense time above its emulated time, taken off
+    dense_host_ms: float = math.nan  # what the dense part took this host (not on the timeline)
     rep: int = 0  # repetition of the whole set of arms (`moemesh run --repeat N`), from 0
 
     @property

@@ -117,16 +117,33 @@ class AppShaper:
 
         timeout_s bounds the wait on a down link (default `down_timeout_s`), then LinkDownError.
         """
+        due = await self.schedule(peer, nbytes, timeout_s=timeout_s)
+        if due is not None:
+            await sleep_until(due)
+
+    async def schedule(self, peer: str, nbytes: int, *, at: float | None = None,
+                       timeout_s: float | None = None) -> float | None:
+        """When nbytes handed to the link to peer at `at` (a `now()` value; default now)
+        arrive there, without waiting for it: the receiver waits (see docs/measurement.md).
+
+        The serialiser, jitter and loss are drawn as `transmit` does; a down link is waited
+        out first (the bytes leave when it is back). None: peer is not shaped here.
+        """
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
         if peer not in self._links:
-            return
-        await self._wait_passable(peer, self.down_timeout_s if timeout_s is None else timeout_s)
+            return None
+        t = now()
+        if self._blocked(peer):
+            await self._wait_passable(
+                peer, self.down_timeout_s if timeout_s is None else timeout_s)
+            t = now()  # nothing left before the link came back
+        elif at is not None:
+            t = at
         spec = self._links.get(peer)
         if spec is None:  # cleared while we waited
-            return
+            return None
         link = spec.dilated(self.time_dilation)
-        t = now()
         start = max(t, self._free_at.get(peer, t))
         on_wire = start + link.serialisation_ms(nbytes) / 1e3
         self._free_at[peer] = on_wire
@@ -134,7 +151,7 @@ class AppShaper:
         if link.jitter_ms > 0:
             delay_s += self._rng.uniform(-link.jitter_ms, link.jitter_ms) / 1e3
         self.sends += 1
-        await sleep_until(on_wire + delay_s + self._loss_stall_s(link, nbytes))
+        return on_wire + delay_s + self._loss_stall_s(link, nbytes)
 
     def _loss_stall_s(self, link: LinkSpec, nbytes: int) -> float:
         if link.loss_pct <= 0:

@@ -75,6 +75,15 @@ class Shaper(Protocol):
         """
         ...
 
+    async def schedule(self, peer: str, nbytes: int, *, at: float | None = None,
+                       timeout_s: float | None = None) -> float | None:
+        """The `now()` time at which nbytes handed to the link at `at` (default now) arrive
+        at peer, without waiting for it (app): the receiver waits, so the host's own transfer
+        time hides under the emulated delay. None where nothing is shaped in-process (tc, an
+        unknown peer). A down link is waited out first, as in `transmit`.
+        """
+        ...
+
     async def close(self) -> None:
         """Clear and release resources (netlink sockets)."""
         ...

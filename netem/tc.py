@@ -342,6 +342,12 @@ class TcShaper:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
 
+    async def schedule(self, peer: str, nbytes: int, *, at: float | None = None,
+                       timeout_s: float | None = None) -> float | None:
+        """None: the kernel delays the packets, nobody waits in-process."""
+        await self.transmit(peer, nbytes)
+        return None
+
     # -- helpers ------------------------------------------------------------------------
     async def _run(self, index: int | None, plan: Plan) -> None:
         """Execute; if the kernel refuses mid-way, remove the whole tree (never half-applied)."""

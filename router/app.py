@@ -12,8 +12,8 @@ Endpoints (JSON):
   "latency_ms", "records"}
 * `POST /v1/score` {"text": str | "tokens": [int], "policy", "budget"?, "records"?} →
   {"nll", "tokens", "failed_tokens", "records"}
-  On a node in modeled compute (no weights) generate is trace-driven (`router.trace_engine`:
-  the prompt only sets how many tokens to prefill) and score is refused.
+  On a node in modeled compute (no weights) generate is trace-driven (`router.engine.
+  TraceSteps`: the prompt only sets how many tokens to prefill) and score is refused.
 * `PUT /v1/mesh` (control token) the router's view of the whole mesh (`router.mesh`)
 * `GET /v1/router` (control token) counters, breakers, scales, estimates
 
@@ -40,7 +40,6 @@ from .mesh import DEFAULT_CAPACITY, Mesh, NodeInfo
 from .policies import make_policy
 from .quality import QualityTable
 from .settings import Settings
-from .trace_engine import TraceEngine
 from .transport import MeshTransport
 from .types import ModelShape, NodeEstimate, Placement, Replica
 
@@ -121,14 +120,12 @@ class RouterService:
         assert self._dispatcher is not None
         return self._dispatcher
 
-    def engine(self) -> Engine | TraceEngine:
-        """Real weights: the model's dense part here. Modeled compute: a trace-driven engine
-        (expert choices from a seeded trace, payloads of the real size, no NLL)."""
-        if self.model is None:
-            prof = self.node.settings.profile
-            flops = prof.gpu_tflops * 1e12 / self.node.settings.time_dilation
-            return TraceEngine(self.node.shape, self.dispatcher, flops)
-        return Engine(self.model, self.dispatcher)
+    def engine(self) -> Engine:
+        """Real weights: the model's dense part here. Modeled compute: trace-driven (expert
+        choices from a seeded trace, payloads of the real size, no NLL)."""
+        prof = self.node.settings.profile
+        flops = prof.gpu_tflops * 1e12 / self.node.settings.time_dilation
+        return Engine(self.dispatcher, self.node.shape, flops, self.model)
 
     async def close(self) -> None:
         await self.client.close()
@@ -214,10 +211,7 @@ async def _generate(request: web.Request) -> web.Response:
         engine = svc.engine()
         policy = make_policy(name, engine.dispatcher.settings, seed)
         prompt = _tokens(data, "prompt")
-        if isinstance(engine, TraceEngine):
-            result = await engine.generate(prompt.numel(), max_tokens, policy, budget, seed)
-        else:
-            result = await engine.generate(prompt, max_tokens, policy, budget)
+        result = await engine.generate(prompt, max_tokens, policy, budget, seed)
     except BadRouterInput as exc:
         return _bad(str(exc))
     return web.json_response(result.to_json(records))
@@ -230,11 +224,6 @@ async def _score(request: web.Request) -> web.Response:
         name, budget, records, seed = _common(
             data, {"text", "tokens", "policy", "budget", "records", "seed"})
         engine = svc.engine()
-        if isinstance(engine, TraceEngine):
-            raise BadRouterInput(
-                f"this node computes in modeled mode ({svc.node.shape.name}): there are no "
-                "weights to score a text with; use /v1/generate (trace-driven) instead"
-            )
         policy = make_policy(name, engine.dispatcher.settings, seed)
         result = await engine.score(_tokens(data, "text"), policy, budget)
     except BadRouterInput as exc:

@@ -9,6 +9,12 @@ exclusions and only their missing slots are planned again, inside the layer's de
 the token's; the node's or link's circuit breaker counts the failure. A row ends failed with
 a reason ("no_replica", "deadline", "replans_exhausted") when nothing more can be done.
 
+The emulated timeline (docs/measurement.md): with a `Timeline` the layer's requests leave at
+the clock's time, not when this host finished planning them, each answer says when it is back
+on that timeline (`ForwardResponse.arrived`), and the clock moves to the last branch's
+arrival; the layer's record keeps the critical branch's link, queue, load and compute times.
+The estimators learn from those emulated times, not from this host's wall clock.
+
 Ownership: each layer's requests run in one TaskGroup and are awaited or cancelled with it;
 the estimators' in-flight entries are removed in `finally`, so a cancelled token leaks none.
 """
@@ -25,6 +31,7 @@ import torch
 from torch import Tensor
 
 from moe import MoEModel
+from netem.timing import now as clock_now
 from services.errors import NodeRefused
 from services.wire import DTYPE_BYTES, ForwardResponse, Item, decode_tensor, encode_tensor
 
@@ -40,13 +47,33 @@ from .tables import PlanView
 from .transport import RETRYABLE, Transport, classify
 from .types import Choice, ModelShape, PlanRequest
 
-__all__ = ["Dispatcher"]
+__all__ = ["Dispatcher", "Timeline"]
 
 SYNC_MS = 1.0  # the plan view is refreshed from the estimators at most this often
 
 
 def now_ms() -> float:
     return time.monotonic() * 1e3
+
+
+class Timeline:
+    """A token group's emulated clock: `at` is a `netem.timing.now()` value, moved by the
+    dense part (the engine) and by each layer's dispatch (its emulated end)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+
+@dataclass(slots=True)
+class _Split:
+    """The critical branch's parts of one layer on the emulated timeline (seconds)."""
+
+    link: float = 0.0
+    queue: float = 0.0
+    load: float = 0.0
+    compute: float = 0.0
 
 
 @dataclass
@@ -117,13 +144,16 @@ class Dispatcher:
         tokens: Sequence[TokenRecord],
         policy: Policy,
         deadline_ms: float,
+        clock: Timeline | None = None,
     ) -> Tensor:
         """The MoE output [N, d] of `layer` for rows x [N, d]; rows whose token has failed
-        (or fails here) get zeros. `tokens[i]` is row i's record (budget, choices)."""
+        (or fails here) get zeros. `tokens[i]` is row i's record (budget, choices). `clock`
+        (default: now) is moved to the layer's emulated end."""
         start = now_ms()
+        clock = clock or Timeline(clock_now())
         n_rows, k = idx.shape
         if policy.in_process:
-            return self._run_in_process(layer, x, idx, weights, tokens, start)
+            return self._run_in_process(layer, x, idx, weights, tokens, start, clock)
         experts = idx.tolist()
         gate = weights.float().tolist()
         layer_deadline = min(start + self.settings.layer_ms, deadline_ms)
@@ -133,6 +163,8 @@ class Dispatcher:
         excluded: dict[int, set[str]] = {}
         outputs: dict[tuple[int, int], tuple[int, Tensor, float]] = {}
         rounds = 0
+        began = ready = clock.at
+        split = _Split()
         while pending:
             self.sync()
             batches = self._plan(layer, pending, experts, gate, excluded, tokens, recs, policy,
@@ -141,10 +173,11 @@ class Dispatcher:
                 break
             if rounds:
                 self.counters.retries += len(batches)
-            results = await self._scatter(layer, x, batches, layer_deadline)
+            results = await self._scatter(layer, x, batches, layer_deadline, ready)
+            ready = self._advance(results, ready, split)
             retry: dict[int, list[int]] = {}
             for node, batch in batches.items():
-                res = results[node]
+                res = results[node][0]
                 if isinstance(res, BaseException):
                     for members in batch.groups.values():
                         for m in members:
@@ -170,10 +203,34 @@ class Dispatcher:
                     tokens[r].fail("deadline")
                 break
         wall = now_ms() - start
+        clock.at = ready
         for r in entered:
-            recs[r].latency_ms = wall
-            tokens[r].layers.append(recs[r])
+            rec = recs[r]
+            rec.latency_ms = wall
+            rec.emulated_ms = (ready - began) * 1e3
+            rec.link_ms, rec.queue_ms = split.link * 1e3, split.queue * 1e3
+            rec.load_ms, rec.compute_ms = split.load * 1e3, split.compute * 1e3
+            tokens[r].layers.append(rec)
         return self._combine(x, outputs, tokens)
+
+    @staticmethod
+    def _advance(results, ready: float, split: _Split) -> float:
+        """The round's emulated end (its slowest branch; a failed one when it failed) and that
+        branch's parts added to `split`."""
+        end, crit = ready, None
+        for res, at in results.values():
+            if at > end:
+                end, crit = at, res
+        if isinstance(crit, ForwardResponse):
+            t = crit.timing
+            queue, load, compute = t.queue_ms / 1e3, t.load_ms / 1e3, t.compute_ms / 1e3
+            split.queue += queue
+            split.load += load
+            split.compute += compute
+            split.link += max(0.0, end - ready - queue - load - compute)
+        else:
+            split.link += end - ready
+        return end
 
     def _plan(self, layer, pending, experts, gate, excluded, tokens, recs, policy, first):
         """Plan every pending row; group the choices into one batch per node.
@@ -221,15 +278,17 @@ class Dispatcher:
             view.fixed[:] = saved
         return batches
 
-    async def _scatter(self, layer, x, batches, layer_deadline):
-        """One request per node, concurrently; each result is an answer or an exception."""
-        results: dict[str, ForwardResponse | BaseException] = {}
+    async def _scatter(self, layer, x, batches, layer_deadline, ready):
+        """One request per node, concurrently, leaving at `ready` on the emulated timeline;
+        each result is (an answer or an exception, when it was back or failed)."""
+        results: dict[str, tuple[ForwardResponse | BaseException, float]] = {}
         async with asyncio.TaskGroup() as tg:
             for batch in batches.values():
-                tg.create_task(self._send(layer, x, batch, layer_deadline, results))
+                tg.create_task(self._send(layer, x, batch, layer_deadline, ready, results))
         return results
 
-    async def _send(self, layer, x, batch: _Batch, layer_deadline: float, results) -> None:
+    async def _send(self, layer, x, batch: _Batch, layer_deadline: float, ready: float,
+                    results) -> None:
         s = self.settings
         node = batch.node
         dtype = s.wire_dtype
@@ -247,7 +306,8 @@ class Dispatcher:
         own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected))
         limit = min(own, layer_deadline - t0)
         if limit <= 0:  # the layer's time is up: nobody's fault, no breaker counts it
-            results[node] = TimeoutError(f"layer {layer}: deadline passed before sending")
+            results[node] = (TimeoutError(f"layer {layer}: deadline passed before sending"),
+                             clock_now())
             return
         ticket = self.estimators.sent(node, predicted, t0)
         self.breakers.on_send(node)
@@ -257,12 +317,13 @@ class Dispatcher:
         done = False
         try:
             res = await self.transport.forward(
-                node, items, f"{node}-{next(self._ids)}", limit / 1e3
+                node, items, f"{node}-{next(self._ids)}", limit / 1e3, ready
             )
             self._check_answer(node, items, res)
             t1 = now_ms()
+            arrived = clock_now() if res.arrived is None else res.arrived
             self.estimators.answered(
-                node, ticket, predicted, t1 - t0,
+                node, ticket, predicted, (arrived - ready) * 1e3,
                 {"queue_ms": res.timing.queue_ms, "load_ms": res.timing.load_ms,
                  "compute_ms": res.timing.compute_ms},
                 {"queue": res.state.queue, "busy_ms": res.state.busy_ms,
@@ -272,7 +333,7 @@ class Dispatcher:
             self.breakers.success(node)
             self.view.set_up(node, self.breakers.usable(node, t1))
             done = True
-            results[node] = res
+            results[node] = (res, arrived)
             if node != self.home:
                 self.counters.bytes_out += sum(len(i.x) for i in items)
                 self.counters.bytes_in += sum(len(y) for y in res.ys)
@@ -283,7 +344,7 @@ class Dispatcher:
             if kind != "busy" and not cut_short:  # a layer deadline is nobody's fault
                 self.breakers.failure(node, kind, now_ms())
                 self.view.set_up(node, self.breakers.usable(node, now_ms()))
-            results[node] = exc
+            results[node] = (exc, clock_now())
         finally:
             if not done:
                 self.estimators.failed(node, ticket)
@@ -341,8 +402,9 @@ class Dispatcher:
             out.index_add_(0, rows, (ys * ws[:, None]).to(x.dtype))
         return out
 
-    def _run_in_process(self, layer, x, idx, weights, tokens, start) -> Tensor:
-        """The `exact` policy: the home node's own model, every expert fp16, no network."""
+    def _run_in_process(self, layer, x, idx, weights, tokens, start, clock) -> Tensor:
+        """The `exact` policy: the home node's own model, every expert fp16, no network (its
+        host time is its emulated time: it is the reference for quality, not for latency)."""
         if self.model is None:  # modeled compute: no weights to be exact with
             for tok in tokens:
                 tok.fail("exact_needs_weights")
@@ -350,6 +412,7 @@ class Dispatcher:
         with torch.no_grad():
             y = self.model.run_experts(layer, x, idx, weights)
         wall = now_ms() - start
+        clock.at = max(clock.at, clock_now())
         for r, tok in enumerate(tokens):
             if tok.done:
                 continue

@@ -1,13 +1,27 @@
 """The home node's inference: the dense part of the model here, the MoE layers via the router.
 
-`score` runs a text teacher-forced (every position at once, one token group) and returns its
-NLL under a policy, for quality; `generate` prefills a prompt and decodes greedily one token
-at a time with a KV cache, for latency. At each layer the dense part (attention, norm, gate)
-runs on this node and `Dispatcher.run_layer` does the experts.
+One engine for both compute modes; what differs is where a layer's rows come from (`Steps`):
+- real weights (`RealSteps`): attention, norm and gate of tiny-moe (or a checkpoint) run here
+  in torch; `score` runs a text teacher-forced (every position at once, one token group) and
+  returns its NLL under a policy, for quality; `generate` prefills a prompt and decodes
+  greedily one token at a time with a KV cache, for latency.
+- modeled compute (`TraceSteps`, paper-scale profiles without weights): each token's experts
+  per layer come from a seeded synthetic routing trace (`moe.traces`), the gate weights from a
+  seeded draw, the activations are zeros of the real size; the prompt only sets how many
+  tokens to prefill. No NLL.
+
+**The emulated timeline** (docs/measurement.md). Each token group carries an emulated clock
+(`Timeline`): the dense part of a layer costs its FLOPs on the home node's device profile
+(emulated time, whatever torch took here), then `Dispatcher.run_layer` moves the clock to the
+layer's emulated end (links, queues, loads, compute as the mesh enforced them). A token is
+released when both the clock and this host have reached its end, so its measured latency is
+its emulated latency plus whatever the host could not hide (`overhead_ms` in the rows). The
+dense part's host time is recorded (`dense_host_ms`) but is not on the timeline: it overlaps
+the next emulated waits, which start from the clock, not from when the host got there.
 
 Every token ends completed or failed with a reason. In `score`, a failed position gets no
 MoE output at that layer and is left out of the NLL (the positions after it still see it in
-their context: the answer says how many failed). In `generate`, a failed token ends the
+their context: the answer says which failed). In `generate`, a failed token ends the
 generation; if any prompt position failed, the first token fails with `prompt:<reason>`.
 """
 
@@ -16,19 +30,26 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from moe import KVCache, MoEModel
+from moe.profiles import ModelProfile
+from moe.traces import generate_trace
+from netem.timing import now, sleep_until
 
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, Timeline
 from .errors import BadRouterInput
 from .policies import Policy
 from .records import TokenRecord
 
-__all__ = ["Engine", "GenerateResult", "ScoreResult"]
+__all__ = ["Engine", "GenerateResult", "RealSteps", "ScoreResult", "TraceSteps"]
+
+MAX_TRACE_TOKENS = 8192
 
 
 def now_ms() -> float:
@@ -82,50 +103,175 @@ class GenerateResult:
         return out
 
 
-class Engine:
-    def __init__(self, model: MoEModel, dispatcher: Dispatcher) -> None:
+# -- where a layer's rows come from -------------------------------------------------------------
+class Steps(Protocol):
+    rows: int  # rows of the current token group (the prompt for the first token, then 1)
+    context: int  # tokens the attention sees for the current group (cache + rows)
+
+    def layer_input(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(x [rows, d], experts [rows, k], gate weights [rows, k]) of `layer`."""
+        ...
+
+    def layer_output(self, layer: int, y: Tensor) -> None:
+        """The MoE output of `layer` for the group's rows."""
+        ...
+
+    def finish(self) -> int | None:
+        """End the group: the next token (None: modeled, no token ids); the next group is one
+        row."""
+        ...
+
+
+class RealSteps:
+    """tiny-moe (or a checkpoint) on this process: dense part in torch, KV cache."""
+
+    def __init__(self, model: MoEModel, prompt: Tensor, cache: KVCache | None) -> None:
         self.model = model
-        self.dispatcher = dispatcher
+        self.cache = cache
+        self.rows = prompt.numel()
+        self.context = self.rows
+        with torch.no_grad():
+            self.h = model.embed(prompt[None])
 
-    # -- dense steps (synchronous, no autograd) -------------------------------------------------
     @torch.no_grad()
-    def _pre(self, layer: int, h: Tensor, cache: KVCache | None) -> tuple[Tensor, ...]:
+    def layer_input(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         m = self.model
-        h = m.attn_block(layer, h, cache)
-        x = m.moe_input(layer, h).reshape(-1, h.shape[-1])
+        self.h = m.attn_block(layer, self.h, self.cache)
+        x = m.moe_input(layer, self.h).reshape(-1, self.h.shape[-1])
         idx, w = m.route(layer, x)
-        return h, x, idx, w
+        return x, idx, w
 
-    async def _layers(
-        self, h: Tensor, cache: KVCache | None, recs: list[TokenRecord], policy: Policy,
-        deadline: float,
-    ) -> Tensor:
-        for layer in range(self.model.config.layers):
-            h, x, idx, w = self._pre(layer, h, cache)
-            y = await self.dispatcher.run_layer(layer, x, idx, w, recs, policy, deadline)
-            h = h + y.reshape(h.shape)
-        return h
+    def layer_output(self, layer: int, y: Tensor) -> None:
+        self.h = self.h + y.reshape(self.h.shape)
+
+    @torch.no_grad()
+    def finish(self) -> int | None:
+        if self.cache is not None:
+            self.cache.length += self.rows
+        nxt = int(self.model.head(self.h[:, -1:])[0, -1].argmax())
+        self.rows = 1
+        self.context += 1
+        self.h = self.model.embed(torch.tensor([[nxt]]))
+        return nxt
+
+
+class TraceSteps:
+    """A modeled model: experts from a seeded routing trace, zero activations of real size."""
+
+    def __init__(self, profile: ModelProfile, prompt_len: int, max_tokens: int,
+                 seed: int) -> None:
+        if prompt_len < 1 or max_tokens < 1 or prompt_len + max_tokens > MAX_TRACE_TOKENS:
+            raise BadRouterInput(
+                f"need prompt_len >= 1, max_tokens >= 1 and their sum <= {MAX_TRACE_TOKENS}, "
+                f"got {prompt_len} and {max_tokens}"
+            )
+        self.profile = profile
+        self.trace = torch.from_numpy(generate_trace(profile, prompt_len + max_tokens, seed))
+        rng = np.random.default_rng([seed, 7])
+        gate = np.sort(rng.dirichlet(np.full(profile.top_k, 2.0), size=self.trace.shape[:2]),
+                       axis=-1)
+        self.weights = torch.from_numpy(gate[..., ::-1].copy()).float()
+        self.pos = 0
+        self.rows = prompt_len
+        self.context = prompt_len
+        self._x = torch.zeros(prompt_len, profile.d_model)
+
+    def layer_input(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        span = slice(self.pos, self.pos + self.rows)
+        return self._x, self.trace[span, layer], self.weights[span, layer]
+
+    def layer_output(self, layer: int, y: Tensor) -> None:
+        pass
+
+    def finish(self) -> int | None:
+        self.pos += self.rows
+        self.rows = 1
+        self.context += 1
+        self._x = self._x[:1]
+        return None
+
+
+# -- the engine ---------------------------------------------------------------------------------
+class Engine:
+    """Runs token groups through the dense part (`Steps`) and the dispatcher, on one clock.
+
+    `shape` is the model's profile (dense FLOPs per token), `home_flops_per_s` the home
+    node's emulated throughput in real time (its profile's FLOP/s divided by the time
+    dilation), `model` the weights (None: modeled compute, trace-driven).
+    """
+
+    def __init__(self, dispatcher: Dispatcher, shape: ModelProfile, home_flops_per_s: float,
+                 model: MoEModel | None = None) -> None:
+        if not home_flops_per_s > 0:
+            raise BadRouterInput(f"home_flops_per_s must be > 0, got {home_flops_per_s!r}")
+        self.dispatcher = dispatcher
+        self.shape = shape
+        self.home_flops_per_s = home_flops_per_s
+        self.model = model
+
+    def dense_s(self, rows: int, context: int) -> float:
+        """Emulated seconds (real time) of one layer's share of the dense part for `rows`."""
+        flops = rows * self.shape.dense_flops_per_token(context) / self.shape.layers
+        return flops / self.home_flops_per_s
+
+    async def _group(self, steps: Steps, recs: list[TokenRecord], policy: Policy,
+                     clock: Timeline, deadline_ms: float) -> int | None:
+        """One token group through every layer; returns `steps.finish()`. The clock ends at
+        the group's emulated end; host time of the dense part goes to recs[-1]."""
+        host = 0.0
+        dense = 0.0
+        rows, context = steps.rows, steps.context
+        for layer in range(self.shape.layers):
+            t = now()
+            x, idx, w = steps.layer_input(layer)
+            host += now() - t
+            d = self.dense_s(rows, context)
+            clock.at += d
+            dense += d
+            y = await self.dispatcher.run_layer(layer, x, idx, w, recs, policy, deadline_ms,
+                                                clock)
+            t = now()
+            steps.layer_output(layer, y)
+            host += now() - t
+        t = now()
+        nxt = steps.finish()
+        host += now() - t
+        rec = recs[-1]
+        rec.dense_ms += dense * 1e3
+        rec.dense_host_ms += host * 1e3
+        return nxt
 
     # -- score ------------------------------------------------------------------------------------
     async def score(
         self, tokens: Tensor, policy: Policy, budget: float | None = None
     ) -> ScoreResult:
         """Teacher-forced NLL of `tokens` (1-D) with the MoE layers routed by `policy`."""
+        if self.model is None:
+            raise BadRouterInput(
+                f"this node computes in modeled mode ({self.shape.name}): there are no "
+                "weights to score a text with; use /v1/generate (trace-driven) instead"
+            )
         tokens = self._check(tokens, 2)
         budget = self.dispatcher.settings.budget if budget is None else budget
         inp, target = tokens[:-1], tokens[1:]
         n = inp.numel()
-        start = now_ms()
+        start = now()
+        clock = Timeline(start)
         recs = [TokenRecord(i, budget) for i in range(n)]
+        steps = RealSteps(self.model, inp, None)
+        deadline = now_ms() + self.dispatcher.settings.token_ms
+        for layer in range(self.shape.layers):
+            x, idx, w = steps.layer_input(layer)
+            clock.at += self.dense_s(n, n)
+            y = await self.dispatcher.run_layer(layer, x, idx, w, recs, policy, deadline, clock)
+            steps.layer_output(layer, y)
         with torch.no_grad():
-            h = self.model.embed(inp[None])
-        h = await self._layers(h, None, recs, policy, start + self.dispatcher.settings.token_ms)
-        with torch.no_grad():
-            nll = F.cross_entropy(self.model.head(h)[0].float(), target, reduction="none")
-        wall = now_ms() - start
+            nll = F.cross_entropy(self.model.head(steps.h)[0].float(), target, reduction="none")
+        wall = (now() - start) * 1e3
         ok = [i for i, r in enumerate(recs) if r.status == "running"]
         for r in recs:
             r.latency_ms = wall
+            r.emulated_ms = (clock.at - start) * 1e3
             if r.status == "running":
                 r.status = "ok"
         self._count(recs)
@@ -135,53 +281,58 @@ class Engine:
 
     # -- generate ---------------------------------------------------------------------------------
     async def generate(
-        self, prompt: Tensor, max_tokens: int, policy: Policy, budget: float | None = None
+        self, prompt: Tensor, max_tokens: int, policy: Policy, budget: float | None = None,
+        seed: int = 0,
     ) -> GenerateResult:
-        """Greedy decoding of up to `max_tokens` tokens after `prompt` (1-D)."""
-        prompt = self._check(prompt, 1)
-        limit = self.model.config.max_seq - prompt.numel()
-        if not 1 <= max_tokens <= limit:
-            raise BadRouterInput(
-                f"max_tokens must be in 1..{limit} (max_seq {self.model.config.max_seq} minus "
-                f"the prompt's {prompt.numel()} tokens), got {max_tokens}"
-            )
+        """Greedy decoding of up to `max_tokens` tokens after `prompt` (1-D token ids; in
+        modeled mode only its length counts: that many trace tokens are prefilled)."""
+        steps: Steps
+        if self.model is None:
+            steps = TraceSteps(self.shape, prompt.numel(), max_tokens, seed)
+        else:
+            prompt = self._check(prompt, 1)
+            limit = self.model.config.max_seq - prompt.numel()
+            if not 1 <= max_tokens <= limit:
+                raise BadRouterInput(
+                    f"max_tokens must be in 1..{limit} (max_seq {self.model.config.max_seq} "
+                    f"minus the prompt's {prompt.numel()} tokens), got {max_tokens}"
+                )
+            steps = RealSteps(self.model, prompt, KVCache())
         settings = self.dispatcher.settings
         budget = settings.budget if budget is None else budget
-        start = now_ms()
-        cache = KVCache()
+        start = now()
+        clock = Timeline(start)
         out: list[int] = []
         records: list[TokenRecord] = []
         ttft = 0.0
-        inp = prompt
+        t_prev = e_prev = start
         for i in range(max_tokens):
-            t0 = now_ms()
-            recs = [TokenRecord(i, budget) for _ in range(inp.numel())]
-            with torch.no_grad():
-                h = self.model.embed(inp[None])
-            h = await self._layers(h, cache, recs, policy, t0 + settings.token_ms)
-            cache.length += inp.numel()
+            recs = [TokenRecord(i, budget) for _ in range(steps.rows)]
+            nxt = await self._group(steps, recs, policy, clock, now_ms() + settings.token_ms)
             rec = recs[-1]
             rec.index = i
             bad = next((r for r in recs[:-1] if r.status == "failed"), None)
             if bad is not None and rec.status == "running":
                 rec.fail(f"prompt:{bad.reason}")
-            t1 = now_ms()
-            rec.latency_ms = t1 - (start if i == 0 else t0)
+            await sleep_until(clock.at)  # never before its emulated end
+            t_end = now()
+            rec.latency_ms = (t_end - t_prev) * 1e3
+            rec.emulated_ms = (clock.at - e_prev) * 1e3
+            t_prev, e_prev = t_end, clock.at
             if i == 0:
-                ttft = t1 - start
+                ttft = (t_end - start) * 1e3
             records.append(rec)
             if rec.status != "running":
                 break
             rec.status = "ok"
-            with torch.no_grad():
-                nxt = int(self.model.head(h)[0, -1].argmax())
-            out.append(nxt)
-            inp = torch.tensor([nxt])
+            if nxt is not None:
+                out.append(nxt)
         self._count(records)
-        return GenerateResult(out, records, ttft, now_ms() - start)
+        return GenerateResult(out, records, ttft, (now() - start) * 1e3)
 
     # -- helpers ----------------------------------------------------------------------------------
     def _check(self, tokens: Tensor, least: int) -> Tensor:
+        assert self.model is not None
         if tokens.dim() != 1 or tokens.numel() < least:
             raise BadRouterInput(f"need a 1-D sequence of at least {least} tokens, "
                                  f"got shape {tuple(tokens.shape)}")
@@ -195,11 +346,4 @@ class Engine:
         return tokens.long()
 
     def _count(self, recs: list[TokenRecord]) -> None:
-        c = self.dispatcher.counters
-        for r in recs:
-            c.tokens += 1
-            if r.status == "failed":
-                c.failed_tokens += 1
-                c.reasons[r.reason or "?"] = c.reasons.get(r.reason or "?", 0) + 1
-            if r.reroutes:
-                c.rerouted_tokens += 1
+        self.dispatcher.counters.count_tokens(recs)

@@ -50,12 +50,22 @@ class LayerRecord:
     bytes_out: int = 0  # activations this token sent to other nodes
     bytes_in: int = 0  # and received back
     replans: int = 0
+    # The layer on the emulated timeline (its token group's, docs/measurement.md): its length
+    # and the critical branch's parts, per round summed (a failed round counts as link time).
+    emulated_ms: float = 0.0
+    link_ms: float = 0.0
+    queue_ms: float = 0.0
+    load_ms: float = 0.0
+    compute_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "layer": self.layer, "latency_ms": round(self.latency_ms, 4),
             "predicted_ms": round(self.predicted_ms, 4), "nodes": list(self.nodes),
             "bytes_out": self.bytes_out, "bytes_in": self.bytes_in, "replans": self.replans,
+            "emulated_ms": round(self.emulated_ms, 4), "link_ms": round(self.link_ms, 4),
+            "queue_ms": round(self.queue_ms, 4), "load_ms": round(self.load_ms, 4),
+            "compute_ms": round(self.compute_ms, 4),
         }
 
 
@@ -69,6 +79,9 @@ class TokenRecord:
     quality: float = 0.0  # spent from the budget (fraction)
     retries: int = 0
     reroutes: int = 0
+    emulated_ms: float = 0.0  # this token on the emulated timeline (latency_ms is measured)
+    dense_ms: float = 0.0  # of which the dense part (attention, gate, head), emulated
+    dense_host_ms: float = 0.0  # what the dense part took this host (not on the timeline)
     layers: list[LayerRecord] = field(default_factory=list)
     choices: list[ChoiceRecord] = field(default_factory=list)
 
@@ -94,6 +107,8 @@ class TokenRecord:
             "index": self.index, "status": self.status, "reason": self.reason,
             "latency_ms": round(self.latency_ms, 4), "quality": self.quality,
             "retries": self.retries, "reroutes": self.reroutes, "bytes": self.bytes,
+            "emulated_ms": round(self.emulated_ms, 4), "dense_ms": round(self.dense_ms, 4),
+            "dense_host_ms": round(self.dense_host_ms, 4),
             "mix": mix_of(self.choices),
             "quantized": sum(c.kind == "quantized" for c in self.choices),
             "layers": [layer.to_json() for layer in self.layers],
@@ -123,6 +138,16 @@ class Counters:
     bytes_out: int = 0
     bytes_in: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+
+    def count_tokens(self, recs: list[TokenRecord]) -> None:
+        """Fold finished tokens in."""
+        for r in recs:
+            self.tokens += 1
+            if r.status == "failed":
+                self.failed_tokens += 1
+                self.reasons[r.reason or "?"] = self.reasons.get(r.reason or "?", 0) + 1
+            if r.reroutes:
+                self.rerouted_tokens += 1
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -26,14 +26,18 @@ RETRYABLE = (NodeUnreachable, NodeTimeout, NodeRefused, ServiceError, TimeoutErr
 
 class Transport(Protocol):
     async def forward(
-        self, node: str, items: Sequence[Item], req: str, timeout_s: float
-    ) -> ForwardResponse: ...
+        self, node: str, items: Sequence[Item], req: str, timeout_s: float,
+        ready: float | None = None,
+    ) -> ForwardResponse:
+        """Items to node; `ready`: when they leave on the emulated timeline (default now).
+        The answer's `arrived` is when it is back here on that timeline."""
+        ...
 
 
 class LocalDevice(Protocol):
     """The part of `services.worker.Device` the home node's in-process path uses."""
 
-    def submit(self, items: Sequence[Item]) -> asyncio.Future: ...
+    def submit(self, items: Sequence[Item], arrival: float | None = None) -> asyncio.Future: ...
 
     def state(self, layers: Any = None) -> Any: ...
 
@@ -70,13 +74,14 @@ class MeshTransport:
         self.local = local
 
     async def forward(
-        self, node: str, items: Sequence[Item], req: str, timeout_s: float
+        self, node: str, items: Sequence[Item], req: str, timeout_s: float,
+        ready: float | None = None,
     ) -> ForwardResponse:
         if node == self.home and self.local is not None:
             async with asyncio.timeout(timeout_s):
-                ys, timing = await self.local.submit(items)
+                ys, timing, done = await self.local.submit(items, arrival=ready)
             state = self.local.state({i.layer for i in items})
-            return ForwardResponse(tuple(ys), timing, state)
+            return ForwardResponse(tuple(ys), timing, state, done)
         return await self.client.forward(
-            self.urls[node], items, req=req, peer=node, timeout_s=timeout_s
+            self.urls[node], items, req=req, peer=node, timeout_s=timeout_s, ready=ready
         )

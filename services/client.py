@@ -14,14 +14,24 @@ import asyncio
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import aiohttp
 
+from .clock import now, sleep_until
 from .errors import NodeRefused, NodeTimeout, NodeUnreachable
-from .routes import FORWARD_PATH, SELF_HEADER
-from .wire import CONTENT_TYPE, ForwardResponse, Item, pack_request, unpack_error, unpack_response
+from .wire import (
+    ARRIVE_HEADER,
+    CONTENT_TYPE,
+    FORWARD_PATH,
+    SELF_HEADER,
+    ForwardResponse,
+    Item,
+    pack_request,
+    unpack_error,
+    unpack_response,
+)
 
 __all__ = ["ClientSettings", "NodeClient"]
 
@@ -40,13 +50,14 @@ class ClientSettings:
     name: str | None = None  # this node's name, sent as X-Moemesh-From
 
 
-class _Transmitter(Protocol):
-    async def transmit(self, peer: str, nbytes: int, timeout_s: float | None = None) -> None: ...
+class _Scheduler(Protocol):
+    async def schedule(self, peer: str, nbytes: int, *, at: float | None = None,
+                       timeout_s: float | None = None) -> float | None: ...
 
 
 class NodeClient:
     def __init__(self, settings: ClientSettings | None = None,
-                 links: _Transmitter | None = None) -> None:
+                 links: _Scheduler | None = None) -> None:
         self.settings = settings or ClientSettings()
         self.links = links
         token = self.settings.token or os.environ.get("MOEMESH_TOKEN") or None
@@ -77,21 +88,30 @@ class NodeClient:
         await self.close()
 
     async def _call(self, method: str, url: str, path: str, *, limit_s: float,
-                    body: bytes | None = None,
-                    headers: dict[str, str] | None = None, peer: str | None = None,
-                    ) -> tuple[bytes, str]:
+                    body: bytes | None = None, headers: dict[str, str] | None = None,
+                    peer: str | None = None, ready: float | None = None,
+                    ) -> tuple[bytes, str, float | None]:
+        """(body, content type, emulated arrival of the answer or None). With `peer`, the
+        request leaves on the emulated link at `ready` (default now) and says when it arrives
+        (`ARRIVE_HEADER`); the answer is released here when its own header says."""
         session = self._open()
         try:
             async with asyncio.timeout(limit_s):
                 if peer is not None and self.links is not None and body is not None:
-                    await self.links.transmit(peer, len(body), timeout_s=limit_s)
+                    arrive = await self.links.schedule(peer, len(body), at=ready,
+                                                       timeout_s=limit_s)
+                    if arrive is not None:
+                        headers = {**(headers or {}), ARRIVE_HEADER: repr(arrive)}
                 async with session.request(method, url + path, data=body,
                                            headers=headers) as resp:
                     data = await resp.read()
                     if resp.status >= 400:
                         code, detail = unpack_error(data, resp.content_type)
                         raise NodeRefused(url, resp.status, code, detail)
-                    return data, resp.content_type
+                    back = _arrival(resp.headers.get(ARRIVE_HEADER))
+                if back is not None:
+                    await sleep_until(back)
+                return data, resp.content_type, back
         except TimeoutError:
             raise NodeTimeout(f"{method} {url}{path}: no answer within {limit_s:g} s",
                               url) from None
@@ -102,18 +122,21 @@ class NodeClient:
     # -- data plane -----------------------------------------------------------------------
     async def forward(self, url: str, items: Sequence[Item], *, req: str = "",
                       peer: str | None = None, timeout_s: float | None = None,
-                      ) -> ForwardResponse:
-        """Send items to the node at url (base URL); `peer` is its name, for link shaping."""
+                      ready: float | None = None) -> ForwardResponse:
+        """Send items to the node at url (base URL); `peer` is its name, for link shaping,
+        and `ready` when the items left this node on the emulated timeline (default now)."""
         body = pack_request(items, req)
         headers = {"Content-Type": CONTENT_TYPE}
         if self.settings.name:
             headers[SELF_HEADER] = self.settings.name
-        data, _ = await self._call("POST", url, FORWARD_PATH, body=body, headers=headers,
-                                   peer=peer, limit_s=timeout_s or self.settings.forward_s)
+        data, _, back = await self._call("POST", url, FORWARD_PATH, body=body, headers=headers,
+                                         peer=peer, ready=ready,
+                                         limit_s=timeout_s or self.settings.forward_s)
         try:
-            return unpack_response(data)
+            res = unpack_response(data)
         except ValueError as exc:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
+        return replace(res, arrived=now() if back is None else back)
 
     # -- control plane --------------------------------------------------------------------
     async def _control(self, method: str, url: str, path: str, payload: Any = None) -> Any:
@@ -122,8 +145,9 @@ class NodeClient:
         if payload is not None:
             headers["Content-Type"] = "application/json"
             body = json.dumps(payload).encode()
-        data, content_type = await self._call(method, url, path, body=body, headers=headers,
-                                              limit_s=self.settings.control_s)
+        data, content_type, _ = await self._call(method, url, path, body=body,
+                                                 headers=headers,
+                                                 limit_s=self.settings.control_s)
         return data.decode() if content_type.startswith("text/") else json.loads(data)
 
     async def put_placement(self, url: str, experts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -149,3 +173,23 @@ class NodeClient:
 
     async def metrics(self, url: str) -> str:
         return await self._control("GET", url, "/metrics")
+
+    async def loop_lag(self, url: str, since: float | None = None, until: float | None = None,
+                       *, min_ms: float = 0.0, every_s: float | None = None) -> dict[str, Any]:
+        """The node's event-loop lag samples in (since, until] (perf_counter seconds) and
+        their summary (`GET /v1/looplag`, services.looplag)."""
+        query = {k: repr(float(v)) for k, v in (("since", since), ("until", until),
+                                                ("min_ms", min_ms), ("every_s", every_s))
+                 if v is not None}
+        path = "/v1/looplag" + ("?" + "&".join(f"{k}={v}" for k, v in query.items())
+                                if query else "")
+        return await self._control("GET", url, path)
+
+
+def _arrival(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None  # an answer from a node without the header's meaning: now

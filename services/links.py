@@ -6,12 +6,15 @@ apply, and keep the last accepted body so a restarted node re-applies it (a rest
 has lost its qdiscs). The `app` backend shapes in the node's transport: the node's client calls
 `transmit(peer, n)` before a request, the server before answering a requester that named
 itself (`X-Moemesh-From`), so each direction is shaped by its sender, as with tc.
+
+Building a shaper may block (`auto` probes the kernel, `tc` imports pyroute2 on first use):
+with `offload` (the node's control thread) that runs off the event loop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from netem import BACKENDS, BackendUnavailable, LinkSpec, NetemError, Shaper, make_shaper
@@ -56,9 +59,11 @@ def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str]]:
 class Links:
     """One node's shaper and the link set it applies."""
 
-    def __init__(self, *, time_dilation: float = 1.0, netns: str | None = None) -> None:
+    def __init__(self, *, time_dilation: float = 1.0, netns: str | None = None,
+                 offload: Callable[..., Awaitable[Any]] | None = None) -> None:
         self.time_dilation = time_dilation
         self.netns = netns
+        self.offload = offload  # runs a blocking call elsewhere: `await offload(fn, *args)`
         self.shaper: Shaper | None = None
         self._asked = ""  # the backend the last accepted body named
         self.accepted: dict[str, Any] | None = None
@@ -70,7 +75,7 @@ class Links:
         fresh = shaper is None or backend != self._asked
         try:
             if fresh:
-                shaper = make_shaper(backend, netns=self.netns, time_dilation=self.time_dilation)
+                shaper = await self._make(backend)
             await shaper.apply(specs, addresses or None)
         except BackendUnavailable as exc:
             raise DoesNotFit(str(exc), code="backend_unavailable") from None
@@ -87,6 +92,14 @@ class Links:
         }}
         return self.snapshot()
 
+    async def _make(self, backend: str) -> Shaper:
+        if self.offload is None:
+            return self._make_now(backend)
+        return await self.offload(self._make_now, backend)
+
+    def _make_now(self, backend: str) -> Shaper:
+        return make_shaper(backend, netns=self.netns, time_dilation=self.time_dilation)
+
     def snapshot(self) -> dict[str, Any]:
         applied = self.shaper.snapshot() if self.shaper is not None else None
         return {"accepted": self.accepted, "applied": applied}
@@ -95,6 +108,14 @@ class Links:
         """Wait as sending nbytes to peer would (app backend); at once otherwise."""
         if self.shaper is not None:
             await self.shaper.transmit(peer, nbytes, timeout_s=timeout_s)
+
+    async def schedule(self, peer: str, nbytes: int, *, at: float | None = None,
+                       timeout_s: float | None = None) -> float | None:
+        """When nbytes sent to peer at `at` arrive there (app backend; the receiver waits);
+        None when nothing here delays them (tc, no shaper, an unshaped peer)."""
+        if self.shaper is None:
+            return None
+        return await self.shaper.schedule(peer, nbytes, at=at, timeout_s=timeout_s)
 
     async def close(self) -> None:
         if self.shaper is not None:

@@ -2,9 +2,10 @@
 
 Data plane (no token): `POST /v1/forward`, msgpack in and out (services.wire). Control plane
 (`Authorization: Bearer $MOEMESH_TOKEN`): `PUT /v1/placement`, `PUT /v1/links`,
-`POST /v1/faults`, `GET /v1/health`, `GET /v1/stats`, `GET /metrics`. Every failure becomes
-`{"error": code, "detail": text}` (msgpack on the data plane, JSON elsewhere) with the status
-of services.errors; an unexpected exception is a 500 and is logged, and the node goes on.
+`POST /v1/faults`, `GET /v1/health`, `GET /v1/stats`, `GET /v1/looplag`, `GET /metrics`.
+Every failure becomes `{"error": code, "detail": text}` (msgpack on the data plane, JSON
+elsewhere) with the status of services.errors; an unexpected exception is a 500 and is logged,
+and the node goes on.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +21,19 @@ from aiohttp import web
 
 from netem import LinkDownError
 
+from .clock import now, sleep_until
 from .errors import BadRequest, ServiceError, TooLarge, Unauthorized, Unavailable
 from .metrics import CONTENT_TYPE_LATEST
 from .tiers import parse_placement
-from .wire import CONTENT_TYPE, pack_error, pack_response, unpack_request
+from .wire import (
+    ARRIVE_HEADER,
+    CONTENT_TYPE,
+    FORWARD_PATH,
+    SELF_HEADER,
+    pack_error,
+    pack_response,
+    unpack_request,
+)
 
 if TYPE_CHECKING:
     from .node import Node
@@ -31,8 +42,6 @@ __all__ = ["FORWARD_PATH", "NODE_KEY", "SELF_HEADER", "add_routes", "error_middl
 
 log = logging.getLogger(__name__)
 
-FORWARD_PATH = "/v1/forward"
-SELF_HEADER = "X-Moemesh-From"  # the requester names itself; the answer is shaped toward it
 NODE_KEY: web.AppKey[Node] = web.AppKey("node")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -92,17 +101,38 @@ async def forward(request: web.Request) -> web.Response:
     body = await _read_body(request, node.settings.max_body_bytes)
     m.bytes_in.inc(len(body))
     fwd = unpack_request(body, node.shape.d_model)
-    ys, timing = await node.device.submit(fwd.items)
+    arrival = arrival_time(request.headers.get(ARRIVE_HEADER))
+    if arrival is None:
+        arrival = now()
+    else:  # the request is here when its emulated link says so, not when the host got it
+        await sleep_until(arrival)
+    ys, timing, done = await node.device.submit(fwd.items, arrival=arrival)
     state = node.device.state({i.layer for i in fwd.items})
     out = pack_response(ys, timing, state)
+    headers = {}
     peer = request.headers.get(SELF_HEADER)
     if peer:
         try:
-            await node.links.transmit(peer, len(out))
+            back = await node.links.schedule(peer, len(out), at=done)
         except LinkDownError as exc:  # the answer is lost on the way back, as on a cut link
             raise Unavailable(str(exc), code="link_down") from None
+        if back is not None:
+            headers[ARRIVE_HEADER] = repr(back)
     m.bytes_out.inc(len(out))
-    return web.Response(body=out, content_type=CONTENT_TYPE)
+    return web.Response(body=out, content_type=CONTENT_TYPE, headers=headers)
+
+
+def arrival_time(raw: str | None) -> float | None:
+    """An `ARRIVE_HEADER` value; a malformed one is a 400 that names it."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"{ARRIVE_HEADER} must be a number, got {raw[:40]!r}") from None
+    if not math.isfinite(value):
+        raise BadRequest(f"{ARRIVE_HEADER} must be finite, got {raw[:40]!r}")
+    return value
 
 
 # -- control plane ----------------------------------------------------------------------------
@@ -130,7 +160,7 @@ async def _json_body(request: web.Request, node: Node) -> Any:
 async def put_placement(request: web.Request) -> web.Response:
     node = _authorize(request, "placement")
     entries = parse_placement(await _json_body(request, node), node.shape)
-    return web.json_response(node.set_placement(entries))
+    return web.json_response(await node.apply_placement(entries))
 
 
 async def put_links(request: web.Request) -> web.Response:
@@ -153,6 +183,33 @@ async def get_stats(request: web.Request) -> web.Response:
     return web.json_response(node.stats())
 
 
+def _query_number(request: web.Request, name: str) -> float | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be a number, got {raw!r}"[:200]) from None
+    if not math.isfinite(value):
+        raise BadRequest(f"{name} must be a finite number, got {raw!r}"[:200])
+    return value
+
+
+async def get_looplag(request: web.Request) -> web.Response:
+    """`?since=T&until=T` (perf_counter seconds of this host, `netem.timing.now()`),
+    `min_ms=X` (only samples at least this late), `every_s=S` (the worst sample per S
+    seconds as `peaks`): the event-loop lag samples of that window and their summary."""
+    node = _authorize(request, "looplag")
+    every = _query_number(request, "every_s")
+    if every is not None and every <= 0:
+        raise BadRequest(f"every_s must be > 0, got {every:g}")
+    window = node.loop_lag.window(_query_number(request, "since"),
+                                  _query_number(request, "until"),
+                                  min_ms=_query_number(request, "min_ms") or 0.0, every_s=every)
+    return web.json_response({"name": node.settings.name, "now": now(), **window})
+
+
 async def get_metrics(request: web.Request) -> web.Response:
     node = _authorize(request, "metrics")
     resp = web.Response(body=node.metrics.render())
@@ -167,4 +224,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/faults", post_faults)
     app.router.add_get("/v1/health", get_health, allow_head=False)
     app.router.add_get("/v1/stats", get_stats, allow_head=False)
+    app.router.add_get("/v1/looplag", get_looplag, allow_head=False)
     app.router.add_get("/metrics", get_metrics, allow_head=False)

@@ -2,7 +2,8 @@
 
 `POST /v1/forward` carries msgpack
 `{"req": str, "items": [{"layer", "expert", "variant", "dtype", "rows", "x": bytes}]}` and is
-answered with `{"items": [{"y": bytes}], "timing": {"queue_ms", "load_ms", "compute_ms"},
+answered with `{"items": [{"y": bytes}], "timing": {"queue_ms", "load_ms", "compute_ms",
+"late_ms"},
 "state": {"queue", "busy_ms", "resident"}}`. Activations travel as raw little-endian bytes of a
 row-major [rows, d_model] matrix; the answer's `y` has the item's dtype and shape. Times on the
 wire are wall-clock milliseconds as the node saw them (time dilation included; divide by the TDF
@@ -23,9 +24,12 @@ from torch import Tensor
 from .errors import BadRequest
 
 __all__ = [
+    "ARRIVE_HEADER",
     "CONTENT_TYPE",
     "DTYPES",
     "DTYPE_BYTES",
+    "FORWARD_PATH",
+    "SELF_HEADER",
     "VARIANTS",
     "ForwardRequest",
     "ForwardResponse",
@@ -44,6 +48,12 @@ __all__ = [
 ]
 
 CONTENT_TYPE = "application/msgpack"
+FORWARD_PATH = "/v1/forward"
+SELF_HEADER = "X-Moemesh-From"  # the requester names itself; the answer is shaped toward it
+# The emulated arrival of this request at the node, or of this answer back at the requester
+# (a `netem.timing.now()` value, repr of a float): the receiver waits until then, so the host's
+# own transfer time hides under the emulated link (docs/measurement.md). Absent: now.
+ARRIVE_HEADER = "X-Moemesh-Arrive"
 DTYPES: dict[str, torch.dtype] = {
     "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
 }
@@ -80,9 +90,13 @@ class ForwardRequest:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
+    """Emulated milliseconds (time dilation included) the node spent on a request; `late_ms` is
+    how far this host's real work ran past the emulated end (its overhead, 0 when it kept up)."""
+
     queue_ms: float
     load_ms: float
     compute_ms: float
+    late_ms: float = 0.0
 
     @property
     def service_ms(self) -> float:
@@ -108,6 +122,9 @@ class ForwardResponse:
     ys: tuple[bytes, ...]
     timing: Timing
     state: NodeState
+    # When the answer is back at the requester on the emulated timeline (a `netem.timing.now()`
+    # value, set by the client or the in-process path); None: when it was received.
+    arrived: float | None = None
 
 
 # -- tensors ----------------------------------------------------------------------------------
@@ -235,7 +252,7 @@ def pack_response(ys: Iterable[bytes], timing: Timing, state: NodeState) -> byte
         {
             "items": [{"y": y} for y in ys],
             "timing": {"queue_ms": timing.queue_ms, "load_ms": timing.load_ms,
-                       "compute_ms": timing.compute_ms},
+                       "compute_ms": timing.compute_ms, "late_ms": timing.late_ms},
             "state": {"queue": state.queue, "busy_ms": state.busy_ms,
                       "resident": [list(k) for k in state.resident]},
         },
@@ -249,7 +266,8 @@ def unpack_response(body: bytes) -> ForwardResponse:
         data = msgpack.unpackb(body, raw=False)
         ys = tuple(item["y"] for item in data["items"])
         t, s = data["timing"], data["state"]
-        timing = Timing(float(t["queue_ms"]), float(t["load_ms"]), float(t["compute_ms"]))
+        timing = Timing(float(t["queue_ms"]), float(t["load_ms"]), float(t["compute_ms"]),
+                        float(t.get("late_ms", 0.0)))
         state = NodeState(
             int(s["queue"]), float(s["busy_ms"]),
             tuple((int(a), int(b), str(c)) for a, b, c in s["resident"]),

@@ -6,10 +6,16 @@ are computed in one call, and the jobs finish together, as a batch step of a rea
 A batch costs
 
     load    = bytes of CPU-tier experts not in the GPU cache / h2d bandwidth       (x TDF)
-    compute = max(real compute time, FLOPs / GPU throughput x TDF) x slow-fault factor
+    compute = FLOPs / GPU throughput x TDF x slow-fault factor
 
-and both are waited for with absolute deadlines (`clock.sleep_until`), so a queue builds up for
-real and shows in the answers' `queue_ms` and `state`. Only this worker touches the GPU cache.
+on the emulated timeline: a job arrives at its emulated `arrival` (when its link delivered it,
+docs/measurement.md), a batch starts when the emulated device is free and its jobs have
+arrived, and ends `load + compute` later. The worker does the real compute meanwhile and
+releases the batch at that end with an absolute deadline (`clock.sleep_until`), so the host's
+own work hides under the emulated time; where it runs past the end, the answer says by how much
+(`late_ms`, the host's overhead) and the emulated clock does not move for it. A queue builds up
+for real and shows in the answers' `queue_ms` and `state`. Only this worker touches the GPU
+cache.
 """
 
 from __future__ import annotations
@@ -34,14 +40,14 @@ __all__ = ["Device", "Job"]
 
 log = logging.getLogger(__name__)
 
-Result = tuple[list[bytes], Timing]
+Result = tuple[list[bytes], Timing, float]  # outputs, timing, emulated end (a `now()` value)
 
 
 @dataclass(slots=True)
 class Job:
     items: tuple[Item, ...]
     future: asyncio.Future[Result]
-    enqueued: float
+    enqueued: float  # emulated arrival (a `now()` value)
     estimate_s: float
     rows: int = field(init=False)
 
@@ -82,8 +88,8 @@ class Device:
         self._idle.set()
         self._closing = False
         self._backlog_s = 0.0  # estimated service time of the waiting jobs
-        self._busy_until = 0.0  # estimated end of the batch in service
-        self._real_s_per_flop = 0.0  # EWMA, real mode: what this host's CPU really takes
+        self._free_at = 0.0  # when the emulated device is free again (a `now()` value)
+        self.late_total_s = 0.0  # how far real work ran past the emulated ends, summed
         self._pool: ThreadPoolExecutor | None = None
         self.in_service = 0
         self.busy_total_s = 0.0
@@ -98,15 +104,17 @@ class Device:
     def _estimate_s(self, items: Sequence[Item]) -> float:
         tdf, prof = self.time_dilation, self.profile
         flops = sum(self.compute.flops(i.rows) for i in items)
-        compute = max(prof.compute_s(flops) * tdf, self._real_s_per_flop * flops)
+        compute = prof.compute_s(flops) * tdf
         load = 0
         for key in {i.key for i in items}:
             if not self.tiers.is_resident(key):
                 load += self.tiers.shape.expert_bytes(key[2])
         return compute * self.faults.slow + prof.load_s(load) * tdf
 
-    def submit(self, items: Sequence[Item]) -> asyncio.Future[Result]:
-        """Queue a request; NotPlaced / Unavailable are raised here, before it waits."""
+    def submit(self, items: Sequence[Item], arrival: float | None = None
+               ) -> asyncio.Future[Result]:
+        """Queue a request that arrived at `arrival` on the emulated timeline (default now);
+        NotPlaced / Unavailable are raised here, before it waits."""
         if self._closing:
             raise Unavailable("node is shutting down", code="shutting_down")
         for item in items:
@@ -114,8 +122,8 @@ class Device:
         if len(self._waiting) >= self.max_queue:
             raise Unavailable(f"{len(self._waiting)} requests wait for the device "
                               f"(limit {self.max_queue})")
-        job = Job(tuple(items), asyncio.get_running_loop().create_future(), now(),
-                  self._estimate_s(items))
+        job = Job(tuple(items), asyncio.get_running_loop().create_future(),
+                  now() if arrival is None else arrival, self._estimate_s(items))
         self._waiting.append(job)
         self._backlog_s += job.estimate_s
         self._idle.clear()
@@ -123,7 +131,7 @@ class Device:
         return job.future
 
     def state(self, layers: Iterable[int] | None = None) -> NodeState:
-        busy = max(0.0, self._busy_until - now()) + max(0.0, self._backlog_s)
+        busy = max(0.0, self._free_at - now()) + max(0.0, self._backlog_s)
         return NodeState(len(self._waiting), busy * 1e3, self.tiers.resident(layers))
 
     # -- the worker -----------------------------------------------------------------------
@@ -168,7 +176,6 @@ class Device:
         return batch
 
     async def _serve(self, batch: list[Job]) -> None:
-        start = now()
         tdf, prof, tiers = self.time_dilation, self.profile, self.tiers
         ready: list[Job] = []
         for job in batch:  # the placement may have changed while the job waited
@@ -181,6 +188,8 @@ class Device:
             ready.append(job)
         if not ready:
             return
+        # emulated: the batch starts once the device is free and its last job has arrived
+        start = max(self._free_at, max(job.enqueued for job in ready))
         items = [i for job in ready for i in job.items]
         load_bytes = 0
         hits, misses = tiers.hits, tiers.misses
@@ -191,15 +200,10 @@ class Device:
         if tiers.misses != misses:
             self.metrics.cache_misses.inc(tiers.misses - misses)
         flops = sum(self.compute.flops(i.rows) for i in items)
-        modeled_s = prof.compute_s(flops) * tdf
-        slow = self.faults.slow
-        load_end = start + prof.load_s(load_bytes) * tdf
-        self._busy_until = load_end + max(modeled_s, self._real_s_per_flop * flops) * slow
-        if load_bytes:
-            await sleep_until(load_end)
-            t_compute = now()
-        else:
-            t_compute = start  # nothing to load: load_ms is exactly 0
+        load_s = prof.load_s(load_bytes) * tdf
+        compute_s = prof.compute_s(flops) * tdf * self.faults.slow
+        end = start + load_s + compute_s
+        self._free_at = end
         if self.compute.real and flops > self.thread_flops:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="device")
@@ -207,36 +211,29 @@ class Device:
             ys = await loop.run_in_executor(self._pool, self.compute.run, items)
         else:
             ys = self.compute.run(items)
-        real_s = now() - t_compute
-        if self.compute.real and flops:
-            sample = real_s / flops
-            self._real_s_per_flop = sample if not self.batches else (
-                0.8 * self._real_s_per_flop + 0.2 * sample)
-        await sleep_until(t_compute + max(real_s, modeled_s) * slow)
-        end = now()
-        self._busy_until = end
-        self._finish(ready, ys, start, t_compute, end)
+        late = await sleep_until(end)
+        self.late_total_s += late
+        self._finish(ready, ys, start, load_s, compute_s, end, late)
 
-    def _finish(self, jobs: list[Job], ys: list[bytes], start: float, t_compute: float,
-                end: float) -> None:
+    def _finish(self, jobs: list[Job], ys: list[bytes], start: float, load_s: float,
+                compute_s: float, end: float, late: float) -> None:
         m = self.metrics
-        load_s, compute_s = t_compute - start, end - t_compute
         m.batches.inc()
         m.load_seconds.observe(load_s)
         m.compute_seconds.observe(compute_s)
         self.batches += 1
-        self.busy_total_s += end - start
+        self.busy_total_s += load_s + compute_s
         m.items.inc(len(ys))
         at = 0
         for job in jobs:
             n = len(job.items)
             queue_s = start - job.enqueued
             m.queue_seconds.observe(queue_s)
-            m.service_seconds.observe(end - start)
+            m.service_seconds.observe(load_s + compute_s)
             self.jobs_done += 1
             if not job.future.done():
-                job.future.set_result(
-                    (ys[at:at + n], Timing(queue_s * 1e3, load_s * 1e3, compute_s * 1e3)))
+                job.future.set_result((ys[at:at + n], Timing(
+                    queue_s * 1e3, load_s * 1e3, compute_s * 1e3, late * 1e3), end))
             at += n
 
     @staticmethod
