@@ -441,7 +441,8 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
             ("execution mix", plots.mix_bars(stats, folder / "mix.png")),
             ("latency over time with faults" + (" (repetition 0)" if once is not tok else ""),
              plots.latency_over_time(once, faults, folder / "latency_time.png",
-                                     warmup_s=float(meta.get("warmup_s", 0.0)))),
+                                     warmup_s=float(meta.get("warmup_s", 0.0)),
+                                     lag_by_policy=meta.get("loop_lag") or None)),
         ]
         images = {cap: p.name for cap, p in made}
     text = render_markdown(meta, stats, tok, overhead, images, comps=comps, faithful=faithful,
