@@ -227,8 +227,9 @@ def policy_stats(
 ) -> PolicyStats:
     """Figures of one policy from its rows (rows of other policies must be filtered out).
 
-    With repetitions the rows of every repetition count together (the throughput window is
-    the longest repetition's, so tok/s is per repetition's workload times repetitions)."""
+    With repetitions the rows of every repetition count together; the throughput is per
+    repetition (every repetition's workload spans the same scenario window), and the SLO
+    share counts each repetition's request on its own."""
     measured = [t for t in tokens if not t.warmup]
     done = [t for t in measured if t.ok]
     lat = LatencyHist.of(t.latency_ms for t in done)
@@ -242,11 +243,12 @@ def policy_stats(
     for t in done:
         counts.update(t.mix())
     total = sum(counts.values())
-    per_req: dict[int, list[float]] = defaultdict(list)
+    per_req: dict[tuple[int, int], list[float]] = defaultdict(list)
     for t in done:
-        per_req[t.request].append(t.latency_ms)
-    within = sum(1 for r in reqs if r.ok and per_req.get(r.request)
-                 and float(np.mean(per_req[r.request])) <= slo_ms)
+        per_req[(t.rep, t.request)].append(t.latency_ms)
+    within = sum(1 for r in reqs if r.ok and per_req.get((r.rep, r.request))
+                 and float(np.mean(per_req[(r.rep, r.request)])) <= slo_ms)
+    n_reps = max(len({t.rep for t in done}), 1)
     reasons = Counter(t.reason for t in tokens if not t.ok)
     traffic = sum(t.bytes for t in done)
     ok_all = [t for t in tokens if t.ok]
@@ -261,7 +263,7 @@ def policy_stats(
         latency=lat.summary(),
         ttft=ttft.summary(),
         request_latency=req_lat.summary(),
-        throughput_tok_s=len(done) / window if done else 0.0,
+        throughput_tok_s=len(done) / window / n_reps if done else 0.0,
         window_s=window,
         slo_share=within / len(reqs) if reqs else math.nan,
         requests=len(requests),

@@ -203,6 +203,12 @@ def test_repetitions_show_their_spread(tmp_path: Path) -> None:
     assert a["spread_pct"] == pytest.approx(100 * 0.1 / 1.05, rel=1e-2)
     text = (folder / "report.md").read_text()
     assert "| policy | rep 0 | rep 1 | spread | CV |" in text and "0: a, b; 1: b, a" in text
+    # throughput is per repetition: two repetitions of one workload are not twice the tok/s
+    once = build_report(write_run(tmp_path / "once", [arm("a"), arm("b")],
+                                  _split([t for t in tok if t.rep == 0], 0.01),
+                                  [r for r in req if r.rep == 0]), plots_too=False)
+    assert summary["policies"]["a"]["throughput_tok_s"] == pytest.approx(
+        once["policies"]["a"]["throughput_tok_s"], rel=1e-3)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
