@@ -1,19 +1,20 @@
 """Fixtures for tests that need a running Docker engine and the moemesh image.
 
-They fail (never skip) with the command that fixes the machine: CI starts the engine and builds
-the image first (docker/ci.sh). Every check of what is left behind uses the docker CLI, not the
-code under test.
+Those tests are marked `docker`: without an engine that answers and the image they are skipped
+with the command that fixes the machine, or fail where MOEMESH_DOCKER_REQUIRED=1 (CI, after
+docker/ci.sh --setup-only starts the engine and builds the image). Every check of what is left
+behind uses the docker CLI, not the code under test.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
 import pytest
 
-IMAGE = os.environ.get("MOEMESH_IMAGE", "moemesh/moemesh:latest")
+from orchestrator.doctor import image_name
+
+IMAGE = image_name()  # MOEMESH_IMAGE, default moemesh/moemesh:latest
 
 
 def docker_cli(*args: str, timeout: float = 120.0, check: bool = True) -> str:
@@ -35,21 +36,8 @@ def leftovers(label: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def engine() -> None:
-    if shutil.which("docker") is None:
-        pytest.fail("no docker client: apt-get install -y docker.io (see docker/README.md)")
-    done = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        pytest.fail(f"the Docker engine does not answer ({done.stderr.strip()[:200]}): start it "
-                    "with docker/start-dockerd.sh")
-
-
-@pytest.fixture(scope="session")
-def image(engine: None) -> str:
-    done = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, text=True,
-                          timeout=30)
-    if done.returncode != 0:
-        pytest.fail(f"image {IMAGE} missing: build it with docker/build-image.sh")
+def image() -> str:
+    """The image the `docker` marker found (the root conftest checks it before the test)."""
     return IMAGE
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
 
 
 def results(tmp: Path, *, failed: int = 1, rows: int = 5, faults: tuple[str, ...] = (

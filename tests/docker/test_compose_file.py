@@ -20,8 +20,8 @@ from orchestrator.compose import CONTROLLER, ComposeOptions, compose_data, compo
 from orchestrator.scenario import load_scenario
 from orchestrator.topology import Node, Topology
 from services.device import DeviceProfile, builtin_profiles, load_profile
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MESH10 = ROOT / "docker" / "scenarios" / "mesh10.yaml"
 
 

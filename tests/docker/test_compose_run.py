@@ -25,6 +25,7 @@ from services.client import ClientSettings, NodeClient
 from services.device import DeviceProfile, builtin_profiles
 from services.errors import NodeRefused
 from tests.docker.conftest import docker_cli, leftovers
+from tests.helpers.machine import require_compose
 
 pytestmark = pytest.mark.docker
 
@@ -65,19 +66,10 @@ def wait_healthy(project: str, count: int, timeout_s: float = 180.0) -> None:
     raise AssertionError(f"project {project}: not all {count} nodes healthy: {states}")
 
 
-def version_available(version: str) -> None:
-    done = subprocess.run([*COMPOSE[version], "version"], capture_output=True, text=True,
-                          timeout=30)
-    if done.returncode != 0:
-        hint = ("apt-get install -y docker-compose" if version == "v1"
-                else "docker/install-compose-v2.sh")
-        pytest.fail(f"Compose {version} is not installed here: {hint}")
-
-
 @pytest.mark.parametrize("version", ["v1", "v2"])
 async def test_compose_mesh_health_kill_revive_down(version: str, image: str, tmp_path: Path,
                                                     expected_backend: str) -> None:
-    version_available(version)
+    require_compose(version)
     topology = mesh()
     token = secrets.token_hex(8)
     file = tmp_path / "compose.yaml"

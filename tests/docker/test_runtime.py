@@ -68,7 +68,7 @@ async def test_a_node_that_dies_at_start_is_reported_and_everything_removed(imag
 
 
 @pytest.mark.docker
-async def test_a_missing_image_names_the_fix_and_leaves_nothing(engine: None) -> None:
+async def test_a_missing_image_names_the_fix_and_leaves_nothing() -> None:
     rt = DockerRuntime(image="moemesh/no-such-image:0")
     with pytest.raises(RuntimeFailure, match=r"moemesh/no-such-image:0.*build-image\.sh"):
         async with rt:

@@ -9,8 +9,9 @@ import pytest
 from orchestrator.arms import Arm, arms_of, load_experiment, parse_arm
 from orchestrator.yamlio import InputError
 from tests.experiments.conftest import small_scenario
+from tests.helpers import ROOT
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "experiments" / "scenarios"
+SCENARIOS = ROOT / "experiments" / "scenarios"
 
 
 def test_the_three_forms() -> None:

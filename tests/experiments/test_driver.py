@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import socket
 
 import pytest
 
@@ -13,6 +12,7 @@ from experiments.workload import Request, plan_workload
 from orchestrator.arms import Arm
 from orchestrator.faults import Fault
 from tests.experiments.conftest import TEXT, small_scenario
+from tests.helpers import free_port
 
 ARM = Arm("hetroute", "hetroute")
 REQ = Request(7, "edge1", (1, 2, 3), 5, 0.5, False, None, 11)
@@ -49,9 +49,7 @@ def test_a_lost_request_fails_all_its_tokens_with_its_reason() -> None:
 
 
 async def test_an_unreachable_home_node_is_a_failed_request_not_a_crash() -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     plan = plan_workload(small_scenario(duration_s=None, requests=3, warmup_s=0.0), TEXT)
     urls = {n: f"http://127.0.0.1:{port}" for n in ("edge1", "edge2", "edge3")}
     result = await Driver(plan, ARM, urls, time_dilation=1.0).run()
@@ -80,9 +78,7 @@ def test_shorten_keeps_faults_that_still_happen() -> None:
 
 
 async def test_a_closed_loop_sends_exactly_its_request_count() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     sc = small_scenario(arrival="closed", rate_rps=None, concurrency=2, duration_s=None,
                         requests=5, warmup_s=0.0)
     plan = plan_workload(sc, TEXT)

@@ -14,8 +14,9 @@ from orchestrator.faults import Fault
 from orchestrator.randomtopo import random_topology
 from orchestrator.topology import load_topology
 from tests.experiments.conftest import small_scenario
+from tests.helpers import ROOT
 
-TOPOLOGIES = Path(__file__).resolve().parents[2] / "experiments" / "scenarios" / "topologies"
+TOPOLOGIES = ROOT / "experiments" / "scenarios" / "topologies"
 
 
 def test_each_knob_changes_one_thing_and_drops_faults() -> None:

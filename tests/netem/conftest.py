@@ -1,45 +1,21 @@
-"""Fixtures for netem: the kernel checks every test can make, and the lab's guard rails.
+"""Fixtures for netem: the kernel checks every test can make.
 
 Tests marked `lab` need a kernel with sch_netem and root: inside the UML lab (`moemesh lab run`,
-which sets MOEMESH_IN_LAB=1) or on a host whose kernel has netem. Elsewhere they are skipped
-with that reason, unless MOEMESH_LAB_REQUIRED=1 (CI's lab run), where that would be a failure.
-Every test here ends with a check that nothing it made is left: no namespace, no bridge, no
-process of a netns runtime.
+which sets MOEMESH_IN_LAB=1) or on a host whose kernel has netem; `netns` ones need root and
+iproute2 (the root conftest skips or fails them, tests/helpers/machine.py). Every test here ends
+with a check that nothing it made is left: no namespace, no bridge, no veth of ours.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-IN_LAB = os.environ.get("MOEMESH_IN_LAB") == "1"
-LAB_REQUIRED = os.environ.get("MOEMESH_LAB_REQUIRED") == "1"
-
-
-def _tc_works() -> tuple[bool, str]:
-    from netem.probe import probe_tc
-
-    verdict = probe_tc()
-    return verdict.ok, verdict.reason
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    lab_items = [i for i in items if i.get_closest_marker("lab")]
-    if not lab_items:
-        return
-    ok, reason = _tc_works()
-    if ok:
-        return
-    if LAB_REQUIRED or IN_LAB:
-        pytest.exit(f"lab tests cannot run: {reason}", returncode=3)
-    skip = pytest.mark.skip(reason=f"needs tc-netem ({reason}); run them with `moemesh lab run`")
-    for item in lab_items:
-        item.add_marker(skip)
 
 
 def netns_list() -> set[str]:
@@ -71,12 +47,22 @@ def kernel() -> SimpleNamespace:
     return SimpleNamespace(netns_list=netns_list, links_named=links_named, qdiscs=qdiscs)
 
 
+def _seen() -> tuple[set[str], set[str]]:
+    """Named namespaces and our interfaces: by iproute2, or (without it) as the files say."""
+    if shutil.which("ip"):
+        return netns_list(), links_named("mm")
+    run_netns = Path("/run/netns")
+    names = {p.name for p in run_netns.iterdir()} if run_netns.is_dir() else set()
+    return names, {p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith("mm")}
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind() -> Iterator[None]:
     """After each test: no namespace, bridge or veth of ours that was not there before."""
-    before_ns, before_links = netns_list(), links_named("mm")
+    before_ns, before_links = _seen()
     yield
-    leaked_ns = {n for n in netns_list() - before_ns if n.startswith(("mm-", "moemesh-"))}
-    leaked_links = links_named("mm") - before_links
+    after_ns, after_links = _seen()
+    leaked_ns = {n for n in after_ns - before_ns if n.startswith(("mm-", "moemesh-"))}
+    leaked_links = after_links - before_links
     assert not leaked_ns, f"namespaces left behind: {sorted(leaked_ns)}"
     assert not leaked_links, f"interfaces left behind: {sorted(leaked_links)}"

@@ -15,8 +15,11 @@ from netem import LinkDownError, LinkSpec, Shaper, make_shaper
 from netem.app import RTO_S, AppShaper
 from netem.errors import BadLinkInput
 
-# How late a wake-up may be on a loaded 2-core CI host; early is never allowed.
+# How late a wake-up may be on a loaded 2-core CI host; early is never allowed. Lower bounds
+# hold for every sample; an upper bound is asked of the best of TRIES, so one descheduled
+# moment of a busy host cannot fail a test (the bench measures the precision itself).
 LATE_MS = 15.0
+TRIES = 3
 
 
 @pytest.fixture
@@ -63,18 +66,20 @@ async def test_serialisation_at_the_rate_is_shared_fifo() -> None:
     shaper = AppShaper()
     await shaper.apply({"n2": LinkSpec(delay_ms=5, rate_mbit=10)})
     loop = asyncio.get_running_loop()
-    start = loop.time()
-    done: list[float] = []
+    lateness = []
+    for _ in range(TRIES):
+        start = loop.time()
+        done: list[float] = []
 
-    async def send() -> None:
-        await shaper.transmit("n2", 125_000)  # 100 ms at 10 Mbit/s
-        done.append((loop.time() - start) * 1e3)
+        async def send(start: float = start, done: list[float] = done) -> None:
+            await shaper.transmit("n2", 125_000)  # 100 ms at 10 Mbit/s
+            done.append((loop.time() - start) * 1e3)
 
-    await asyncio.gather(send(), send())
-    # the second waits for the first to leave the wire; both then fly 5 ms. Never early;
-    # late only by what a loaded host adds (the bench measures the precision).
-    assert 104 <= done[0] <= 105 + LATE_MS
-    assert 204 <= done[1] <= 205 + LATE_MS
+        await asyncio.gather(send(), send())
+        # the second waits for the first to leave the wire; both then fly 5 ms. Never early.
+        assert done[0] >= 104 and done[1] >= 204, done
+        lateness.append(max(done[0] - 105, done[1] - 205))
+    assert min(lateness) <= LATE_MS, lateness
 
 
 async def test_loss_stalls_one_retransmission_timeout_at_the_configured_rate() -> None:
@@ -108,13 +113,17 @@ async def test_link_down_blackholes_until_up() -> None:
         async with asyncio.timeout(0.05):
             await shaper.transmit("n2", 10)
     loop = asyncio.get_running_loop()
-    waiting = asyncio.ensure_future(shaper.transmit("n2", 10, timeout_s=5))
-    await asyncio.sleep(0.1)
-    assert not waiting.done()
-    up_at = loop.time()
-    await shaper.link_up("n2")
-    await waiting
-    assert 1.5 <= (loop.time() - up_at) * 1e3 <= 2 + LATE_MS
+    after_up = []
+    for _ in range(TRIES):
+        await shaper.link_down("n2")
+        waiting = asyncio.ensure_future(shaper.transmit("n2", 10, timeout_s=5))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        up_at = loop.time()
+        await shaper.link_up("n2")
+        await waiting
+        after_up.append((loop.time() - up_at) * 1e3)
+    assert min(after_up) >= 1.5 and min(after_up) <= 2 + LATE_MS, after_up
 
 
 async def test_loss_100_is_a_blackhole_and_apply_replaces_the_whole_set() -> None:
@@ -123,10 +132,13 @@ async def test_loss_100_is_a_blackhole_and_apply_replaces_the_whole_set() -> Non
     with pytest.raises(LinkDownError):
         await shaper.transmit("n2", 1, timeout_s=0.02)
     await shaper.apply({"n2": LinkSpec()})  # n3 is not listed any more: unshaped
-    start = time.perf_counter()
-    await shaper.transmit("n3", 1000)
-    await shaper.transmit("n2", 1000)
-    assert time.perf_counter() - start < 0.02
+    took = []
+    for _ in range(TRIES):
+        start = time.perf_counter()
+        await shaper.transmit("n3", 1000)
+        await shaper.transmit("n2", 1000)
+        took.append(time.perf_counter() - start)
+    assert min(took) < 0.02, took  # not n3's old 50 ms
     assert set(shaper.snapshot()["links"]) == {"n2"}
 
 
@@ -135,9 +147,12 @@ async def test_time_dilation_multiplies_delay_and_serialisation() -> None:
     assert isinstance(shaper, Shaper) and shaper.backend == "app"
     await shaper.apply({"n2": LinkSpec(delay_ms=10, rate_mbit=100)})
     loop = asyncio.get_running_loop()
-    start = loop.time()
-    await shaper.transmit("n2", 125_000)  # 10 ms on the wire, then 10 ms: x3 = 60 ms
-    assert 59.5 <= (loop.time() - start) * 1e3 <= 60 + LATE_MS
+    took = []
+    for _ in range(TRIES):
+        start = loop.time()
+        await shaper.transmit("n2", 125_000)  # 10 ms on the wire, then 10 ms: x3 = 60 ms
+        took.append((loop.time() - start) * 1e3)
+    assert min(took) >= 59.5 and min(took) <= 60 + LATE_MS, took
     assert shaper.snapshot()["time_dilation"] == 3.0
 
 

@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.links import judge, main, wilson
 from netem.commands import register
-
-REPO = Path(__file__).parents[2]
+from tests.helpers import ROOT, env
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "netem.lab", *args], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=120)
+                          text=True, env=env(), cwd=ROOT, timeout=120)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the tc probe needs root to try netem")
+@pytest.mark.netns(bridge=False)  # the tc probe tries netem in a scratch namespace
 def test_lab_probe_says_which_backends_work_and_why() -> None:
     done = _run("probe", "--json")
     assert done.returncode == 0, done.stderr

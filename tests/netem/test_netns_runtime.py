@@ -1,7 +1,8 @@
 """The netns runtime on this host: real namespaces, a real bridge, real server processes.
 
-Needs root (CI runs as root; the lab too). The conftest checks after every test that no
-namespace or interface of ours is left; these tests also check processes.
+The ones marked `netns` need root, iproute2 and, where bridged traffic is filtered, iptables
+(CI installs them and sets MOEMESH_NETNS_REQUIRED=1). The conftest checks after every test that
+no namespace or interface of ours is left; these tests also check processes.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import pytest
 
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure
 from orchestrator.runtimes.netns import NetnsRuntime
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+from tests.helpers import env, wait_until
 
 SERVER = str(Path(__file__).with_name("aiohttp_node.py"))
 
@@ -36,6 +36,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
 
 
+@pytest.mark.netns
 async def test_three_nodes_serve_and_reach_each_other(kernel: SimpleNamespace) -> None:
     async with NetnsRuntime() as rt:
         assert isinstance(rt, Runtime)
@@ -61,6 +62,7 @@ async def test_three_nodes_serve_and_reach_each_other(kernel: SimpleNamespace) -
     assert not any(_alive(pid) for pid in pids)
 
 
+@pytest.mark.netns
 async def test_kill_takes_one_node_down_and_revive_brings_it_back() -> None:
     async with NetnsRuntime() as rt:
         eps = await rt.start([aiohttp_node("n1"), aiohttp_node("n2")])
@@ -78,6 +80,7 @@ async def test_kill_takes_one_node_down_and_revive_brings_it_back() -> None:
             await rt.kill("n9")
 
 
+@pytest.mark.netns
 async def test_a_node_that_fails_to_start_is_reported_and_everything_is_undone(
     kernel: SimpleNamespace,
 ) -> None:
@@ -90,12 +93,15 @@ async def test_a_node_that_fails_to_start_is_reported_and_everything_is_undone(
     assert f"mm-{rt.id}-good" not in kernel.netns_list()
 
 
+@pytest.mark.netns
 async def test_cancelling_start_cleans_up_like_ctrl_c(kernel: SimpleNamespace) -> None:
     slow = NodeLaunch("slow", (sys.executable, "-c", "import time; time.sleep(60)"))
     rt = NetnsRuntime(ready_timeout_s=60)
     task = asyncio.ensure_future(rt.start([slow]))
-    while not rt.namespaces:
-        await asyncio.sleep(0.05)
+    # a start that fails before the namespace exists ends the wait with its own error
+    await wait_until(lambda: bool(rt.namespaces) or task.done(), "the node's namespace")
+    if task.done():
+        task.result()
     await asyncio.sleep(0.5)  # the process is running and being waited for
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -103,6 +109,7 @@ async def test_cancelling_start_cleans_up_like_ctrl_c(kernel: SimpleNamespace) -
     assert not rt.namespaces and f"mm-{rt.id}-slow" not in kernel.netns_list()
 
 
+@pytest.mark.netns
 async def test_sigint_to_a_runtime_process_tears_it_down(
     tmp_path: Path, kernel: SimpleNamespace,
 ) -> None:
@@ -123,8 +130,7 @@ async def test_sigint_to_a_runtime_process_tears_it_down(
         "except KeyboardInterrupt:\n"
         "    print('INTERRUPTED', flush=True)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), env=env,
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), env=env(),
                                                 stdout=asyncio.subprocess.PIPE)
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()

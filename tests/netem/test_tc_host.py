@@ -20,7 +20,7 @@ from netem.app import AppShaper
 from netem.probe import probe, probe_tc
 from netem.tc import TcShaper
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces need root")
+root_only = pytest.mark.netns(bridge=False)  # a namespace with a veth pair, made with `ip`
 
 
 def _ip(*args: str) -> None:

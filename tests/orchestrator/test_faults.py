@@ -29,6 +29,7 @@ from orchestrator.scenario import load_scenario
 from orchestrator.yamlio import InputError, Loc
 from services.client import ClientSettings, NodeClient
 from services.wire import Item
+from tests.helpers import wait_until
 
 TOKEN = "faults-test"
 
@@ -98,7 +99,7 @@ async def test_cancelling_keeps_the_records_so_far() -> None:
     timeline = FaultTimeline(target, [Fault(0.0, "link-down", ("a", "b")),
                                       Fault(30.0, "link-up", ("a", "b"))])
     task = asyncio.ensure_future(timeline.run())
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(timeline.records) == 1, "the first fault's record")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

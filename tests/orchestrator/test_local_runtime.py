@@ -5,10 +5,8 @@ behind after stop, a failed start or a cancelled one (Ctrl-C). Processes are loo
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -16,25 +14,10 @@ from orchestrator.runtimes.base import NodeLaunch, RuntimeFailure
 from orchestrator.runtimes.local import LocalRuntime, process_alive
 from services.client import ClientSettings, NodeClient
 from services.errors import NodeUnreachable
+from tests.helpers import processes_with, wait_until
 
 pytestmark = pytest.mark.slow
 TOKEN = "local-runtime-test"
-
-
-def running_with(marker: str) -> list[int]:
-    """Pids of live (not zombie) processes whose command line contains `marker`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def node(name: str, marker: str) -> NodeLaunch:
@@ -55,7 +38,7 @@ async def test_start_kill_revive_stop_leaves_nothing() -> None:
                 assert ep.host == ep.address == "127.0.0.1"
                 assert (await client.health(ep.url))["name"] == name
             procs = rt.processes()
-            assert sorted(running_with(marker)) == sorted(p for p, _ in procs.values())
+            assert sorted(processes_with(marker)) == sorted(p for p, _ in procs.values())
             await rt.kill("a")
             assert not process_alive(*procs["a"]) and process_alive(*procs["b"])
             with pytest.raises(NodeUnreachable):
@@ -66,7 +49,7 @@ async def test_start_kill_revive_stop_leaves_nothing() -> None:
             assert rt.processes()["a"] != procs["a"]
             log_dir = rt.log_dir
             assert log_dir is not None and (log_dir / "a.log").exists()
-        assert running_with(marker) == []
+        assert processes_with(marker) == []
         assert not log_dir.exists()
 
 
@@ -76,7 +59,7 @@ async def test_a_node_that_cannot_start_fails_the_start_and_nothing_is_left() ->
     rt = LocalRuntime(ready_timeout_s=60)
     with pytest.raises(RuntimeFailure, match=r"node bad did not start .*\n.*boom"):
         await rt.start([node("good", marker), bad])
-    assert running_with(marker) == []
+    assert processes_with(marker) == []
     assert rt.processes() == {}
     with pytest.raises(ValueError, match="unknown node 'good'"):
         await rt.kill("good")
@@ -87,15 +70,13 @@ async def test_cancelled_start_leaves_nothing() -> None:
     marker = f"mm-{uuid.uuid4().hex[:10]}"
     rt = LocalRuntime()
     task = asyncio.ensure_future(rt.start([node("a", marker), node("b", marker)]))
-    for _ in range(100):  # until both processes exist
-        if len(running_with(marker)) == 2:
-            break
-        await asyncio.sleep(0.05)
-    assert len(running_with(marker)) == 2
+    await wait_until(lambda: len(processes_with(marker)) == 2 or task.done(),
+                     "both node processes", every_s=0.05)
+    assert len(processes_with(marker)) == 2
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert running_with(marker) == []
+    assert processes_with(marker) == []
 
 
 async def test_bad_launches_are_refused() -> None:

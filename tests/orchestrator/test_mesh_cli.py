@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
+from tests.helpers import moemesh, processes_with, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -32,36 +31,6 @@ workload: {rate_rps: 1, requests: 2}
 """
 
 
-def moemesh(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    if "orchestrator.mesh_commands" not in cli.COMMAND_MODULES:
-        monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES,
-                                                     "orchestrator.mesh_commands"))
-    return cli.main(argv)
-
-
-def running_with(marker: str) -> list[int]:
-    """Pids of live (not zombie) processes whose command line contains `marker`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def wait_gone(marker: str, timeout_s: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while (left := running_with(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
 @pytest.fixture
 def scenario(tmp_path: Path) -> Path:
     path = tmp_path / "meshcli.yaml"
@@ -70,12 +39,11 @@ def scenario(tmp_path: Path) -> Path:
 
 
 def test_up_fault_status_down_leaves_no_process(
-        scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mesh = tmp_path / "mesh"
     where = ["--mesh-dir", str(mesh)]
     try:
-        assert moemesh(["up", str(scenario), *where], monkeypatch) == 0
+        assert moemesh("up", str(scenario), *where) == 0
         out = capsys.readouterr().out
         assert "mesh meshcli up: 2 nodes, runtime local, shaper app" in out
         assert "edge1" in out and "http://127.0.0.1:" in out
@@ -83,20 +51,19 @@ def test_up_fault_status_down_leaves_no_process(
         assert (mesh.stat().st_mode & 0o777) == 0o700
         assert ((mesh / "state.json").stat().st_mode & 0o777) == 0o600  # it holds the token
         pids = [p for p, _ in state["processes"].values()] + [state["supervisor"]["pid"]]
-        assert sorted(running_with(str(mesh))) == sorted(pids)
+        assert sorted(processes_with(str(mesh))) == sorted(pids)
 
-        assert moemesh(["up", str(scenario), *where], monkeypatch) == 2
+        assert moemesh("up", str(scenario), *where) == 2
         assert "a mesh is already up (meshcli" in capsys.readouterr().err
 
-        assert moemesh(["fault", "link-down", "edge1", "edge2", "--for", "30s", *where],
-                       monkeypatch) == 0
+        assert moemesh("fault", "link-down", "edge1", "edge2", "--for", "30s", *where) == 0
         assert "link-down edge1 edge2 (both ways) for 30 s: done; reverts in 30 s" in \
             capsys.readouterr().out
-        assert moemesh(["fault", "node-slow", "edge2", "2", *where], monkeypatch) == 0
-        assert moemesh(["fault", "node-down", "edge9", *where], monkeypatch) == 2
+        assert moemesh("fault", "node-slow", "edge2", "2", *where) == 0
+        assert moemesh("fault", "node-down", "edge9", *where) == 2
         assert "unknown node 'edge9' (nodes: edge1, edge2)" in capsys.readouterr().err
 
-        assert moemesh(["status", "--json", *where], monkeypatch) == 0
+        assert moemesh("status", "--json", *where) == 0
         status = json.loads(capsys.readouterr().out)
         links = {(lk["from"], lk["to"]): lk for lk in status["links"]}
         assert set(links) == {("edge1", "edge2"), ("edge2", "edge1")}
@@ -106,52 +73,50 @@ def test_up_fault_status_down_leaves_no_process(
         assert status["nodes"]["edge2"]["slow"] == 2.0
         assert all(n["state"] == "up" for n in status["nodes"].values())
         assert status["pending"] == ["link-up edge1 edge2 (both ways) in 30 s"]
-        assert moemesh(["status", *where], monkeypatch) == 0
+        assert moemesh("status", *where) == 0
         text = capsys.readouterr().out
         assert "link edge1→edge2 down" in text and "edge1 applies" in text
     finally:
-        assert moemesh(["down", *where], monkeypatch) == 0
+        assert moemesh("down", *where) == 0
     assert "mesh meshcli down: 2 nodes stopped" in capsys.readouterr().out
     assert wait_gone(str(mesh)) == []
     assert not mesh.exists()
-    assert moemesh(["status", *where], monkeypatch) == 2
+    assert moemesh("status", *where) == 2
     assert "no mesh is up" in capsys.readouterr().err
-    assert moemesh(["down", *where], monkeypatch) == 0
+    assert moemesh("down", *where) == 0
 
 
 def test_a_crashed_supervisor_takes_its_nodes_and_down_cleans_up(
-        scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mesh = tmp_path / "mesh"
     where = ["--mesh-dir", str(mesh)]
     try:
-        assert moemesh(["up", str(scenario), *where], monkeypatch) == 0
+        assert moemesh("up", str(scenario), *where) == 0
         state = json.loads((mesh / "state.json").read_text())
         os.kill(state["supervisor"]["pid"], signal.SIGKILL)
         assert wait_gone(str(mesh)) == []  # the nodes die with it (parent-death signal)
         capsys.readouterr()
-        assert moemesh(["status", *where], monkeypatch) == 1
+        assert moemesh("status", *where) == 1
         assert "is stale (its supervisor is gone)" in capsys.readouterr().err
     finally:
-        assert moemesh(["down", *where], monkeypatch) == 0
-    assert not mesh.exists() and running_with(str(mesh)) == []
+        assert moemesh("down", *where) == 0
+    assert not mesh.exists() and processes_with(str(mesh)) == []
 
 
 def test_bad_input_and_a_start_that_times_out_leave_nothing(
-        scenario: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mesh = tmp_path / "mesh"
     where = ["--mesh-dir", str(mesh)]
     bad = tmp_path / "bad.yaml"
     bad.write_text(SCENARIO.replace("rate_mbit: 200mbit", "rate_mbit: -5"))
-    assert moemesh(["up", str(bad), *where], monkeypatch) == 2
+    assert moemesh("up", str(bad), *where) == 2
     err = capsys.readouterr().err
     assert "bad.yaml:7: topology.links[0].rate_mbit: must be > 0" in err and "got -5" in err
     assert not mesh.exists()
-    assert moemesh(["up", str(scenario), "--shaper", "tc", *where], monkeypatch) == 2
+    assert moemesh("up", str(scenario), "--shaper", "tc", *where) == 2
     assert "shaper: tc needs the netns or docker runtime" in capsys.readouterr().err
 
-    assert moemesh(["up", str(scenario), "--timeout", "1", *where], monkeypatch) == 1
+    assert moemesh("up", str(scenario), "--timeout", "1", *where) == 1
     assert "the mesh was not ready within 1 s" in capsys.readouterr().err
     assert wait_gone(str(mesh)) == []
     assert not mesh.exists()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from netem.spec import LinkSpec
-from orchestrator import cli
 from orchestrator.placement import (
     POLICIES,
     PlacementError,
@@ -35,8 +33,9 @@ from router.quality import QualityTable
 from router.types import ModelShape, Replica
 from services.device import DeviceProfile
 from services.tiers import Placed, Tiers
+from tests.helpers import ROOT, moemesh
 
-SCENARIOS = Path(__file__).parents[2] / "experiments" / "scenarios"
+SCENARIOS = ROOT / "experiments" / "scenarios"
 QUICKSTART = SCENARIOS / "quickstart.yaml"
 B16 = 1000  # bytes of one fp16 expert in the synthetic problems below
 
@@ -284,17 +283,9 @@ def test_ledger_keeps_room_for_the_cpu_tier() -> None:
     assert tiers == ["gpu", "gpu"] + ["cpu"] * 6
 
 
-def moemesh(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    if "orchestrator.mesh_commands" not in cli.COMMAND_MODULES:
-        monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES,
-                                                     "orchestrator.mesh_commands"))
-    return cli.main(argv)
-
-
-def test_cli_json_is_exactly_the_documented_form(monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    code = moemesh(["placement", str(QUICKSTART), "--policy", "prism", "--json",
-                    "--tokens", "64"], monkeypatch)
+def test_cli_json_is_exactly_the_documented_form(capsys: pytest.CaptureFixture[str]) -> None:
+    code = moemesh("placement", str(QUICKSTART), "--policy", "prism", "--json",
+                    "--tokens", "64")
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert list(data) == ["policy", "expected_cost_ms", "nodes", "replicas"]
@@ -307,13 +298,12 @@ def test_cli_json_is_exactly_the_documented_form(monkeypatch: pytest.MonkeyPatch
             if r["variant"] == "fp16"} == {(layer, e) for layer in range(4) for e in range(16)}
 
 
-def test_cli_text_and_bad_input(monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture[str]) -> None:
-    assert moemesh(["placement", str(QUICKSTART), "--tokens", "64"], monkeypatch) == 0
+def test_cli_text_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert moemesh("placement", str(QUICKSTART), "--tokens", "64") == 0
     out = capsys.readouterr().out
     assert "placement hetroute for quickstart" in out
     assert "expected cost:" in out and "memory per node and tier:" in out
     assert "replicas per expert:" in out and "L3 E15" in out
-    assert moemesh(["placement", str(QUICKSTART), "--policy", "best"], monkeypatch) == 2
+    assert moemesh("placement", str(QUICKSTART), "--policy", "best") == 2
     assert "policy: must be one of hetroute" in capsys.readouterr().err
-    assert moemesh(["placement", str(QUICKSTART), "--ilp", "--json"], monkeypatch) == 2
+    assert moemesh("placement", str(QUICKSTART), "--ilp", "--json") == 2

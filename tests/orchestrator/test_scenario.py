@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from moe import profiles
 from netem.spec import LinkSpec
-from orchestrator import cli
 from orchestrator.scenario import (
     ROUTER_POLICIES,
     Fault,
@@ -26,8 +25,9 @@ from orchestrator.scenario import (
 )
 from orchestrator.topology import load_topology
 from orchestrator.yamlio import InputError, Loc, dump_yaml, load_yaml_text
+from tests.helpers import ROOT, moemesh
 
-SCENARIOS = Path(__file__).parents[2] / "experiments" / "scenarios"
+SCENARIOS = ROOT / "experiments" / "scenarios"
 QUICKSTART = SCENARIOS / "quickstart.yaml"
 
 # An inline three-node topology; scenario texts below add to it.
@@ -44,14 +44,6 @@ topology:
 WORKLOAD = """\
 workload: {rate_rps: 2, duration: 60s}
 """
-
-
-def moemesh(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """Run the real `moemesh` entry point with this package's commands registered."""
-    if "orchestrator.commands" not in cli.COMMAND_MODULES:
-        monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES,
-                                                     "orchestrator.commands"))
-    return cli.main(argv)
 
 
 def write(tmp_path: Path, text: str, name: str = "scen.yaml") -> Path:
@@ -308,9 +300,8 @@ def test_prompt_must_fit_the_models_context(tmp_path: Path, small_model_dir: Pat
         f"model's context ({(tmp_path / 'ckpt').resolve()}: 512)")
 
 
-def test_cli_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                   capsys: pytest.CaptureFixture[str]) -> None:
-    assert moemesh(["scenario", "check", str(QUICKSTART)], monkeypatch) == 0
+def test_cli_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert moemesh("scenario", "check", str(QUICKSTART)) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{QUICKSTART}: valid\nscenario quickstart\n")
     assert "tiny-moe (real)" in out and "time dilation 1" in out
@@ -318,7 +309,7 @@ def test_cli_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert "at 30 s: link-up edge1 edge2 (both ways)" in out
     text, expected = BAD[0]
     path = write(tmp_path, text)
-    assert moemesh(["scenario", "check", str(path)], monkeypatch) == 2
+    assert moemesh("scenario", "check", str(path)) == 2
     assert capsys.readouterr().err == f"moemesh: {path}:{expected}\n"
 
 

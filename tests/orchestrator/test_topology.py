@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from netem import classes
 from netem.spec import LinkSpec
-from orchestrator import cli
 from orchestrator.randomtopo import GPU_MEM_GB, RANGES, random_topology, random_topology_yaml
 from orchestrator.topology import (
     CUSTOM_DEVICE,
@@ -24,8 +23,9 @@ from orchestrator.topology import (
 )
 from orchestrator.yamlio import InputError, Loc, dump_yaml, load_yaml_text
 from services.device import DeviceProfile, builtin_profiles
+from tests.helpers import ROOT, moemesh
 
-EDGE5 = Path(__file__).parents[2] / "experiments" / "scenarios" / "topologies" / "edge5.yaml"
+EDGE5 = ROOT / "experiments" / "scenarios" / "topologies" / "edge5.yaml"
 DEV = DeviceProfile("custom", gpu_tflops=20, gpu_mem_gb=16, cpu_mem_gb=128, h2d_gbps=16)
 
 HEAD = """\
@@ -34,14 +34,6 @@ nodes:
   - {name: b, profile: hetroute-m}
   - {name: c, profile: hetroute-l}
 """
-
-
-def moemesh(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """Run the real `moemesh` entry point with this package's commands registered."""
-    if "orchestrator.commands" not in cli.COMMAND_MODULES:
-        monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES,
-                                                     "orchestrator.commands"))
-    return cli.main(argv)
 
 
 def load_text(tmp_path: Path, text: str, head: str = HEAD) -> Topology:
@@ -179,19 +171,18 @@ def test_bad_files_give_the_exact_error(tmp_path: Path, text: str, expected: str
 
 
 def test_cli_check_exits_2_with_the_message(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(BAD[0][0])
-    assert moemesh(["topology", "check", str(path)], monkeypatch) == 2
+    assert moemesh("topology", "check", str(path)) == 2
     assert capsys.readouterr().err == f"moemesh: {path}:{BAD[0][1]}\n"
-    assert moemesh(["topology", "check", str(tmp_path / "none.yaml")], monkeypatch) == 2
+    assert moemesh("topology", "check", str(tmp_path / "none.yaml")) == 2
     assert capsys.readouterr().err == f"moemesh: {tmp_path / 'none.yaml'}: file not found\n"
 
 
-def test_cli_check_summarises(monkeypatch: pytest.MonkeyPatch,
-                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert moemesh(["topology", "check", str(EDGE5)], monkeypatch) == 0
+def test_cli_check_summarises(capsys: pytest.CaptureFixture[str]) -> None:
+    assert moemesh("topology", "check", str(EDGE5)) == 0
     out = capsys.readouterr().out
     assert "topology edge5: 5 nodes, 20 one-way links" in out
     assert "delay, ms (row → column, one-way):" in out
@@ -293,20 +284,18 @@ def test_random_topology_is_reproducible_and_heterogeneous() -> None:
 
 
 def test_cli_random_writes_a_file_check_accepts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "t10.yaml"
-    assert moemesh(["topology", "random", "--nodes", "10", "--seed", "7", "--out", str(out)],
-                   monkeypatch) == 0
+    assert moemesh("topology", "random", "--nodes", "10", "--seed", "7", "--out", str(out)) == 0
     assert out.read_text() == random_topology_yaml(10, 7)
     assert out.read_text().startswith("# Random heterogeneous topology")
     assert "ONE-WAY" in out.read_text()
     assert load_topology(out) == random_topology(10, 7)
     capsys.readouterr()
-    assert moemesh(["topology", "random", "--nodes", "3", "--seed", "1"], monkeypatch) == 0
+    assert moemesh("topology", "random", "--nodes", "3", "--seed", "1") == 0
     assert capsys.readouterr().out == random_topology_yaml(3, 1)
-    assert moemesh(["topology", "random", "--nodes", "0"], monkeypatch) == 2
+    assert moemesh("topology", "random", "--nodes", "0") == 2
     assert "--nodes must be a whole number in 2..64, got 0" in capsys.readouterr().err
-    assert moemesh(["topology", "random", "--out", str(tmp_path / "no" / "t.yaml")],
-                   monkeypatch) == 2
+    assert moemesh("topology", "random", "--out", str(tmp_path / "no" / "t.yaml")) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -7,31 +7,22 @@ numbers and failover. The latency comparisons and the node kill use separate pro
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import torch
 
 from moe import MoEModel
 from router.app import RouterService, attach
 from router.mesh import Mesh
 from router.quality import QualityTable
-from services import DeviceProfile, Node, NodeSettings, TorchCompute
+from services import Node, NodeSettings, TorchCompute
 from services.tiers import parse_placement
+from tests.helpers import FAST, one_torch_thread  # noqa: F401 (autouse: nodes compute on one thread)
 
 TOKEN = "router-test-token"
-FAST = DeviceProfile("fast", gpu_tflops=1000.0, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=100.0)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

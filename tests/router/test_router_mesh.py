@@ -4,27 +4,27 @@ The home node runs in this process (the router is mounted on it); the peers are
 `python -m services node` processes, so their emulated devices do not share the router's
 event loop, and one can be killed for real (SIGKILL) in the middle of a run.
 
-Workload where HetRoute says joint routing wins (PAPERS.md): each token's two experts are
+Workload where HetRoute says joint routing wins (docs/papers.md): each token's two experts are
 held by the home node, whose device is slow (24 ms per expert call), and by peers with faster
 devices (12 ms) behind 8-12 ms one-way links. Alone, every expert is cheapest at home, so
 local-first and per-expert greedy put both there (48 ms per layer); HetRoute splits the pair
 between home and a peer (about 28 ms: the slower branch, 8 + 12 + 8). The times are large
-beside this host's own overhead per remote call (a few ms on a loaded 2-core machine).
+beside this host's own overhead per remote call (a few ms on a loaded 2-core machine). How much
+faster is a benchmark's question (`moemesh bench router`); the test asks whether HetRoute's
+plans split the pair and whether its decode steps are faster by a one-sided rank test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import statistics
-import sys
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from scipy.stats import mannwhitneyu
 
 from router.app import attach
 from router.mesh import Mesh
@@ -32,11 +32,11 @@ from router.policies import make_policy
 from router.quality import QualityTable
 from services import ClientSettings, DeviceProfile, Node, NodeClient, NodeSettings
 from services.tiers import parse_placement
+from tests.helpers import NodeProcess, wait_until
+from tests.helpers import node_process as start_node_process
 from tests.router.conftest import TOKEN, experts, links_body, mesh_body
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def device(ms_per_expert_row: float, flops_row: float) -> dict:
@@ -48,28 +48,17 @@ def device(ms_per_expert_row: float, flops_row: float) -> dict:
 @asynccontextmanager
 async def node_process(name: str, model_dir: Path, profile: dict, placement: list[dict],
                        tmp: Path):
-    """One `python -m services node` process; killed (by pid) and reaped on exit."""
+    """One `python -m services node` process with this device and placement; killed (by pid)
+    and reaped on exit."""
     prof = tmp / f"{name}-profile.json"
     prof.write_text(json.dumps({"name": f"{name}-dev", **profile}))
     place = tmp / f"{name}-placement.json"
     place.write_text(json.dumps({"experts": placement}))
-    env = {**os.environ, "MOEMESH_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services", "node", "--name", name, "--port", "0",
-        "--model", str(model_dir), "--compute", "real", "--profile", str(prof),
-        "--placement", str(place), cwd=str(ROOT), env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        async with asyncio.timeout(120):
-            line = (await proc.stdout.readline()).decode()
-        assert " ready on " in line, f"node {name} did not start: {line!r}"
-        url = line.split(" ready on ")[1].split()[0]
-        yield proc, url
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGKILL)
-        await proc.wait()
+    async with start_node_process(
+        "--name", name, "--port", "0", "--model", str(model_dir), "--compute", "real",
+        "--profile", str(prof), "--placement", str(place), log=tmp / f"{name}.log", token=TOKEN,
+    ) as node:
+        yield node
 
 
 async def start(stack: AsyncExitStack, model_dir: Path, compute, tmp: Path,
@@ -81,9 +70,10 @@ async def start(stack: AsyncExitStack, model_dir: Path, compute, tmp: Path,
         for n, (prof, place) in peers.items()
     ))
     urls = {}
-    for n, (proc, url) in zip(peers, started, strict=True):
-        procs[n] = proc
-        urls[n] = url
+    node: NodeProcess
+    for n, node in zip(peers, started, strict=True):
+        procs[n] = node.proc
+        urls[n] = node.url
     home = Node(NodeSettings(name="h", token=TOKEN,
                              profile=DeviceProfile.from_json(home_profile, "home")),
                 compute=compute)
@@ -106,15 +96,17 @@ async def start(stack: AsyncExitStack, model_dir: Path, compute, tmp: Path,
 
 
 async def run_tokens(engine, policy, prompts, max_tokens):
-    per_token = []
+    """Per decode step (not the prefill): its latency and the nodes its experts ran on."""
+    per_token, nodes = [], []
     for p in prompts:
         res = await engine.generate(p, max_tokens, policy, budget=0.0)
         assert res.failed is None, res.failed
-        per_token += [r.latency_ms for r in res.records[1:]]  # decode steps, not the prefill
-    return statistics.mean(per_token)
+        per_token += [r.latency_ms for r in res.records[1:]]
+        nodes += [{c.node for c in r.choices} for r in res.records[1:]]
+    return per_token, nodes
 
 
-async def test_hetroute_beats_greedy_and_local_first_on_mean_latency(
+async def test_hetroute_splits_the_pair_and_beats_greedy_and_local_first(
     small_model_dir, router_compute, tmp_path
 ) -> None:
     flops = router_compute.flops(1)
@@ -130,12 +122,20 @@ async def test_hetroute_beats_greedy_and_local_first_on_mean_latency(
         g = torch.Generator().manual_seed(5)
         prompts = [torch.randint(0, 256, (6,), generator=g) for _ in range(3)]
         await run_tokens(engine, make_policy("hetroute"), prompts[:1], 4)  # warm-up
-        means = {}
+        lat, used = {}, {}
         for name in ("local-first", "greedy", "hetroute"):
-            means[name] = await run_tokens(engine, make_policy(name), prompts, 8)
-        print("mean decode latency ms:", {k: round(v, 2) for k, v in means.items()})
-        assert means["hetroute"] < 0.85 * means["greedy"]
-        assert means["hetroute"] < 0.85 * means["local-first"]
+            lat[name], used[name] = await run_tokens(engine, make_policy(name), prompts, 8)
+        print("median decode latency ms:",
+              {k: round(sorted(v)[len(v) // 2], 2) for k, v in lat.items()})
+    # the plans: alone every expert is cheapest at home; jointly the pair is split
+    assert all(nodes == {"h"} for nodes in used["local-first"] + used["greedy"])
+    assert sum(nodes != {"h"} for nodes in used["hetroute"]) >= 0.9 * len(used["hetroute"])
+    # the time: 21 decode steps each; expected about 56 against 96 ms (two layers), so a
+    # one-sided rank test is far past p = 0.001 unless the plans did not pay off at all
+    p = {other: mannwhitneyu(lat["hetroute"], lat[other], alternative="less").pvalue
+         for other in ("greedy", "local-first")}
+    print("one-sided p, hetroute faster than:", p)
+    assert max(p.values()) < 1e-3, (p, lat)
 
 
 async def test_killing_a_node_mid_run_loses_no_token(
@@ -156,8 +156,9 @@ async def test_killing_a_node_mid_run_loses_no_token(
         reference = await engine.generate(prompt, 30, make_policy("exact"))
         policy = make_policy("hetroute")
         task = asyncio.create_task(engine.generate(prompt, 30, policy, budget=0.0))
-        while engine.dispatcher.counters.plans < 60:
-            await asyncio.sleep(0.002)
+        await wait_until(lambda: engine.dispatcher.counters.plans >= 60 or task.done(),
+                         "60 plans")
+        assert not task.done()
         procs["a"].send_signal(signal.SIGKILL)
         result = await task
         assert result.failed is None

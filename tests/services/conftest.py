@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
-import torch
 
 from moe import MoEModel
-from services import ClientSettings, DeviceProfile, Node, NodeClient, NodeSettings, TorchCompute
+from services import ClientSettings, Node, NodeClient, NodeSettings, TorchCompute
+from tests.helpers import FAST, one_torch_thread  # noqa: F401 (autouse: nodes compute on one thread)
 
 TOKEN = "test-token"
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """A node computes on one thread (as `moemesh node` does); restored for other packages."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +22,7 @@ def compute(small_model: MoEModel) -> TorchCompute:
 
 
 def settings(**overrides: Any) -> NodeSettings:
-    base = NodeSettings(name="n1", token=TOKEN, profile=DeviceProfile(
-        "test", gpu_tflops=1000.0, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=100.0))
+    base = NodeSettings(name="n1", token=TOKEN, profile=FAST)
     return replace(base, **overrides)
 
 

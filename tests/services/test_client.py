@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -21,16 +20,11 @@ from services import (
 )
 from services.tiers import parse_placement
 from services.wire import make_item
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import free_port
 
 
 async def test_a_closed_port_is_node_unreachable() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     async with NodeClient(ClientSettings(token="t")) as client:
         with pytest.raises(NodeUnreachable) as info:
             await client.forward(url, [make_item(0, 0, torch.zeros(1, 4))])

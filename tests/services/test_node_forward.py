@@ -12,6 +12,7 @@ from moe import load, profiles
 from services import DeviceProfile, ModeledCompute, Node, NodeClient, TorchCompute
 from services.tiers import parse_placement
 from services.wire import DTYPES, VARIANTS, decode_tensor, make_item
+from tests.helpers import wait_until
 
 ULP = {"f32": 1e-5, "f16": 2.0**-10, "bf16": 2.0**-7}
 
@@ -72,15 +73,16 @@ async def test_requests_waiting_together_are_batched_with_the_same_answers(
     compute: TorchCompute, client: NodeClient, make_settings
 ) -> None:
     flops_row = compute.flops(1)
-    slow = DeviceProfile("slow", gpu_tflops=flops_row / 0.03 / 1e12, gpu_mem_gb=1,
-                         cpu_mem_gb=1, h2d_gbps=100)  # 30 ms per row
+    slow = DeviceProfile("slow", gpu_tflops=flops_row / 0.1 / 1e12, gpu_mem_gb=1,
+                         cpu_mem_gb=1, h2d_gbps=100)  # 100 ms per row
     d = compute.shape.d_model
     async with Node(make_settings(profile=slow), compute=compute) as node:
         node.set_placement(parse_placement({"experts": [
             {"layer": 0, "expert": e, "variant": "fp16", "tier": "gpu"} for e in (1, 2)]},
             node.shape))
         first = asyncio.create_task(client.forward(node.url, [make_item(0, 2, torch.randn(1, d))]))
-        await asyncio.sleep(0.01)  # the device is busy with `first` for 30 ms
+        await wait_until(lambda: node.device.in_service == 1, "`first` in service")
+        # the device is busy with `first` for 100 ms: the six below arrive meanwhile
         xs = [torch.randn(1, d) for _ in range(6)]
         answers = await asyncio.gather(*(client.forward(node.url, [make_item(0, 1, x)])
                                          for x in xs))

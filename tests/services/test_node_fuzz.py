@@ -31,6 +31,7 @@ from services.wire import (
     unpack_error,
     unpack_response,
 )
+from tests.helpers import FAST
 
 TOKEN = "test-token"
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -94,10 +95,9 @@ class ThreadedNode:
 
 @pytest.fixture(scope="module")
 def served(compute: TorchCompute) -> Iterator[ThreadedNode]:
-    from services import DeviceProfile, NodeSettings
+    from services import NodeSettings
 
-    settings_ = NodeSettings(name="fuzz", token=TOKEN, max_body_bytes=64 * 1024,
-                             profile=DeviceProfile("f", 1000.0, 1.0, 1.0, 100.0))
+    settings_ = NodeSettings(name="fuzz", token=TOKEN, max_body_bytes=64 * 1024, profile=FAST)
     node = Node(settings_, compute=compute)
     shape = compute.shape
     entries = [{"layer": layer, "expert": e, "variant": v, "tier": "gpu" if e % 2 else "cpu"}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import signal
 import sys
 from pathlib import Path
@@ -16,35 +14,9 @@ import torch
 from moe import load
 from services import ClientSettings, NodeClient, NodeRefused
 from services.wire import decode_tensor, make_item
+from tests.helpers import ROOT, env, node_process, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "process-token"
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, MOEMESH_TOKEN=TOKEN)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services", "node", *args, cwd=ROOT, env=_env(),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        async with asyncio.timeout(120):
-            line = (await proc.stdout.readline()).decode()
-    except BaseException:
-        proc.kill()
-        await proc.wait()
-        raise
-    match = re.search(r"ready on (http://\S+)", line)
-    if match is None:
-        proc.kill()
-        err = (await proc.stderr.read()).decode()
-        await proc.wait()
-        raise AssertionError(f"no ready line: {line!r} {err[-2000:]}")
-    return proc, match.group(1)
 
 
 async def test_sigterm_drains_requests_in_flight_then_exits_0(
@@ -58,28 +30,32 @@ async def test_sigterm_drains_requests_in_flight_then_exits_0(
     placement = tmp_path / "placement.json"
     placement.write_text(json.dumps({"experts": [
         {"layer": 0, "expert": 2, "variant": "int8", "tier": "gpu"}]}))
-    proc, url = await _start("--name", "p1", "--port", "0", "--model", str(small_model_dir),
-                             "--profile", str(profile), "--placement", str(placement),
-                             "--max-batch-rows", "1")
-    try:
-        async with NodeClient(ClientSettings(token=TOKEN, forward_s=60)) as client:
-            xs = [torch.randn(1, model.config.d_model) for _ in range(5)]
-            tasks = [asyncio.create_task(client.forward(url, [make_item(0, 2, x, "int8")]))
-                     for x in xs]
-            while (await client.health(url))["queue"] < 3:
-                await asyncio.sleep(0.01)
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.05)
-            with pytest.raises(NodeRefused) as late:  # arrives while draining
-                await client.forward(url, [make_item(0, 2, xs[0], "int8")])
-            answers = await asyncio.gather(*tasks)
+    async with node_process(
+        "--name", "p1", "--port", "0", "--model", str(small_model_dir), "--profile",
+        str(profile), "--placement", str(placement), "--max-batch-rows", "1",
+        log=tmp_path / "p1.log", token=TOKEN,
+    ) as node, NodeClient(ClientSettings(token=TOKEN, forward_s=60)) as client:
+        url, proc = node.url, node.proc
+        xs = [torch.randn(1, model.config.d_model) for _ in range(5)]
+        tasks = [asyncio.create_task(client.forward(url, [make_item(0, 2, x, "int8")]))
+                 for x in xs]
+
+        async def queued(n: int) -> bool:
+            return (await client.health(url))["queue"] >= n
+
+        await wait_until(lambda: queued(3), "three requests queued", every_s=0.01)
+        proc.send_signal(signal.SIGTERM)
+
+        async def draining() -> bool:
+            return (await client.health(url))["status"] == "draining"
+
+        await wait_until(draining, "the node draining", every_s=0.01)
+        with pytest.raises(NodeRefused) as late:  # arrives while draining
+            await client.forward(url, [make_item(0, 2, xs[0], "int8")])
+        answers = await asyncio.gather(*tasks)
         async with asyncio.timeout(60):
             code = await proc.wait()
-        err = (await proc.stderr.read()).decode()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    err = node.stderr()
     assert code == 0, err
     assert "draining" in err and "stopped after 5 requests" in err
     assert late.value.status == 503 and late.value.code == "shutting_down"
@@ -99,7 +75,7 @@ async def test_sigterm_drains_requests_in_flight_then_exits_0(
 )
 async def test_bad_input_exits_2_naming_the_problem(args: list[str], words: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services", "node", *args, cwd=ROOT, env=_env(),
+        sys.executable, "-m", "services", "node", *args, cwd=ROOT, env=env(MOEMESH_TOKEN=TOKEN),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     async with asyncio.timeout(120):
         out, err = await proc.communicate()

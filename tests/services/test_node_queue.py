@@ -14,6 +14,7 @@ import torch
 from services import DeviceProfile, Node, NodeClient, NodeRefused, TorchCompute
 from services.tiers import parse_placement
 from services.wire import make_item
+from tests.helpers import wait_until
 
 
 def _place(node: Node, *entries: tuple[int, int, str, str]) -> None:
@@ -54,23 +55,24 @@ async def test_cpu_tier_expert_pays_load_time_once_then_is_cached(
 async def test_a_long_queue_shows_in_state_and_queue_time(
     compute: TorchCompute, client: NodeClient, make_settings
 ) -> None:
-    prof = _profile(compute, compute_s=0.02)
+    prof = _profile(compute, compute_s=0.1)
     # max_batch_rows=1: one request per batch, so the queue is served one by one.
     async with Node(make_settings(profile=prof, max_batch_rows=1), compute=compute) as node:
         _place(node, (0, 0, "fp16", "gpu"))
         x = torch.randn(1, node.shape.d_model)
         tasks = [asyncio.create_task(client.forward(node.url, [make_item(0, 0, x)]))
                  for _ in range(10)]
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: node.device.queue_depth >= 6 or all(t.done() for t in tasks),
+                         "six requests waiting")
         health = await client.health(node.url)
         answers = await asyncio.gather(*tasks)
         assert node.device.batches == 10
     waits = sorted(a.timing.queue_ms for a in answers)
-    assert waits[-1] >= 8 * 20.0  # the last one waited for at least eight 20 ms services
-    assert all(a.timing.compute_ms >= 20.0 for a in answers)
-    assert health["queue"] >= 5
+    assert waits[-1] >= 8 * 100.0  # the last one waited for at least eight 100 ms services
+    assert all(a.timing.compute_ms >= 100.0 for a in answers)
+    assert health["queue"] >= 5  # six waited a moment ago; one more may have entered service
     assert max(a.state.queue for a in answers) >= 5
-    assert max(a.state.busy_ms for a in answers) >= 5 * 20.0
+    assert max(a.state.busy_ms for a in answers) >= 5 * 100.0
     assert answers[-1].state.queue == 0 or min(a.state.queue for a in answers) == 0
 
 
@@ -99,7 +101,7 @@ async def test_slow_fault_stretches_compute_and_fail_fault_refuses(
 async def test_a_full_queue_answers_503_overloaded_and_keeps_serving(
     compute: TorchCompute, client: NodeClient, make_settings
 ) -> None:
-    prof = _profile(compute, compute_s=0.02)
+    prof = _profile(compute, compute_s=0.2)  # 8 requests arrive long before 3 are served
     async with Node(make_settings(profile=prof, max_queue=2, max_batch_rows=1),
                     compute=compute) as node:
         _place(node, (0, 0, "fp16", "gpu"))
@@ -116,14 +118,15 @@ async def test_a_full_queue_answers_503_overloaded_and_keeps_serving(
 async def test_an_expert_dropped_while_queued_is_answered_404(
     compute: TorchCompute, client: NodeClient, make_settings
 ) -> None:
-    prof = _profile(compute, compute_s=0.03)
+    prof = _profile(compute, compute_s=0.5)  # long beside a loaded host's request time
     async with Node(make_settings(profile=prof, max_batch_rows=1), compute=compute) as node:
         _place(node, (0, 0, "fp16", "gpu"), (0, 1, "fp16", "gpu"))
         x = torch.randn(1, node.shape.d_model)
         busy = asyncio.create_task(client.forward(node.url, [make_item(0, 0, x)]))
-        await asyncio.sleep(0.01)
+        await wait_until(lambda: node.device.in_service == 1, "the first request in service")
         queued = asyncio.create_task(client.forward(node.url, [make_item(0, 1, x)]))
-        await asyncio.sleep(0.005)
+        await wait_until(lambda: node.device.queue_depth == 1, "the second request queued")
+        assert node.device.in_service == 1 and not busy.done()
         _place(node, (0, 0, "fp16", "gpu"))
         await busy
         with pytest.raises(NodeRefused) as info:
