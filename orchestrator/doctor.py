@@ -217,16 +217,20 @@ def uml_kernel() -> Check:
 
 # -- what they enable ---------------------------------------------------------------------------
 
+def _docker() -> tuple[Check, ...]:
+    """The engine, and the image once the engine answers (before, the engine is the news)."""
+    return (docker_engine(), docker_image()) if docker_engine().ok else (docker_engine(),)
+
+
 FEATURES = {
     "tc": ("tc shaper: --shaper tc here (tests marked lab)", lambda: (net_admin(), netem())),
     "netns": ("netns runtime: --runtime netns (tests marked netns)",
               lambda: (root(), ip(), iptables())),
-    "docker": ("docker runtime: --runtime docker (tests marked docker)",
-               lambda: (docker_engine(), docker_image())),
+    "docker": ("docker runtime: --runtime docker (tests marked docker)", lambda: _docker()),
     "compose-v2": ("compose meshes with `docker compose` (tests marked docker)",
-                   lambda: (docker_engine(), docker_image(), compose("v2"))),
+                   lambda: (*_docker(), compose("v2"))),
     "compose-v1": ("compose meshes with `docker-compose -f compose.yaml` (tests marked docker)",
-                   lambda: (docker_engine(), docker_image(), compose("v1"))),
+                   lambda: (*_docker(), compose("v1"))),
     "lab": ("kernel lab: moemesh lab run, bash .ci/lab.sh (tests marked uml)",
             lambda: (kmod(), uml_kernel())),
 }
