@@ -5,12 +5,21 @@ experts per row from a softmax gate and sums their SwiGLU outputs with the renor
 weights (as Mixtral and `transformers`' MixtralSparseMoeBlock do). The dense part (embedding,
 attention, gate, head) stays on the home node; `moe(x)` is the seam where a router can send
 the work anywhere, through the `executor` hook of `nll` and `forward`.
+
+Inference takes a fast path (`MoEModel.fast`, on by default) whenever no autograd graph is
+wanted (grad disabled, or the weights frozen, as `moe.load` leaves them): one matmul for q/k/v,
+precomputed RoPE tables, a preallocated KV cache, the experts' weights read directly instead
+of through `nn.Module` calls. For one decoded token the cost is the number of torch ops, so the
+path is written to issue as few as possible. It is the same math up to float rounding (a test
+compares it with the module path); its expert sums are bit-identical to `combine_experts` over
+the expert modules. Training (grad enabled, weights that require grad) runs the modules.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +28,19 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .errors import ExpertIndexError
+
+# Bumped whenever any module or parameter is (re)assigned anywhere: the fast path's cached
+# references to weights are rebuilt after one. In-place changes of weights need no bump (the
+# references see them; fused copies check the weights' version counters).
+_REGISTRATIONS = [0]
+
+
+def _registered(*_args: object) -> None:
+    _REGISTRATIONS[0] += 1
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_registered)
+torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
 
 # executor(layer, x[N, d], experts[N, k], weights[N, k]) -> y[N, d]: the MoE output of a layer.
 Executor = Callable[[int, Tensor, Tensor, Tensor], Tensor]
@@ -52,11 +74,50 @@ class Expert(nn.Module):
 
 @dataclass
 class KVCache:
-    """Keys and values per layer for incremental decoding; `length` is the tokens seen."""
+    """Keys and values per layer for incremental decoding; `length` is the tokens seen.
+
+    `keys[layer]` and `values[layer]` are [B, kv_heads, length, head_dim] (keys after RoPE).
+    The fast path keeps them as views of one preallocated buffer per layer
+    ([B, 2·kv_heads, capacity, head_dim], capacity doubling when full) instead of growing
+    them with torch.cat at every token.
+    """
 
     keys: list[Tensor | None] = field(default_factory=list)
     values: list[Tensor | None] = field(default_factory=list)
     length: int = 0
+    buffers: list[Tensor | None] = field(default_factory=list, repr=False)
+
+    def _buffer(self, layer: int, like: Tensor, kv_heads: int, head_dim: int, end: int) -> Tensor:
+        """Layer's buffer [B, 2·kv_heads, capacity, head_dim] (keys' heads, then values'),
+        with room for `end` positions; what is cached so far is carried over."""
+        while len(self.buffers) <= layer:
+            self.buffers.append(None)
+        buf = self.buffers[layer]
+        b = like.shape[0]
+        if buf is not None and buf.shape[2] >= end and (buf.shape[0], buf.dtype) == (b, like.dtype):
+            return buf
+        cap = max(64, end, 2 * buf.shape[2] if buf is not None else 0)
+        with torch.inference_mode(False):  # a normal tensor: any mode may write to it
+            new = torch.empty((b, 2 * kv_heads, cap, head_dim), dtype=like.dtype,
+                              device=like.device)
+        while len(self.keys) <= layer:
+            self.keys.append(None)
+            self.values.append(None)
+        old_k, old_v = self.keys[layer], self.values[layer]
+        if old_k is not None and old_v is not None and old_k.shape[:2] == (b, kv_heads):
+            # carry over what is cached (by either path)
+            n = old_k.shape[2]
+            new[:, :kv_heads, :n] = old_k
+            new[:, kv_heads:, :n] = old_v
+        self.buffers[layer] = new
+        return new
+
+
+@contextmanager
+def _plain() -> Iterator[None]:
+    """For tensors the fast path keeps: normal tensors (not inference ones), no autograd."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 def _rope_tables(cfg: ModelConfig, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -137,12 +198,115 @@ def combine_experts(
     Experts are visited in index order and each sees its rows in token order, so any caller
     that computes the same experts through this function gets bit-identical results.
     """
+    n, k = idx.shape
+    if n == 1:
+        # One row (a decoded token): no gathering. Same sums in the same order as below:
+        # 0 + y_a·w_a + y_b·w_b with experts ascending.
+        ids = idx.tolist()[0]
+        if len(set(ids)) == k:
+            ws = weights.unbind(1)
+            out = None
+            for s in sorted(range(k), key=ids.__getitem__):
+                y = run(ids[s], x) * ws[s]
+                out = y if out is None else out + y
+            if out is None:
+                return torch.zeros_like(x)
+            return out if out.dtype == x.dtype else out.to(x.dtype)
+    # Group the (row, slot) pairs by expert with one stable sort: each expert's rows come out
+    # in token order, as torch.where(idx == e) gives them.
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    pos = order // k
+    ws = weights.reshape(-1)[order]
     out = torch.zeros_like(x)
-    for e in torch.unique(idx).tolist():
-        token_pos, slot = torch.where(idx == e)
-        y = run(e, x[token_pos])
-        out.index_add_(0, token_pos, y * weights[token_pos, slot, None])
+    at = 0
+    for e, c in zip(experts.tolist(), counts.tolist(), strict=True):
+        rows = pos[at : at + c]
+        y = run(e, x.index_select(0, rows))
+        out.index_add_(0, rows, y * ws[at : at + c, None])
+        at += c
     return out
+
+
+class _FastLayer:
+    """One layer's weights as the fast path reads them: references, plus fused copies.
+
+    `w_in` is the [q; k; v] projections stacked and transposed ([d_model, (heads +
+    2·kv_heads)·head_dim]), the input norm's weight and √d_model folded in, so that one matmul
+    of `x / ‖(x, c)‖` (c² = d_model·eps, the norm's eps) gives q, k and v. `w_post` is the
+    post-attention norm's weight times √d_model; `wo_t` and `w_gate` are transposed copies
+    (x @ Wᵀ with Wᵀ contiguous is a faster BLAS call than x @ W.t()). Copies are rebuilt when
+    their sources change (`key`: the sources' version counters and storage).
+    """
+
+    __slots__ = (
+        "c1",
+        "c2",
+        "epoch",
+        "expert_modules",
+        "experts",
+        "key",
+        "sources",
+        "w_gate",
+        "w_in",
+        "w_post",
+        "weights",
+        "wo_t",
+    )
+
+    def __init__(self, blk: MoELayer, d_model: int, epoch: int) -> None:
+        attn = blk.self_attn
+        self.epoch = epoch
+        n1, n2 = blk.input_layernorm, blk.post_attention_layernorm
+        self.sources = (
+            attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight,
+            n1.weight, n2.weight, blk.gate.weight,
+        )
+        with _plain():
+            self.c1 = torch.tensor(math.sqrt(d_model * n1.eps), dtype=n1.weight.dtype)
+            self.c2 = torch.tensor(math.sqrt(d_model * n2.eps), dtype=n2.weight.dtype)
+        self.expert_modules = list(blk.experts)
+        # Plain SwiGLU experts are run from their weights (the ops of Expert.forward);
+        # anything else (a module someone swapped in) through its own forward.
+        self.experts = [
+            (m.w1.weight, m.w3.weight, m.w2.weight) if type(m) is Expert else None
+            for m in self.expert_modules
+        ]
+        self.weights = (
+            *self.sources,
+            *(w for trio in self.experts if trio is not None for w in trio),
+        )
+        self.key = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        key = tuple((w._version, w.data_ptr()) for w in self.sources)
+        if key == self.key:
+            return
+        wq, wk, wv, wo, wn1, wn2, wg = self.sources
+        root = math.sqrt(wq.shape[1])
+        with _plain():
+            self.w_in = (torch.cat([wq, wk, wv]) * (wn1 * root)).t().contiguous()
+            self.w_post = wn2 * root
+            self.wo_t = wo.t().contiguous()
+            self.w_gate = wg.t().contiguous()
+        self.key = key
+
+    def requires_grad(self) -> bool:
+        return any(w.requires_grad for w in self.weights)
+
+    def run_expert(self, e: int, rows: Tensor) -> Tensor:
+        trio = self.experts[e]
+        if trio is None:
+            return self.expert_modules[e](rows)
+        w1, w3, w2 = trio
+        return F.linear(F.silu(F.linear(rows, w1)) * F.linear(rows, w3), w2)
+
+
+def _unit_rms(x: Tensor, c: Tensor) -> Tensor:
+    """x / sqrt(Σx² + c²): RMSNorm without its weight, divided by √d (c² = d·eps). 3 ops."""
+    return x / torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), c)
 
 
 class MoEModel(nn.Module):
@@ -162,6 +326,101 @@ class MoEModel(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self._quantized: dict[tuple[int, int, str], nn.Module] = {}
+        self.fast = True  # inference fast path (see the module's docstring); False: modules only
+        self._fast_layers: list[_FastLayer | None] = [None] * config.layers
+        self._head: tuple | None = None  # (key, *_head_weights()) for `head`
+        # RoPE per position and column of [q | k | v]: cos, signed sin, and one row per position
+        self._rope: tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]] | None = None
+        hd, groups = config.head_dim, config.heads + 2 * config.kv_heads
+        # swaps the halves of every head: x[swap] is rotate_half(x) up to signs (in the sin)
+        self._swap = torch.arange(groups * hd).view(groups, 2, hd // 2).flip(1).reshape(-1)
+
+    # -- fast path --------------------------------------------------------------------------
+    def _fast(self, layer: int) -> _FastLayer | None:
+        """The layer's fast-path weights, or None where the module path must run."""
+        if not self.fast:
+            return None
+        f = self._fast_layers[layer]
+        if f is None or f.epoch != _REGISTRATIONS[0]:
+            self._check_layer(layer)
+            f = _FastLayer(self.layers[layer], self.config.d_model, _REGISTRATIONS[0])
+            self._fast_layers[layer] = f
+        if torch.is_grad_enabled() and f.requires_grad():
+            return None  # training: autograd through the modules
+        return f
+
+    def _rope_for(self, end: int) -> tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]]:
+        """cos and signed sin [positions, groups·head_dim] for the columns of [q | k | v]
+        (v: cos 1, sin 0), so that `x·cos + x[swap]·sin` is `x·cos + rotate_half(x)·sin` per
+        head, bit for bit; and the rows per position, for one-token steps."""
+        if self._rope is not None and self._rope[0].shape[0] >= end:
+            return self._rope
+        cfg = self.config
+        cap = max(end, cfg.max_seq, 2 * (self._rope[0].shape[0] if self._rope else 0))
+        with _plain():
+            cos, sin = _rope_tables(cfg, torch.arange(cap))
+            half = cfg.head_dim // 2
+            sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+            qk = cfg.heads + cfg.kv_heads
+            v = cfg.kv_heads * cfg.head_dim
+            cos = torch.cat([cos.repeat(1, qk), cos.new_ones(cap, v)], dim=-1)
+            sin = torch.cat([sin.repeat(1, qk), sin.new_zeros(cap, v)], dim=-1)
+            self._rope = (cos, sin, list(zip(cos.unbind(0), sin.unbind(0), strict=True)))
+        return self._rope
+
+    def _attn_fast(
+        self, f: _FastLayer, layer: int, h: Tensor, b: int, t: int, cache: KVCache | None
+    ) -> Tensor:
+        """`attn_block` on h [b·t, d] (rows batch-major): the residual stream after attention."""
+        cfg = self.config
+        hd, nh, nkv = cfg.head_dim, cfg.heads, cfg.kv_heads
+        start = cache.length if cache is not None else 0
+        end = start + t
+        f.refresh()
+        y = torch.mm(_unit_rms(h, f.c1), f.w_in)  # [b·t, (nh + 2·nkv)·hd]: q | k | v
+        cos, sin, rows = self._rope_for(end)
+        if t == 1:
+            cos, sin = rows[start]
+        else:
+            cos, sin = cos[start:end].repeat(b, 1), sin[start:end].repeat(b, 1)
+        y = torch.addcmul(y * cos, y.index_select(-1, self._swap), sin)
+        groups = nh + 2 * nkv
+        # [b, groups, t, hd]: heads of q, then of k, then of v
+        y = y.view(b, groups, 1, hd) if t == 1 else y.view(b, t, groups, hd).transpose(1, 2)
+        q = y.narrow(1, 0, nh)
+        if cache is not None:
+            buf = cache._buffer(layer, y, nkv, hd, end)
+            buf.narrow(2, start, t).copy_(y.narrow(1, nh, 2 * nkv))
+            size, stride = (b, nkv, end, hd), buf.stride()
+            k = buf.as_strided(size, stride, buf.storage_offset())
+            v = buf.as_strided(size, stride, buf.storage_offset() + nkv * stride[1])
+            cache.keys[layer], cache.values[layer] = k, v
+        else:
+            k, v = y.narrow(1, nh, nkv), y.narrow(1, nh + nkv, nkv)
+        gqa = nkv != nh
+        if t == 1:  # one new query sees every cached position: no mask
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa).view(b, nh * hd)
+        else:
+            if start == 0:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            else:
+                mask = torch.ones(t, end, dtype=torch.bool).tril(diagonal=start)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            out = out.transpose(1, 2).reshape(b * t, nh * hd)
+        return torch.addmm(h, out, f.wo_t)
+
+    def _head_weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(final norm's weight·√d, c, lm_head's weight transposed), rebuilt when changed."""
+        w, lm = self.norm.weight, self.lm_head.weight
+        key = (id(w), w._version, w.data_ptr(), id(lm), lm._version, lm.data_ptr())
+        if self._head is None or self._head[0] != key:
+            d = self.config.d_model
+            with _plain():
+                scaled = w * math.sqrt(d)
+                lm_t = lm.t().contiguous()
+                c = torch.tensor(math.sqrt(d * self.norm.eps), dtype=w.dtype)
+            self._head = (key, scaled, c, lm_t)
+        return self._head[1:]
 
     # -- addressing -------------------------------------------------------------------------
     def _check_layer(self, layer: int) -> None:
@@ -200,20 +459,33 @@ class MoEModel(nn.Module):
 
     # -- the pieces of a layer --------------------------------------------------------------
     def check_tokens(self, tokens: Tensor) -> None:
-        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
-            raise ExpertIndexError(f"token ids must lie in 0–{self.config.vocab_size - 1}")
+        n = tokens.numel()
+        if n:
+            lo, hi = (v := int(tokens), v) if n == 1 else map(int, torch.aminmax(tokens))
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ExpertIndexError(f"token ids must lie in 0–{self.config.vocab_size - 1}")
 
     def embed(self, tokens: Tensor) -> Tensor:
         if tokens.dim() == 1:
             tokens = tokens[None]
         self.check_tokens(tokens)
+        if self.fast:
+            return F.embedding(tokens, self.embed_tokens.weight)
         return self.embed_tokens(tokens)
 
     def attn_block(self, layer: int, h: Tensor, cache: KVCache | None = None) -> Tensor:
+        f = self._fast(layer)
+        if f is not None:
+            b, t, d = h.shape
+            return self._attn_fast(f, layer, h.reshape(b * t, d), b, t, cache).view(b, t, d)
         blk = self.layers[layer]
         return h + blk.self_attn(blk.input_layernorm(h), cache=cache, layer=layer)
 
     def moe_input(self, layer: int, h: Tensor) -> Tensor:
+        f = self._fast(layer)
+        if f is not None:
+            f.refresh()
+            return f.w_post * _unit_rms(h, f.c2)
         return self.layers[layer].post_attention_layernorm(h)
 
     def gate_logits(self, layer: int, h: Tensor) -> Tensor:
@@ -222,10 +494,25 @@ class MoEModel(nn.Module):
 
     def route(self, layer: int, h: Tensor) -> tuple[Tensor, Tensor]:
         """(experts [N, k], weights [N, k]) chosen by the gate for each row of h."""
-        return topk_route(self.gate_logits(layer, h), self.config.top_k)
+        f = self._fast(layer)
+        if f is None:
+            return topk_route(self.gate_logits(layer, h), self.config.top_k)
+        return self._route_fast(f, h)
+
+    def _route_fast(self, f: _FastLayer, h: Tensor) -> tuple[Tensor, Tensor]:
+        # Softmax is monotonic and renormalising over the top k is a softmax over their
+        # logits: the same choice and weights as topk_route, with 2 ops instead of 5.
+        logits = torch.mm(h, f.w_gate) if h.dim() == 2 else torch.matmul(h, f.w_gate)
+        top, idx = torch.topk(logits, self.config.top_k, dim=-1)
+        if top.dtype == torch.float32:
+            return idx, torch.softmax(top, dim=-1)
+        return idx, torch.softmax(top, dim=-1, dtype=torch.float32).to(logits.dtype)
 
     def run_experts(self, layer: int, h: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
         """Exact, full-precision execution of given expert choices on this process."""
+        f = self._fast(layer)
+        if f is not None:  # the experts' own ops, without nn.Module calls: identical sums
+            return combine_experts(h, idx, weights, f.run_expert)
         experts = self.layers[layer].experts
         return combine_experts(h, idx, weights, lambda e, rows: experts[e](rows))
 
@@ -235,6 +522,12 @@ class MoEModel(nn.Module):
         return self.run_experts(layer, h, idx, weights)
 
     def head(self, h: Tensor) -> Tensor:
+        w = self.lm_head.weight
+        if self.fast and not (
+            torch.is_grad_enabled() and (w.requires_grad or self.norm.weight.requires_grad)
+        ):
+            scaled, c, lm_t = self._head_weights()
+            return torch.matmul(scaled * _unit_rms(h, c), lm_t)
         return self.lm_head(self.norm(h))
 
     # -- whole passes -----------------------------------------------------------------------
@@ -247,6 +540,20 @@ class MoEModel(nn.Module):
         """Logits [B, T, vocab]. `executor` replaces the local expert computation per layer."""
         h = self.embed(tokens)
         b, t, d = h.shape
+        if executor is None and self.fast:
+            fast = [self._fast(layer) for layer in range(self.config.layers)]
+            if all(f is not None for f in fast):
+                with torch.inference_mode():
+                    h = h.view(b * t, d)  # rows: the residual stream stays 2-D
+                    for layer, f in enumerate(fast):
+                        h = self._attn_fast(f, layer, h, b, t, cache)
+                        x = f.w_post * _unit_rms(h, f.c2)
+                        idx, weights = self._route_fast(f, x)
+                        h = h + combine_experts(x, idx, weights, f.run_expert)
+                    logits = self.head(h).view(b, t, -1)
+                if cache is not None:
+                    cache.length += t
+                return logits
         for layer in range(self.config.layers):
             h = self.attn_block(layer, h, cache)
             x = self.moe_input(layer, h).reshape(b * t, d)
