@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "moe.commands",
     "services.commands",
     "router.commands",
+    "bench.engine",
     "netem.commands",
     "orchestrator.commands",
     "orchestrator.mesh_commands",
