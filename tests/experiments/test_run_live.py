@@ -1,7 +1,7 @@
 """End to end on real node processes (the `local` runtime: loopback, the `app` shaper).
 
 `test_shortened_quickstart` is what CI runs: the README's main job, shortened with
-`--requests`, then checks summary.json's schema (DESIGN §3) and that every token issued is
+`--requests`, then checks summary.json's schema (docs/contracts.md) and that every token issued is
 accounted for. `test_faults_happen_and_nothing_is_left_behind` runs a link cut and a node kill
 through the same runner and checks they are recorded and undone.
 """

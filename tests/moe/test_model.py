@@ -1,4 +1,4 @@
-"""The model's contract (DESIGN §3): addressable experts, executor hook, incremental decoding."""
+"""The model's contract (docs/contracts.md): addressable experts, executor hook, KV decoding."""
 
 from __future__ import annotations
 

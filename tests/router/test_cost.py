@@ -1,4 +1,4 @@
-"""The cost model of DESIGN §5 on cases computed by hand, and its compiled form against it."""
+"""The cost model (docs/cost-model.md) on hand-computed cases, and its compiled form against it."""
 
 from __future__ import annotations
 
