@@ -58,7 +58,23 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="run the whole set of policies N times, each time in a "
                         "counterbalanced order (rotated, then reversed), e.g. 4; the report "
                         "shows the run-to-run spread (default: the scenario's repeat, 1)")
+    p.add_argument("--tdf", type=_tdf, metavar="FACTOR",
+                   help="time dilation, a factor >= 1 or auto (the smallest factor at which "
+                        "the host's overhead share is small, measured on the live mesh), "
+                        "e.g. 8 or auto (default: the scenario's time_dilation)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def _tdf(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a factor >= 1 or auto, got {text!r}") from None
+    if not (value >= 1 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"a factor >= 1 or auto, got {text!r}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -114,6 +130,10 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
         changes["runtime"] = args.runtime
     if args.shaper:
         changes["shaper"] = args.shaper
+    if args.tdf == "auto":
+        changes["auto_dilation"] = True
+    elif args.tdf is not None:
+        changes.update(time_dilation=args.tdf, auto_dilation=False)
     if changes.get("runtime") == "local" and "shaper" not in changes and scenario.shaper == "tc":
         changes["shaper"] = "auto"
     if changes:

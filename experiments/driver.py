@@ -193,6 +193,18 @@ class Driver:
         self.result.tokens.sort(key=lambda t: (t.request, t.index))
         return self.result
 
+    async def run_back_to_back(self) -> DriveResult:
+        """The plan's requests one after another, each sent when the last is answered, their
+        arrival times ignored: a probe of the per-token path (experiments.calibrate)."""
+        conn = aiohttp.TCPConnector(limit=0, force_close=False)
+        async with aiohttp.ClientSession(connector=conn) as session:
+            self._start = self.result.started_perf = now()
+            self.result.started_at = time.time()
+            for req in self.plan.requests:
+                await self._send(session, req, self._scenario_s(now()))
+            self.result.wall_s = now() - self._start
+        return self.result
+
     async def _user(self, session: aiohttp.ClientSession, user: Any) -> None:
         w = self.plan.workload
         k = 0

@@ -8,7 +8,7 @@ through the arm's routing for quality (`/v1/score`, against `exact`). Last, the 
 the same workload (its first `overhead_requests` requests) under the first arm with every link
 at zero delay, which measures what the emulator itself adds.
 
-Compute → rows → render (STYLE 12): this module writes `tokens.csv`, `requests.csv`,
+Compute → rows → render: this module writes `tokens.csv`, `requests.csv`,
 `overhead.csv` and `run.json` into the output folder and then calls `experiments.report` to
 turn them into `summary.json`, `report.md` and the plots, exactly as `moemesh report DIR` does.
 """
@@ -36,8 +36,10 @@ from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
 
 from .driver import DriveLimits, Driver, DriveResult, first_error
+from .looplag import collect_loop_lag
 from .metrics import DEFAULT_SLO_MS
 from .progress import RunProgress
+from .repeats import rep_label, rep_orders
 from .rows import RequestRow, TokenRow, write_rows
 from .target import MeshTarget, zero_links
 from .workload import WorkloadPlan, plan_workload
@@ -62,8 +64,11 @@ class RunOptions:
     quiet: bool = False
     limits: DriveLimits = field(default_factory=DriveLimits)
     render: bool = True  # write summary.json, report.md and plots after the raw records
+    repeat: int = 1  # the whole set of arms this many times, counterbalanced (.repeats)
 
     def __post_init__(self) -> None:
+        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
+            raise ValueError(f"repeat must be a whole number >= 1, got {self.repeat!r}")
         for name in ("quality_windows", "quality_seq", "overhead_requests"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -193,8 +198,12 @@ async def score(urls: Mapping[str, str], homes: Sequence[str], windows: Sequence
             if data.get("nll") is not None and n > 0:
                 total += float(data["nll"]) * n
                 count += n
+            # per position, so that the report compares policies on the identical token set
+            # (a position failed under any policy is left out of every policy's average)
             per.append({"home": home, "nll": data.get("nll"), "tokens": data["tokens"],
-                        "failed_tokens": data["failed_tokens"]})
+                        "failed_tokens": data["failed_tokens"],
+                        "failed_positions": data.get("failed_positions"),
+                        "token_nll": data.get("token_nll")})
     return {"policy": policy, "nll": total / count if count else None, "tokens": count,
             "failed_tokens": failed, "windows": per}
 
@@ -268,6 +277,23 @@ class _Run:
     def _time(self, key: str, since: float) -> None:
         self.meta["timings"][key] = round(time.monotonic() - since, 3)
 
+    async def calibrate(self, open_mesh: MeshFactory, placement: Mapping[str, list[dict]]
+                        ) -> Scenario:
+        """`time_dilation: auto`: measure the factor (experiments.calibrate), use it."""
+        from .calibrate import calibrate
+
+        self.progress.note("time dilation: auto; measuring the host's overhead on the mesh")
+        t = time.monotonic()
+        tdf, info = await calibrate(self.scenario, self.arms[0], open_mesh, placement,
+                                    self.plan, self.progress.note)
+        self._time("calibration_s", t)
+        self.scenario = replace(self.scenario, time_dilation=tdf, auto_dilation=False)
+        self.tdf = tdf
+        self.meta["time_dilation"] = tdf
+        self.meta["calibration"] = info
+        self.progress.note(f"time dilation {tdf:g} ({info['reason']})")
+        return self.scenario
+
     def place_all(self) -> dict[str, list[dict]]:
         """Every arm's placement, computed before any node starts; returns the first."""
         for arm in self.arms:
@@ -295,12 +321,27 @@ class _Run:
         load = os.getloadavg()[0]
         result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
                                                   self.options, self.progress)
+        lag = await collect_loop_lag(mesh, result.started_perf, self.tdf)
+        if lag is not None:  # experiments.looplag: each node's event-loop lag in the arm
+            self.meta.setdefault("loop_lag", {})[arm.label] = lag
         self.progress.end_arm()
         self.meta["load"][arm.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
         self.meta["faults"][arm.label] = faults
         self._time(arm.label, t)
         self.got.tokens += result.tokens
         self.got.requests += result.requests
+
+    async def arm_in(self, mesh: MeshTarget, arm: Arm, rep: int) -> None:
+        """`arm` in repetition `rep` (experiments.repeats): its run.json keys are
+        `LABEL#repN` from repetition 1 on; its rows keep the label and say `rep`."""
+        if rep == 0:
+            await self.arm(mesh, arm)
+            return
+        nt, nr = len(self.got.tokens), len(self.got.requests)
+        await self.arm(mesh, replace(arm, label=rep_label(arm.label, rep)))
+        got = self.got
+        got.tokens[nt:] = [replace(t, policy=arm.label, rep=rep) for t in got.tokens[nt:]]
+        got.requests[nr:] = [replace(r, policy=arm.label, rep=rep) for r in got.requests[nr:]]
 
     async def quality(self, mesh: MeshTarget, arm: Arm) -> None:
         """Held-out NLL through the arm's routing (its placement is in force), and exact's."""
@@ -368,17 +409,24 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
     with RunProgress(f"moemesh run {scenario.name}: {plan.describe()}",
                      quiet=options.quiet) as progress:
         run = _Run(scenario, arms, options, plan, notes, progress)
+        orders = rep_orders(list(arms), options.repeat)
+        run.meta["repeats"] = {"n": options.repeat,
+                               "orders": [[a.label for a in o] for o in orders]}
         try:
             first = run.place_all()
+            if scenario.auto_dilation:
+                scenario = await run.calibrate(open_mesh, first)
             progress.note(f"starting the mesh ({scenario.runtime} runtime, "
                           f"{len(scenario.topology.nodes)} nodes)")
             t0 = time.monotonic()
             async with open_mesh(scenario, first) as mesh:
                 run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
                 run._time("mesh_start_s", t0)
-                for arm in arms:
-                    await run.arm(mesh, arm)
-                    await run.quality(mesh, arm)
+                for rep, order in enumerate(orders):
+                    for arm in order:
+                        await run.arm_in(mesh, arm, rep)
+                        if rep == 0:  # quality is scored once per arm
+                            await run.quality(mesh, arm)
                 if options.overhead_requests:
                     await run.overhead(mesh)
         except BaseException as exc:

@@ -1,4 +1,4 @@
-"""Scenario: one experiment described as plain, frozen, validated data (STYLE 3).
+"""Scenario: one experiment described as plain, frozen, validated data.
 
 A scenario names a topology (inline, or a file path relative to the scenario file), the model,
 the offline placement, the router policies to compare on the same seeded workload, the quality
@@ -8,8 +8,8 @@ the runtimes, the placement and the fault runner read these objects.
 
 All times in a scenario are scenario time (what results report). With time dilation TDF, the
 wall clock runs TDF times slower: emulated delays and service times are multiplied by TDF and
-arrival rates divided by it (DESIGN §5). Fault times count from the workload's start, warm-up
-included; the fault entries themselves (`Fault`, `LinkChange`, their YAML form) live in
+arrival rates divided by it (docs/cost-model.md). Fault times count from the workload's start,
+warm-up included; the fault entries themselves (`Fault`, `LinkChange`, their YAML form) live in
 `orchestrator.faults`, beside the runner that applies them. Link values are ONE-WAY (see
 `orchestrator.topology`).
 
@@ -20,7 +20,7 @@ The YAML form, with every default:
     model: tiny-moe                     # or {name: mixtral-8x7b, mode: modeled}
     runtime: local                      # local | netns | docker
     shaper: auto                        # tc | app | auto (the runtime picks)
-    time_dilation: 1.0                  # >= 1
+    time_dilation: 1.0                  # >= 1, or auto (measured at the start of a run)
     repeat: 1                           # the whole set of policies N times (moemesh run)
     quality_budget_pct: 2.0             # per-token quality budget of the router
     placement: {policy: hetroute, redundancy: 2.0, variants: [fp16, int8, int4]}
@@ -261,6 +261,7 @@ class Scenario:
     placement: PlacementSpec = PlacementSpec()
     quality_budget_pct: float = 2.0
     time_dilation: float = 1.0
+    auto_dilation: bool = False  # `time_dilation: auto`: measured at the run's start
     runtime: str = "local"
     shaper: str = "auto"
     faults: tuple[Fault, ...] = ()
@@ -285,6 +286,9 @@ class Scenario:
         if self.quality_budget_pct > 100:
             raise ValueError(f"quality_budget_pct: must be <= 100, got {self.quality_budget_pct}")
         _finite(self.time_dilation, "time_dilation", ge=1.0)
+        if not isinstance(self.auto_dilation, bool):
+            raise ValueError(f"auto_dilation: must be true or false, got "
+                             f"{describe(self.auto_dilation)}")
         if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
             raise ValueError(f"repeat: must be a whole number >= 1, got {describe(self.repeat)}")
         if self.runtime not in RUNTIMES:
@@ -424,6 +428,13 @@ def _read_topology(raw: Any, loc: Loc, base: Path, name: str) -> Topology:
     return topology_from_data(raw, loc, default_name=name)
 
 
+def _dilation(raw: Any) -> dict[str, Any]:
+    """`time_dilation`: a factor >= 1, or "auto" (experiments.calibrate measures one)."""
+    if raw == "auto":
+        return {"time_dilation": 1.0, "auto_dilation": True}
+    return {"time_dilation": raw}
+
+
 def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "scenario"
                        ) -> Scenario:
     """Validate parsed YAML into a Scenario; `base` is the folder relative paths start from."""
@@ -435,7 +446,7 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "model": sec.value("model", lambda raw, at: _read_model(raw, at, base), ModelChoice()),
         "runtime": sec.raw("runtime", "local"),
         "shaper": sec.raw("shaper", "auto"),
-        "time_dilation": sec.raw("time_dilation", 1.0),
+        **_dilation(sec.raw("time_dilation", 1.0)),
         "quality_budget_pct": sec.raw("quality_budget_pct", 2.0),
         "placement": sec.value("placement", _read_placement, PlacementSpec()),
         "policies": sec.list("policies", ROUTER_POLICIES),
@@ -507,7 +518,7 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
         "topology": topology_to_data(scenario.topology),
         "model": {"name": scenario.model.name, "mode": scenario.model.mode},
         "runtime": scenario.runtime, "shaper": scenario.shaper,
-        "time_dilation": scenario.time_dilation,
+        "time_dilation": "auto" if scenario.auto_dilation else scenario.time_dilation,
         "quality_budget_pct": scenario.quality_budget_pct,
         "placement": placement, "policies": list(scenario.policies), "workload": workload,
         "faults": [_fault_data(f) for f in scenario.faults],
