@@ -281,7 +281,7 @@ class _FastLayer:
         self.refresh()
 
     def refresh(self) -> None:
-        key = tuple((w._version, w.data_ptr()) for w in self.sources)
+        key = [(w._version, w.data_ptr()) for w in self.sources]
         if key == self.key:
             return
         wq, wk, wv, wo, wn1, wn2, wg = self.sources
@@ -310,7 +310,7 @@ def _unit_rms(x: Tensor, c: Tensor) -> Tensor:
 
 
 class MoEModel(nn.Module):
-    """Byte- or token-level MoE LM with the contract of DESIGN §3.
+    """Byte- or token-level MoE LM with the contract of docs/contracts.md.
 
     The `h` given to `gate_logits`, `route` and `moe_block` is the MoE block's input (after the
     post-attention norm), shaped [N, d_model].
@@ -332,6 +332,7 @@ class MoEModel(nn.Module):
         # RoPE per position and column of [q | k | v]: cos, signed sin, and one row per position
         self._rope: tuple[Tensor, Tensor, list[tuple[Tensor, Tensor]]] | None = None
         hd, groups = config.head_dim, config.heads + 2 * config.kv_heads
+        self._dims = (hd, config.heads, config.kv_heads, groups, config.kv_heads != config.heads)
         # swaps the halves of every head: x[swap] is rotate_half(x) up to signs (in the sin)
         self._swap = torch.arange(groups * hd).view(groups, 2, hd // 2).flip(1).reshape(-1)
 
@@ -369,35 +370,39 @@ class MoEModel(nn.Module):
         return self._rope
 
     def _attn_fast(
-        self, f: _FastLayer, layer: int, h: Tensor, b: int, t: int, cache: KVCache | None
+        self, f: _FastLayer, layer: int, h: Tensor, b: int, t: int, cache: KVCache | None,
+        refresh: bool = True,
     ) -> Tensor:
         """`attn_block` on h [b·t, d] (rows batch-major): the residual stream after attention."""
-        cfg = self.config
-        hd, nh, nkv = cfg.head_dim, cfg.heads, cfg.kv_heads
+        hd, nh, nkv, groups, gqa = self._dims
         start = cache.length if cache is not None else 0
         end = start + t
-        f.refresh()
-        y = torch.mm(_unit_rms(h, f.c1), f.w_in)  # [b·t, (nh + 2·nkv)·hd]: q | k | v
-        cos, sin, rows = self._rope_for(end)
+        if refresh:
+            f.refresh()
+        y = torch.mm(_unit_rms(h, f.c1), f.w_in)  # [b·t, groups·hd]: q | k | v heads
+        rope = self._rope
+        if rope is None or rope[0].shape[0] < end:
+            rope = self._rope_for(end)
         if t == 1:
-            cos, sin = rows[start]
+            cos, sin = rope[2][start]
+            y = torch.addcmul(y * cos, y.index_select(-1, self._swap), sin).view(b, groups, 1, hd)
         else:
-            cos, sin = cos[start:end].repeat(b, 1), sin[start:end].repeat(b, 1)
-        y = torch.addcmul(y * cos, y.index_select(-1, self._swap), sin)
-        groups = nh + 2 * nkv
-        # [b, groups, t, hd]: heads of q, then of k, then of v
-        y = y.view(b, groups, 1, hd) if t == 1 else y.view(b, t, groups, hd).transpose(1, 2)
+            cos, sin = rope[0][start:end], rope[1][start:end]
+            if b > 1:
+                cos, sin = cos.repeat(b, 1), sin.repeat(b, 1)
+            y = torch.addcmul(y * cos, y.index_select(-1, self._swap), sin)
+            y = y.view(b, t, groups, hd).transpose(1, 2)
+        # y: [b, groups, t, hd], heads of q, then of k, then of v
         q = y.narrow(1, 0, nh)
         if cache is not None:
             buf = cache._buffer(layer, y, nkv, hd, end)
             buf.narrow(2, start, t).copy_(y.narrow(1, nh, 2 * nkv))
-            size, stride = (b, nkv, end, hd), buf.stride()
-            k = buf.as_strided(size, stride, buf.storage_offset())
-            v = buf.as_strided(size, stride, buf.storage_offset() + nkv * stride[1])
+            size, stride, at = (b, nkv, end, hd), buf.stride(), buf.storage_offset()
+            k = buf.as_strided(size, stride, at)
+            v = buf.as_strided(size, stride, at + nkv * stride[1])
             cache.keys[layer], cache.values[layer] = k, v
         else:
             k, v = y.narrow(1, nh, nkv), y.narrow(1, nh + nkv, nkv)
-        gqa = nkv != nh
         if t == 1:  # one new query sees every cached position: no mask
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa).view(b, nh * hd)
         else:
@@ -497,6 +502,7 @@ class MoEModel(nn.Module):
         f = self._fast(layer)
         if f is None:
             return topk_route(self.gate_logits(layer, h), self.config.top_k)
+        f.refresh()
         return self._route_fast(f, h)
 
     def _route_fast(self, f: _FastLayer, h: Tensor) -> tuple[Tensor, Tensor]:
@@ -543,10 +549,12 @@ class MoEModel(nn.Module):
         if executor is None and self.fast:
             fast = [self._fast(layer) for layer in range(self.config.layers)]
             if all(f is not None for f in fast):
+                for f in fast:
+                    f.refresh()
                 with torch.inference_mode():
                     h = h.view(b * t, d)  # rows: the residual stream stays 2-D
                     for layer, f in enumerate(fast):
-                        h = self._attn_fast(f, layer, h, b, t, cache)
+                        h = self._attn_fast(f, layer, h, b, t, cache, refresh=False)
                         x = f.w_post * _unit_rms(h, f.c2)
                         idx, weights = self._route_fast(f, x)
                         h = h + combine_experts(x, idx, weights, f.run_expert)

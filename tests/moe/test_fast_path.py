@@ -113,6 +113,12 @@ def test_route_picks_what_the_softmax_gate_picks(model: MoEModel) -> None:
         ref_idx, ref_w = topk_route(model.gate_logits(0, x), model.config.top_k)
     assert torch.equal(idx, ref_idx)
     torch.testing.assert_close(w, ref_w)
+    with torch.no_grad():
+        model.layers[0].gate.weight.neg_()  # in place: the fast path's copy must follow
+        idx, w = model.route(0, x)
+        ref_idx, ref_w = topk_route(model.gate_logits(0, x), model.config.top_k)
+    assert torch.equal(idx, ref_idx)
+    torch.testing.assert_close(w, ref_w)
 
 
 def test_changed_or_swapped_weights_are_seen(model: MoEModel, small_model_dir) -> None:
