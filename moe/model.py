@@ -244,6 +244,7 @@ class _FastLayer:
         "c1",
         "c2",
         "epoch",
+        "eps",
         "expert_modules",
         "experts",
         "key",
@@ -255,7 +256,7 @@ class _FastLayer:
         "wo_t",
     )
 
-    def __init__(self, blk: MoELayer, d_model: int, epoch: int) -> None:
+    def __init__(self, blk: MoELayer, epoch: int) -> None:
         attn = blk.self_attn
         self.epoch = epoch
         n1, n2 = blk.input_layernorm, blk.post_attention_layernorm
@@ -263,9 +264,7 @@ class _FastLayer:
             attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight,
             n1.weight, n2.weight, blk.gate.weight,
         )
-        with _plain():
-            self.c1 = torch.tensor(math.sqrt(d_model * n1.eps), dtype=n1.weight.dtype)
-            self.c2 = torch.tensor(math.sqrt(d_model * n2.eps), dtype=n2.weight.dtype)
+        self.eps = (n1.eps, n2.eps)
         self.expert_modules = list(blk.experts)
         # Plain SwiGLU experts are run from their weights (the ops of Expert.forward);
         # anything else (a module someone swapped in) through its own forward.
@@ -285,8 +284,11 @@ class _FastLayer:
         if key == self.key:
             return
         wq, wk, wv, wo, wn1, wn2, wg = self.sources
-        root = math.sqrt(wq.shape[1])
+        d = wq.shape[1]
+        root = math.sqrt(d)
         with _plain():
+            self.c1 = torch.tensor(math.sqrt(d * self.eps[0]), dtype=wn1.dtype, device=wn1.device)
+            self.c2 = torch.tensor(math.sqrt(d * self.eps[1]), dtype=wn2.dtype, device=wn2.device)
             self.w_in = (torch.cat([wq, wk, wv]) * (wn1 * root)).t().contiguous()
             self.w_post = wn2 * root
             self.wo_t = wo.t().contiguous()
@@ -344,7 +346,7 @@ class MoEModel(nn.Module):
         f = self._fast_layers[layer]
         if f is None or f.epoch != _REGISTRATIONS[0]:
             self._check_layer(layer)
-            f = _FastLayer(self.layers[layer], self.config.d_model, _REGISTRATIONS[0])
+            f = _FastLayer(self.layers[layer], _REGISTRATIONS[0])
             self._fast_layers[layer] = f
         if torch.is_grad_enabled() and f.requires_grad():
             return None  # training: autograd through the modules
@@ -423,7 +425,7 @@ class MoEModel(nn.Module):
             with _plain():
                 scaled = w * math.sqrt(d)
                 lm_t = lm.t().contiguous()
-                c = torch.tensor(math.sqrt(d * self.norm.eps), dtype=w.dtype)
+                c = torch.tensor(math.sqrt(d * self.norm.eps), dtype=w.dtype, device=w.device)
             self._head = (key, scaled, c, lm_t)
         return self._head[1:]
 
