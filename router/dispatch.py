@@ -49,7 +49,7 @@ from .types import Choice, ModelShape, PlanRequest
 
 __all__ = ["Dispatcher", "Timeline"]
 
-SYNC_MS = 1.0  # the plan view is refreshed from the estimators at most this often
+SYNC_MS = 5.0  # the plan view is refreshed from the estimators at most this often
 
 
 def now_ms() -> float:
@@ -294,7 +294,10 @@ class Dispatcher:
         dtype = s.wire_dtype
         items = []
         for (served, variant), members in batch.groups.items():
-            rows = x[[m.row for m in members]]
+            if len(members) == 1:
+                rows = x[members[0].row:members[0].row + 1]
+            else:
+                rows = x[[m.row for m in members]]
             items.append(Item(layer, served, variant, dtype, len(members),
                               encode_tensor(rows, dtype)))
         assignment = [(m.choice.replica, 1) for ms in batch.groups.values() for m in ms]
@@ -389,17 +392,10 @@ class Dispatcher:
         """Σ gate-weighted outputs per row, experts in ascending order (moe.combine_experts'
         order, so an exact plan gives the local result). Failed rows stay zero."""
         out = torch.zeros_like(x)
-        by_expert: dict[int, list[tuple[int, Tensor, float]]] = {}
-        for (row, _slot), (served, y, w) in outputs.items():
-            if tokens[row].status == "failed":
-                continue
-            by_expert.setdefault(served, []).append((row, y, w))
-        for e in sorted(by_expert):
-            entries = by_expert[e]
-            rows = torch.tensor([r for r, _, _ in entries])
-            ys = torch.stack([y for _, y, _ in entries])
-            ws = torch.tensor([w for _, _, w in entries], dtype=x.dtype)
-            out.index_add_(0, rows, (ys * ws[:, None]).to(x.dtype))
+        order = sorted(((served, row, y, w) for (row, _slot), (served, y, w) in outputs.items()
+                        if tokens[row].status != "failed"), key=lambda e: e[0])
+        for _served, row, y, w in order:
+            out[row].add_(y.to(x.dtype), alpha=w)
         return out
 
     def _run_in_process(self, layer, x, idx, weights, tokens, start, clock) -> Tensor:

@@ -37,7 +37,7 @@ class Transport(Protocol):
 class LocalDevice(Protocol):
     """The part of `services.worker.Device` the home node's in-process path uses."""
 
-    def submit(self, items: Sequence[Item], arrival: float | None = None) -> asyncio.Future: ...
+    async def serve(self, items: Sequence[Item], arrival: float | None = None) -> Any: ...
 
     def state(self, layers: Any = None) -> Any: ...
 
@@ -79,7 +79,7 @@ class MeshTransport:
     ) -> ForwardResponse:
         if node == self.home and self.local is not None:
             async with asyncio.timeout(timeout_s):
-                ys, timing, done = await self.local.submit(items, arrival=ready)
+                ys, timing, done = await self.local.serve(items, arrival=ready)
             state = self.local.state({i.layer for i in items})
             return ForwardResponse(tuple(ys), timing, state, done)
         return await self.client.forward(

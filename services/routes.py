@@ -106,7 +106,7 @@ async def forward(request: web.Request) -> web.Response:
         arrival = now()
     else:  # the request is here when its emulated link says so, not when the host got it
         await sleep_until(arrival)
-    ys, timing, done = await node.device.submit(fwd.items, arrival=arrival)
+    ys, timing, done = await node.device.serve(fwd.items, arrival=arrival)
     state = node.device.state({i.layer for i in fwd.items})
     out = pack_response(ys, timing, state)
     headers = {}

@@ -92,6 +92,7 @@ class Device:
         self.late_total_s = 0.0  # how far real work ran past the emulated ends, summed
         self._pool: ThreadPoolExecutor | None = None
         self.in_service = 0
+        self._inline = False  # `serve` runs a batch on its caller's task
         self.busy_total_s = 0.0
         self.jobs_done = 0
         self.batches = 0
@@ -130,6 +131,36 @@ class Device:
         self._wake.set()
         return job.future
 
+    async def serve(self, items: Sequence[Item], arrival: float | None = None) -> Result:
+        """Serve a request that arrived at `arrival` (default now): at once on this task when
+        nothing waits and the batch is small (no queue, no worker wake-up: the same emulated
+        times), else through the queue (`submit`). Raises as `submit` does."""
+        if self._waiting or self.in_service or self._closing:
+            return await self.submit(items, arrival)
+        tiers = self.tiers
+        for item in items:
+            tiers.tier_of(item.key)
+        flops = sum(self.compute.flops(i.rows) for i in items)
+        if self.compute.real and flops > self.thread_flops:
+            return await self.submit(items, arrival)
+        arrived = now() if arrival is None else arrival
+        start, load_s, compute_s, end = self._begin(list(items), arrived, flops)
+        self.in_service = 1  # what arrives meanwhile queues and is batched by the worker
+        self._inline = True
+        try:
+            ys = self.compute.run(items)
+            late = await sleep_until(end)
+        finally:
+            self.in_service = 0
+            self._inline = False
+            if self._waiting:
+                self._wake.set()
+        self.late_total_s += late
+        self._account(1, len(ys), load_s, compute_s)
+        self.metrics.queue_seconds.observe(start - arrived)
+        return ys, Timing((start - arrived) * 1e3, load_s * 1e3, compute_s * 1e3,
+                          late * 1e3), end
+
     def state(self, layers: Iterable[int] | None = None) -> NodeState:
         busy = max(0.0, self._free_at - now()) + max(0.0, self._backlog_s)
         return NodeState(len(self._waiting), busy * 1e3, self.tiers.resident(layers))
@@ -138,8 +169,9 @@ class Device:
     async def run(self) -> None:
         """Serve the queue until cancelled."""
         while True:
-            if not self._waiting:
-                self._idle.set()
+            if not self._waiting or self._inline:
+                if not self._waiting:
+                    self._idle.set()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -176,7 +208,7 @@ class Device:
         return batch
 
     async def _serve(self, batch: list[Job]) -> None:
-        tdf, prof, tiers = self.time_dilation, self.profile, self.tiers
+        tiers = self.tiers
         ready: list[Job] = []
         for job in batch:  # the placement may have changed while the job waited
             try:
@@ -188,22 +220,10 @@ class Device:
             ready.append(job)
         if not ready:
             return
-        # emulated: the batch starts once the device is free and its last job has arrived
-        start = max(self._free_at, max(job.enqueued for job in ready))
         items = [i for job in ready for i in job.items]
-        load_bytes = 0
-        hits, misses = tiers.hits, tiers.misses
-        for key in dict.fromkeys(i.key for i in items):
-            load_bytes += tiers.acquire(key)
-        if tiers.hits != hits:
-            self.metrics.cache_hits.inc(tiers.hits - hits)
-        if tiers.misses != misses:
-            self.metrics.cache_misses.inc(tiers.misses - misses)
         flops = sum(self.compute.flops(i.rows) for i in items)
-        load_s = prof.load_s(load_bytes) * tdf
-        compute_s = prof.compute_s(flops) * tdf * self.faults.slow
-        end = start + load_s + compute_s
-        self._free_at = end
+        start, load_s, compute_s, end = self._begin(
+            items, max(job.enqueued for job in ready), flops)
         if self.compute.real and flops > self.thread_flops:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="device")
@@ -215,22 +235,47 @@ class Device:
         self.late_total_s += late
         self._finish(ready, ys, start, load_s, compute_s, end, late)
 
-    def _finish(self, jobs: list[Job], ys: list[bytes], start: float, load_s: float,
-                compute_s: float, end: float, late: float) -> None:
+    def _begin(self, items: list[Item], arrived: float, flops: float
+               ) -> tuple[float, float, float, float]:
+        """Take a batch on the emulated timeline: it starts once the device is free and its
+        last job has arrived; its CPU-tier experts are loaded into the GPU cache. Returns
+        (start, load_s, compute_s, end)."""
+        tdf, prof, tiers = self.time_dilation, self.profile, self.tiers
+        start = max(self._free_at, arrived)
+        load_bytes = 0
+        hits, misses = tiers.hits, tiers.misses
+        for key in dict.fromkeys(i.key for i in items):
+            load_bytes += tiers.acquire(key)
+        if tiers.hits != hits:
+            self.metrics.cache_hits.inc(tiers.hits - hits)
+        if tiers.misses != misses:
+            self.metrics.cache_misses.inc(tiers.misses - misses)
+        load_s = prof.load_s(load_bytes) * tdf
+        compute_s = prof.compute_s(flops) * tdf * self.faults.slow
+        end = start + load_s + compute_s
+        self._free_at = end
+        return start, load_s, compute_s, end
+
+    def _account(self, jobs: int, items: int, load_s: float, compute_s: float) -> None:
         m = self.metrics
         m.batches.inc()
         m.load_seconds.observe(load_s)
         m.compute_seconds.observe(compute_s)
         self.batches += 1
         self.busy_total_s += load_s + compute_s
-        m.items.inc(len(ys))
+        self.jobs_done += jobs
+        m.items.inc(items)
+        for _ in range(jobs):
+            m.service_seconds.observe(load_s + compute_s)
+
+    def _finish(self, jobs: list[Job], ys: list[bytes], start: float, load_s: float,
+                compute_s: float, end: float, late: float) -> None:
+        self._account(len(jobs), len(ys), load_s, compute_s)
         at = 0
         for job in jobs:
             n = len(job.items)
             queue_s = start - job.enqueued
-            m.queue_seconds.observe(queue_s)
-            m.service_seconds.observe(load_s + compute_s)
-            self.jobs_done += 1
+            self.metrics.queue_seconds.observe(queue_s)
             if not job.future.done():
                 job.future.set_result((ys[at:at + n], Timing(
                     queue_s * 1e3, load_s * 1e3, compute_s * 1e3, late * 1e3), end))
