@@ -8,8 +8,8 @@ the number of rows of tokens.csv for that policy, and some were served); both fa
 docker/scenarios/ci4.yaml (a link-down and a node-down) are recorded in the report.
 Prints what it checked; exit 1 naming the first failed check.
 
-The fields read are DESIGN §3's summary.json; `faults` (a list with an "action" each) and the
-`policy` column of tokens.csv are what the runner is expected to write: align this file with
+The fields read are docs/contracts.md's summary.json; `faults` (a list with an "action" each) and
+the `policy` column of tokens.csv are what the runner is expected to write: align this file with
 experiments/ when the runner lands.
 """
 

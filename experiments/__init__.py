@@ -1,6 +1,6 @@
 """Experiments: what users run moemesh for (`moemesh run`, `moemesh report`, `moemesh sweep`).
 
-Compute → rows → render (STYLE 12):
+Compute → rows → render:
 
 * `plan_workload(scenario)` — the seeded requests every policy sees (`experiments.workload`);
 * `load_experiment(path)` — a scenario and its arms (router policy, optionally with its own
@@ -8,7 +8,7 @@ Compute → rows → render (STYLE 12):
 * `run_experiment(scenario, arms, open_live, out)` — each arm on a live mesh, faults on their
   timeline, quality scored, the overhead run; raw rows and run.json written
   (`experiments.runner`, `experiments.live`);
-* `build_report(out)` — summary.json (DESIGN §3), report.md and plots from the raw rows
+* `build_report(out)` — summary.json (docs/contracts.md), report.md and plots from the raw rows
   (`experiments.report`, `experiments.metrics`, `experiments.plots`,
   `experiments.reproduce`).
 

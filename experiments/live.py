@@ -6,8 +6,8 @@ mesh) and stops them on the way out, also on errors and Ctrl-C (LiveMesh owns th
 LiveMesh is the runner's `MeshTarget` (use_placement, use_links, reset, apply_fault).
 
 Node processes serve the router too (`/v1/generate`, `/v1/score`): LiveMesh starts them with
-`python -m orchestrator.cli node`, whose CLI registers `router.commands` (DESIGN §2: the router
-is composed into the node at the top).
+`python -m orchestrator.cli node`, whose CLI registers `router.commands` (docs/architecture.md: the
+router is composed into the node at the top).
 """
 
 from __future__ import annotations

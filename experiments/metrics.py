@@ -1,4 +1,4 @@
-"""Rows → figures: per-policy statistics, summary.json (DESIGN §3) and honest comparisons.
+"""Rows → figures: per-policy statistics, summary.json (docs/contracts.md) and honest comparisons.
 
 Percentiles come from HDR histograms (`hdrhistogram`, 3 significant digits, 1 µs to 1 h), so
 they are exact to 0.1% and never from sorting by hand; means are exact sums. Figures leave out
@@ -148,7 +148,7 @@ class PolicyStats:
         return 100.0 * float(np.std(means, ddof=1) / np.mean(means))
 
     def summary(self) -> dict[str, Any]:
-        """This policy's entry of summary.json (DESIGN §3), nan written as null."""
+        """This policy's entry of summary.json (docs/contracts.md), nan written as null."""
         lag = None if self.loop_lag is None else {
             "p99": _num(self.loop_lag.get("p99", math.nan)),
             "max": _num(self.loop_lag.get("max", math.nan)),
@@ -287,7 +287,7 @@ def summary_json(meta: Mapping[str, Any], stats: Sequence[PolicyStats], *,
                  comparisons: Sequence[Comparison] = (),
                  faithful: tuple[bool, Sequence[str]] | None = None,
                  quality: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """summary.json as DESIGN §3 (times in scenario time), with the faithfulness verdict
+    """summary.json as docs/contracts.md (times in scenario time), with the faithfulness verdict
     (`faithful`, `unfaithful_reasons`: `experiments.faithful`, judged here when not given)
     and the paired `comparisons` the report's table shows."""
     if faithful is None:

@@ -1,7 +1,7 @@
 """Raw records → summary.json, report.md and plots; also what `moemesh report DIR` runs.
 
 Reads only the run folder (`run.json`, `tokens.csv`, `requests.csv`, `overhead.csv`), so a
-report can be redrawn, or drawn with another SLO, without rerunning anything (STYLE 12).
+report can be redrawn, or drawn with another SLO, without rerunning anything.
 Every report states the runtime, the shaper, the time-dilation factor and the emulator's
 measured overhead, and every comparison carries its confidence interval.
 
@@ -393,7 +393,7 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
     repro = reproduction_rows(meta, by_name, tokens)
     if repro:
         lines += ["", "## Reproduction", "",
-                  "What the papers report (PAPERS.md) beside this run. 'Holds' = the measured "
+                  "What the papers report (docs/papers.md) beside this run. 'Holds' = the measured "
                   "change has the paper's direction and its 95% CI excludes 0. The scenarios "
                   "were not tuned to match.", ""]
         lines += _table(["paper", "comparison", "paper", "this run", "difference", "holds",

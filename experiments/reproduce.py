@@ -1,6 +1,6 @@
 """The paper-comparison table: what HetRoute and OrderMoE report beside what this run measured.
 
-Each `Claim` is one comparison from PAPERS.md: two systems (arms picked by what they are, not
+Each `Claim` is one comparison from docs/papers.md: two systems (arms picked by what they are, not
 by name: "the arm with the layer-shard placement" is EdgeShard), a metric, and the paper's
 figure. The measured side is this run's; a latency or traffic change carries the paired 95%
 CI and the verdict of `experiments.paired.paired_compare` (by request, as the report's

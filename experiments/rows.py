@@ -1,4 +1,4 @@
-"""The raw records of a run, as rows: one per token issued, one per request (STYLE 12).
+"""The raw records of a run, as rows: one per token issued, one per request.
 
 `tokens.csv` has a row for EVERY token a request asked for, so the accounting closes:
 completed (`status` ok) + failed = issued. A token that never ran because an earlier token of
@@ -7,7 +7,7 @@ failed row whose `reason` says why (`after:<reason>`, `request:<error>`). `reque
 one row per request; `run.json` (written by the runner) holds the metadata: scenario, runtime,
 shaper, time dilation, seed, faults, quality scores, the overhead run, versions.
 
-Times are scenario time (wall time / time dilation, DESIGN §5): `*_s` are seconds from the
+Times are scenario time (wall time / time dilation, docs/cost-model.md): `*_s` are seconds from the
 start of that policy's workload, `*_ms` are milliseconds. `done_s` of a token is the request's
 send time plus the latencies of its tokens so far (an approximation: the HTTP hop to the home
 node is not in it).

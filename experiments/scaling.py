@@ -1,6 +1,6 @@
 """A paper-scale topology scaled down to tiny-moe, keeping the ratios that decide routing.
 
-The HetRoute set-up (PAPERS.md) sizes devices for Mixtral-8x7B: a 352 MB fp16 expert, 352
+The HetRoute set-up (docs/papers.md) sizes devices for Mixtral-8x7B: a 352 MB fp16 expert, 352
 MFLOP per token through it, 8 kB of activations per token on the wire. tiny-moe's expert is
 ~74 kB, 74 kFLOP per token and sends 512 B (128 floats). Running tiny-moe on paper-sized
 devices would make every expert fit every GPU and every load and transfer free, which is not

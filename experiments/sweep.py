@@ -1,6 +1,6 @@
 """Sweeps: one scenario run again with one knob changed, one plot per sweep.
 
-Knobs (PAPERS.md's sweeps): `rate` (arrival rate, req/s, open loop), `redundancy` (the
+Knobs (docs/papers.md's sweeps): `rate` (arrival rate, req/s, open loop), `redundancy` (the
 placement's memory ratio, 1.0-3.0), `budget` (the per-token quality budget in %, 0.5-3.0),
 `nodes` (node count, 4-16: the scenario's topology cut to its first N nodes, or grown by
 copying its nodes in order, each copy with its original's device, users and links, and a

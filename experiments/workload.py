@@ -1,7 +1,7 @@
 """The seeded workload: which requests arrive, when, at which home node, with what prompt.
 
 Everything here is a pure function of the scenario's workload and seed, so every router policy
-of a run sees the SAME requests, and a rerun with the same seed sees them again (STYLE 12):
+of a run sees the SAME requests, and a rerun with the same seed sees them again:
 
 * **Open loop** (`arrival: poisson`): one Poisson process per home node, at rate
   `rate_rps x share` where the shares come from the topology's users (or `home:`). Each node's
@@ -18,7 +18,7 @@ of a run sees the SAME requests, and a rerun with the same seed sees them again 
   figures (not out of the token accounting).
 
 Times are scenario seconds from the workload's start (the runner multiplies by the time
-dilation factor to get wall seconds, DESIGN §5).
+dilation factor to get wall seconds, docs/cost-model.md).
 """
 
 from __future__ import annotations

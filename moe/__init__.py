@@ -1,6 +1,6 @@
 """Model math for moemesh: a real MoE language model whose experts can run anywhere.
 
-Offers `load(name_or_path)` → `MoEModel` (DESIGN §3), the config, quantized expert variants,
+Offers `load(name_or_path)` → `MoEModel` (docs/contracts.md), the config, quantized expert variants,
 gate statistics, profiles of real models for the modeled compute mode, and routing traces.
 """
 

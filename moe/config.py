@@ -14,8 +14,8 @@ from .errors import WeightsError
 class ModelConfig:
     """Mixtral-style decoder: attention + top-k softmax gate over SwiGLU experts in every layer.
 
-    Field names follow DESIGN §3 (`layers, experts, top_k, d_model, d_ff`); `from_hf` maps the
-    names `transformers` writes (num_hidden_layers, num_local_experts, ...).
+    Field names follow docs/contracts.md (`layers, experts, top_k, d_model, d_ff`); `from_hf` maps
+    the names `transformers` writes (num_hidden_layers, num_local_experts, ...).
     """
 
     vocab_size: int = 256

@@ -52,5 +52,5 @@ def evaluate(
 
 
 def perplexity_delta_pct(base: dict, other: dict) -> float:
-    """Perplexity change in percent (DESIGN's quality_delta_pct)."""
+    """Perplexity change in percent (summary.json's quality_delta_pct, docs/contracts.md)."""
     return round(100.0 * (other["perplexity"] / base["perplexity"] - 1.0), 4)

@@ -1,4 +1,4 @@
-"""Shapes of real MoE models for the `modeled` compute mode (DESIGN §4).
+"""Shapes of real MoE models for the `modeled` compute mode (docs/architecture.md).
 
 A profile says how big an expert is (bytes per variant), how much work one token makes it do
 (FLOPs) and how many bytes a row of activations weighs on the wire, so a mesh of paper-scale
@@ -197,7 +197,7 @@ _PROFILES: dict[str, ModelProfile] = {
         ModelProfile(
             "mixtral-8x7b", layers=32, experts=8, top_k=2, d_model=4096, d_ff=14336,
             heads=32, kv_heads=8, head_dim=128, vocab_size=32000,
-            source="mistralai/Mixtral-8x7B-v0.1 config.json; PAPERS.md",
+            source="mistralai/Mixtral-8x7B-v0.1 config.json; docs/papers.md",
         ),
         # Qwen/Qwen1.5-MoE-A2.7B config.json: hidden_size 2048, num_hidden_layers 24,
         # num_experts 60, num_experts_per_tok 4, moe_intermediate_size 1408,
@@ -206,7 +206,7 @@ _PROFILES: dict[str, ModelProfile] = {
         ModelProfile(
             "qwen1.5-moe-a2.7b", layers=24, experts=60, top_k=4, d_model=2048, d_ff=1408,
             shared_experts=1, shared_d_ff=5632, heads=16, kv_heads=16, head_dim=128,
-            vocab_size=151936, source="Qwen/Qwen1.5-MoE-A2.7B config.json; PAPERS.md",
+            vocab_size=151936, source="Qwen/Qwen1.5-MoE-A2.7B config.json; docs/papers.md",
         ),
         # deepseek-ai/deepseek-moe-16b-base configuration_deepseek.py defaults: hidden 2048,
         # num_hidden_layers 28 with first_k_dense_replace 1 (layer 0 is a dense FFN of

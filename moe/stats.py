@@ -7,7 +7,8 @@ with an executor measure what quantizing one expert, or substituting one, costs.
 restart from the cached residual stream at the changed layer (the layers below are unchanged),
 which halves their cost; a test checks this equals `model.nll(tokens, executor)` exactly.
 
-Units of the penalties the router reads on the hot path (DESIGN §5, Q(A) = Σ_e g_e·penalty):
+Units of the penalties the router reads on the hot path (Q(A) = Σ_e g_e·penalty,
+docs/cost-model.md):
 **percent perplexity per unit gate weight**. penalty = 100 × (total change of NLL in nats over
 the calibration text) / (total gate weight the expert received there). A token that sends gate
 weight g to an expert served by a degraded replica then expects its log-perplexity to rise by

@@ -2,7 +2,7 @@
 
 Every value is ONE-WAY (this node → peer); the round trip between two nodes on the same class is
 twice the delay. The range they span follows the HetRoute set-up (links 0.8–10 Gbit/s, 0.3–22 ms
-delay; PAPERS.md) so the default scenarios sit where the papers measured. Why each number:
+delay; docs/papers.md) so the default scenarios sit where the papers measured. Why each number:
 
 class  delay   jitter  rate         loss    what it stands for
 lan    0.3 ms  0       10 Gbit/s    0       servers of one edge site on switched 10GbE; 0.3 ms is

@@ -115,7 +115,7 @@ class LinkSpec:
         return out
 
     def dilated(self, factor: float) -> LinkSpec:
-        """This link in emulated time: delays x factor, rate / factor (DESIGN §5)."""
+        """This link in emulated time: delays x factor, rate / factor (docs/cost-model.md)."""
         factor = _number("time_dilation", factor)
         if factor <= 0:
             raise ValueError(f"time_dilation must be > 0, got {factor!r}")

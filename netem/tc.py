@@ -6,7 +6,7 @@ every answer (a refused operation raises `TcError` naming it), and remembers wha
 later calls only `replace` what changed. The kernel is the truth for tests: they read it with
 `tc -j` and by measuring, not through this module.
 
-pyroute2 0.9 facts this relies on (DESIGN §6): `AsyncIPRoute(netns=NAME_OR_PATH, flags=0)` enters
+pyroute2 0.9 facts this relies on: `AsyncIPRoute(netns=NAME_OR_PATH, flags=0)` enters
 an existing namespace (without flags=0 it would create a missing one); netem delay/jitter are
 integer microseconds; an int rate is bytes/s; u32 filters need `protocols.ETH_P_IP`. pyroute2's
 default HTB burst is wrong here (it divides by 1e9 "Hz"), so burst is always sent explicitly.

@@ -6,7 +6,7 @@ that `compose.yaml` (the default ten-node mesh) is made from. The file reads the
 Specification's common ground, YAML merge keys (`<<: *node`) for what every node shares, and
 `${VAR:-default}` interpolation.
 
-What each node service gets (DESIGN §7): the one image, `cap_add: [NET_ADMIN]` and root (tc
+What each node service gets (docker/README.md): the one image, `cap_add: [NET_ADMIN]` and root (tc
 shaping of its own egress needs both; the node falls back to the `app` shaper where the kernel
 lacks sch_netem), the mesh token from an env file, a health check on /v1/health, a private
 network (`internal`: no way out of the host), and a state folder so a restarted container

@@ -1,4 +1,4 @@
-"""Random heterogeneous topologies inside the HetRoute paper's set-up (PAPERS.md).
+"""Random heterogeneous topologies inside the HetRoute paper's set-up (docs/papers.md).
 
 `random_topology(nodes, seed)` is a pure function of its arguments: the same seed gives the same
 topology on every machine (Python's `random.Random`, whose stream is stable across versions).
@@ -83,7 +83,7 @@ def random_topology_yaml(nodes: int = 10, seed: int = 0) -> str:
     """The topology as a commented YAML file that `load_topology` reads back equal."""
     header = (
         f"Random heterogeneous topology: moemesh topology random --nodes {nodes} --seed {seed}\n"
-        "Ranges of the HetRoute set-up (PAPERS.md): GPU 18-120 TFLOPS, GPU memory 12-48 GB,\n"
+        "Ranges of the HetRoute set-up (docs/papers.md): GPU 18-120 TFLOPS, GPU memory 12-48 GB,\n"
         "CPU memory 96-512 GB, host-to-device 12-64 GB/s; links 0.8-10 Gbit/s, 0.3-22 ms.\n"
         "Every link value is ONE-WAY; `between` gives both directions the same spec,\n"
         "so RTT(A, B) = 2 x delay_ms. users: relative share of users homed at the node."

@@ -1,6 +1,6 @@
 """Topology: the edge nodes (device, share of users) and the ONE-WAY links between them.
 
-Plain, frozen, validated data (STYLE 3): a `Topology` can be built, checked, compared and written
+Plain, frozen, validated data: a `Topology` can be built, checked, compared and written
 back without root, sockets or containers; runtimes make it live. Every ordered pair of distinct
 nodes has exactly one `netem.spec.LinkSpec`, which shapes the traffic from the first node to the
 second only: RTT(A, B) = delay(A→B) + delay(B→A). `links_from(node)` is what that node's shaper

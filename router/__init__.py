@@ -1,6 +1,6 @@
 """The router: for each token and MoE layer, which replica on which node serves each expert.
 
-Offers the cost model of DESIGN §5 (`Estimates`, `branch_cost`, `layer_cost`; plain data in
+Offers the cost model of docs/cost-model.md (`Estimates`, `branch_cost`, `layer_cost`; plain data in
 `router.types`), online estimators, the routing policies (`make_policy`, `POLICIES`:
 local-first, random, greedy, hetroute, ordermoe, hetroute+ordermoe, exact), the dispatcher
 and the home node's inference engine, and `attach(node)`, which mounts `/v1/generate`,

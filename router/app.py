@@ -1,7 +1,7 @@
 """The router's HTTP endpoints on the home node, mounted into the node's aiohttp app.
 
-`attach(node)` is the composition point (DESIGN §2: `moemesh node` mounts the expert service
-and the router in one app; `services` never imports `router`). Call it after building the
+`attach(node)` is the composition point (docs/architecture.md: `moemesh node` mounts the expert
+service and the router in one app; `services` never imports `router`). Call it after building the
 `services.Node` and before starting it:
 
     node = Node(settings); router.app.attach(node); async with node: ...

@@ -3,7 +3,7 @@
 `register` also offers `router.app.attach` to the node process through
 `services.serve.NODE_EXTENSIONS` (a list of callables the node calls with its `Node` before it
 starts) when services has that hook: so `moemesh node` serves /v1/generate and /v1/score
-while `services` never imports `router` (DESIGN §2, composition at the top).
+while `services` never imports `router` (docs/architecture.md: composition at the top).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cost model of DESIGN §5, written out once and plainly.
+"""The cost model of docs/cost-model.md, written out once and plainly.
 
 For a token group whose activations sit on node `src` and whose outputs are gathered on
 `gather` (both the home node in moemesh, where the dense part runs), an assignment maps each

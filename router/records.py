@@ -4,7 +4,8 @@ A `TokenRecord` is one token's life: every MoE layer it went through (wall laten
 layer, the nodes used, the bytes its rows moved, replans), every expert choice (exact,
 quantized, substitute or fallback; local or remote; CPU-loaded or resident), the quality it
 spent, and how it ended: "ok", or "failed" with a reason. `to_json` is the wire form of
-`/v1/generate` and `/v1/score` answers; `mix_of` buckets choices like DESIGN §3's summary.
+`/v1/generate` and `/v1/score` answers; `mix_of` buckets choices like summary.json's `mix`
+(docs/contracts.md).
 """
 
 from __future__ import annotations

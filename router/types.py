@@ -32,7 +32,8 @@ __all__ = [
 
 VARIANTS = ("fp16", "int8", "int4")
 TIERS = ("gpu", "cpu")
-# How a chosen replica serves the expert the gate asked for (DESIGN §3 "mix").
+# How a chosen replica serves the expert the gate asked for (summary.json's "mix",
+# docs/contracts.md).
 KINDS = ("exact", "quantized", "substitute", "fallback")
 
 
@@ -246,7 +247,7 @@ class LinkEstimate:
         return 8.0 / (self.rate_mbit * 1e3)
 
     def tx_ms(self, nbytes: float) -> float:
-        """delay + serialisation of nbytes (DESIGN §5 `tx`)."""
+        """delay + serialisation of nbytes (docs/cost-model.md `tx`)."""
         return self.delay_ms + nbytes * self.ms_per_byte
 
     @classmethod

@@ -4,7 +4,7 @@ A node runs on this host's CPU but behaves like the device its profile describes
 FLOPs / `gpu_tflops`, loading a CPU-tier expert takes bytes / `h2d_gbps`, and `gpu_mem_gb` /
 `cpu_mem_gb` bound what a placement may put in each tier. Units: 1 GB = 1e9 bytes, TFLOPS =
 1e12 FLOP/s. The built-in profiles span the heterogeneous servers of the HetRoute set-up
-(PAPERS.md: 18–120 TFLOPS, GPU 12–48 GB, CPU 96–512 GB, GPU↔CPU 12–64 GB/s); they are
+(docs/papers.md: 18–120 TFLOPS, GPU 12–48 GB, CPU 96–512 GB, GPU↔CPU 12–64 GB/s); they are
 effective sustained figures, not vendor peaks. `tiny-edge` is scaled for tiny-moe, whose
 experts weigh tens of kilobytes, so its tiers and load times matter there. Ready profiles for
 real edge devices (A100, RTX 4090/3090, Jetson AGX Orin, Orin Nano, CPU-only) carry the numbers

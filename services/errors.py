@@ -1,8 +1,8 @@
 """Errors of the edge node (server side) and of its client.
 
 Server side: a handler raises a `ServiceError`; the node's middleware turns it into the answer
-`{"error": code, "detail": text}` with the status below (DESIGN §3). Nothing else reaches the
-client, so a bad request can never take the node down.
+`{"error": code, "detail": text}` with the status below (docs/contracts.md). Nothing else reaches
+the client, so a bad request can never take the node down.
 
     ServiceError                    500 internal (a bug; logged)
     ├── BadRequest                  400 malformed: the detail names the field and the value

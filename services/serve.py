@@ -2,8 +2,8 @@
 
 Packages above `services` add their endpoints to the same app through `NODE_EXTENSIONS`:
 callables that get the `Node` before it starts (the router mounts /v1/generate and /v1/score
-this way; `services` never imports them, DESIGN §2). The process prints one line on stdout
-when it listens (`moemesh node NAME ready on http://HOST:PORT ...`), which runtimes read to
+this way; `services` never imports them, docs/architecture.md). The process prints one line on
+stdout when it listens (`moemesh node NAME ready on http://HOST:PORT ...`), which runtimes read to
 learn the port when it was 0; on a signal it drains (see `Node.stop`) and returns 0.
 """
 

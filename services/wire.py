@@ -1,4 +1,4 @@
-"""The data-plane wire format (DESIGN §3), shared by the node and its client.
+"""The data-plane wire format (docs/contracts.md), shared by the node and its client.
 
 `POST /v1/forward` carries msgpack
 `{"req": str, "items": [{"layer", "expert", "variant", "dtype", "rows", "x": bytes}]}` and is

@@ -1,6 +1,6 @@
 """Prism-like frequency-based distributed expert placement (HetRoute's strongest baseline).
 
-Prism's exact rules are not public (PAPERS.md); this follows its one-line summary. Every expert
+Prism's exact rules are not public (docs/papers.md); this follows its one-line summary. Every expert
 once in fp16, each on the node whose expected expert work per unit of compute is lowest so far
 (frequency balancing). The redundancy budget becomes replica slots, shared among layers in
 proportion to exp(activation entropy): a layer whose traffic spreads over many experts needs

@@ -1,6 +1,7 @@
 """The `local` runtime: one node process per node on 127.0.0.1, no root, no namespaces.
 
-Nodes share the host's loopback, so links are emulated by the nodes' `app` shaper (DESIGN §6).
+Nodes share the host's loopback, so links are emulated by the nodes' `app` shaper (see
+docs/architecture.md, Links).
 Each node gets a free port of its own (kept across `kill` / `revive`, so peers' URLs stay
 valid), its output goes to a log file, and it runs in a session of its own: `stop()` ends
 exactly the process groups this runtime started (SIGTERM, then SIGKILL after a grace period),

@@ -8,8 +8,9 @@ one-swap beyond, seeded with the greedy pick). If the survivors cannot be combin
 budget, the fallbacks join every slot and the search runs again; an all-fp16 pick spends
 nothing, so a plan exists whenever every expert has a reachable full-precision replica.
 
-The aggregation node is always the home node here (the dense part runs there, DESIGN §1), so
-HetRoute's one-step lookahead for the next aggregation server has nothing to choose.
+The aggregation node is always the home node here (the dense part runs there,
+docs/architecture.md), so HetRoute's one-step lookahead for the next aggregation server has
+nothing to choose.
 """
 
 from __future__ import annotations
