@@ -307,7 +307,9 @@ class Dispatcher:
         expected = predicted.scaled(snap.scales).total_ms
         t0 = now_ms()
         own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected))
-        limit = min(own, layer_deadline - t0)
+        # counted from when the items left on the emulated timeline, not from now
+        own_left = own - (clock_now() - ready) * 1e3
+        limit = min(own_left, layer_deadline - t0)
         if limit <= 0:  # the layer's time is up: nobody's fault, no breaker counts it
             results[node] = (TimeoutError(f"layer {layer}: deadline passed before sending"),
                              clock_now())
@@ -343,7 +345,7 @@ class Dispatcher:
         except RETRYABLE as exc:
             self.counters.failures += 1
             kind = classify(exc)
-            cut_short = limit < own and isinstance(exc, TimeoutError)
+            cut_short = limit < own_left and isinstance(exc, TimeoutError)
             if kind != "busy" and not cut_short:  # a layer deadline is nobody's fault
                 self.breakers.failure(node, kind, now_ms())
                 self.view.set_up(node, self.breakers.usable(node, now_ms()))

@@ -314,6 +314,9 @@ class Engine:
             bad = next((r for r in recs[:-1] if r.status == "failed"), None)
             if bad is not None and rec.status == "running":
                 rec.fail(f"prompt:{bad.reason}")
+            if len(recs) > 1:  # the prompt's rows: the first token waited for all of them
+                rec.reroutes = sum(r.reroutes for r in recs)
+                rec.retries = sum(r.retries for r in recs)
             await sleep_until(clock.at)  # never before its emulated end
             t_end = now()
             rec.latency_ms = (t_end - t_prev) * 1e3

@@ -25,9 +25,11 @@ class Settings:
 
     Dispatch: request_ms bounds one batched request to one node; layer_ms one layer with its
     replans; token_ms a whole token; max_replans the replans one layer may take. A request's
-    own limit is min(request_ms, max(min_request_ms, timeout_factor × predicted)).
-    breaker_failures consecutive failures open a node's or link's circuit for breaker_open_ms,
-    then one probe may pass (half-open).
+    own limit is min(request_ms, max(min_request_ms, timeout_factor × predicted)), counted
+    from when it left on the emulated timeline: predictions are of emulated time, which the
+    host's own work does not stretch (docs/measurement.md), so the limits can be tight and a
+    cut link costs one short wait, not three long ones. breaker_failures consecutive failures
+    open a node's or link's circuit for breaker_open_ms, then one probe may pass (half-open).
     """
 
     # planning
@@ -40,12 +42,12 @@ class Settings:
     lookahead_weight: float = 1.0
     # dispatch
     request_ms: float = 2000.0
-    min_request_ms: float = 500.0
+    min_request_ms: float = 25.0
     timeout_factor: float = 8.0
     layer_ms: float = 5000.0
     token_ms: float = 30000.0
     max_replans: int = 3
-    breaker_failures: int = 3
+    breaker_failures: int = 1
     breaker_open_ms: float = 2000.0
     wire_dtype: str = "f32"
 

@@ -55,7 +55,6 @@ async def test_quantized_replicas_change_the_numbers_within_budget(
     mesh = await start_inproc_mesh(stack, router_compute, placement,
                                    {("h", "b"): 0.0, ("b", "h"): 0.0})
     engine = mesh.router.engine()
-    engine.dispatcher.breakers.node["h"].failure(0.0)
     for _ in range(3):
         engine.dispatcher.breakers.node["h"].failure(1e18)  # open until far in the future
     engine.dispatcher.sync(force=True)
