@@ -50,8 +50,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "e.g. hetroute,greedy")
     p.add_argument("--quality-windows", type=int, default=8, metavar="N",
                    help="held-out windows scored per policy for quality, e.g. 8 (0: none)")
-    p.add_argument("--overhead-requests", type=int, default=30, metavar="N",
-                   help="requests of the zero-delay overhead run, e.g. 30 (0: skip)")
+    p.add_argument("--overhead-requests", type=int, default=0, metavar="N",
+                   help="requests of an extra run on zero-delay links, e.g. 30 (default 0: "
+                        "none; every token's latency split already measures the host's share)")
     p.add_argument("--slo-ms", type=float, default=300.0, metavar="MS",
                    help="SLO on a request's mean token latency, e.g. 300")
     p.add_argument("--repeat", type=int, metavar="N",

@@ -59,7 +59,7 @@ class RunOptions:
 
     quality_windows: int = 8  # held-out windows scored per policy (0: no scoring)
     quality_seq: int = 256  # tokens per window
-    overhead_requests: int = 30  # requests of the zero-delay overhead run (0: none)
+    overhead_requests: int = 0  # requests of an extra run on zero-delay links (0: none)
     slo_ms: float = DEFAULT_SLO_MS
     quiet: bool = False
     limits: DriveLimits = field(default_factory=DriveLimits)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 # Packages whose commands.py adds subcommands, in the order `moemesh --help` lists them.
@@ -48,9 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _term_as_interrupt(_signum: int, _frame: object) -> None:
+    """SIGTERM ends a command the way Ctrl-C does, so what it started is stopped and
+    removed (nodes, namespaces, qdiscs) instead of left running."""
+    signal.raise_signal(signal.SIGINT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:

@@ -152,10 +152,10 @@ def scenario_summary(scenario: Scenario) -> str:
     shares = w.home_shares(t)
     tokens = {k: (f"{r.lo}" if r.lo == r.hi else f"{r.lo}-{r.hi}")
               for k, r in (("prompt", w.prompt_tokens), ("gen", w.gen_tokens))}
+    tdf = "auto (measured)" if scenario.auto_dilation else f"{scenario.time_dilation:g}"
     rows = [
         ["model", f"{scenario.model.name} ({scenario.model.mode})"],
-        ["runtime", f"{scenario.runtime}, shaper {scenario.shaper}, "
-                    f"time dilation {scenario.time_dilation:g}"],
+        ["runtime", f"{scenario.runtime}, shaper {scenario.shaper}, time dilation {tdf}"],
         ["topology", f"{t.name}: {len(t.nodes)} nodes{links}"],
         ["placement", f"{p.policy}, redundancy {p.redundancy:g}, variants "
                       f"{'/'.join(p.variants)}, seed {p.seed if p.seed is not None else w.seed}"],
