@@ -142,7 +142,7 @@ async def _dispatch(seconds: float, concurrency: int) -> tuple[float, int]:
                     Placement.of(reps))
         quality = QualityTable.neutral(prof.layers, prof.experts)
         transport = MeshTransport("h", {n: nodes[n].url for n in names}, client,
-                                  local=nodes["h"].device)
+                                  local=nodes["h"])
         disp = Dispatcher(mesh, shape, quality, transport)
         policy = make_policy("hetroute")
         x = torch.zeros(1, prof.d_model)

@@ -92,7 +92,7 @@ class RouterService:
         """Make `mesh` current; requests in flight finish on the dispatcher they started on."""
         transport = MeshTransport(
             self.home, {n: info.url for n, info in mesh.nodes.items()}, self.client,
-            local=self.node.device,
+            local=self.node,
         )
         self.mesh = mesh
         self._dispatcher = Dispatcher(mesh, self.shape, self.quality, transport, self.model)

@@ -42,8 +42,8 @@ class Settings:
     lookahead_weight: float = 1.0
     # dispatch
     request_ms: float = 2000.0
-    min_request_ms: float = 25.0
-    timeout_factor: float = 4.0
+    min_request_ms: float = 10.0
+    timeout_factor: float = 3.0
     layer_ms: float = 5000.0
     token_ms: float = 30000.0
     max_replans: int = 3

@@ -1,5 +1,5 @@
 """How the dispatcher reaches a node: the services client over HTTP, or the home node's own
-device in-process (no HTTP for local items), behind one `forward` call.
+request path in-process (`Node.forward`, no HTTP for local items), behind one `forward` call.
 
 Failures are sorted into three kinds for the circuit breakers (`classify`):
 "node" (refused connection, shutting down, not placed: the node is the problem), "link"
@@ -34,12 +34,11 @@ class Transport(Protocol):
         ...
 
 
-class LocalDevice(Protocol):
-    """The part of `services.worker.Device` the home node's in-process path uses."""
+class LocalNode(Protocol):
+    """The part of `services.Node` the home node's in-process path uses: the same request
+    path as `POST /v1/forward`, without HTTP."""
 
-    async def serve(self, items: Sequence[Item], arrival: float | None = None) -> Any: ...
-
-    def state(self, layers: Any = None) -> Any: ...
+    async def forward(self, items: Sequence[Item], arrival: float | None = None) -> Any: ...
 
 
 def classify(exc: BaseException) -> str:
@@ -59,14 +58,14 @@ def classify(exc: BaseException) -> str:
 
 class MeshTransport:
     """Remote nodes through `NodeClient` (shaped by the home node's links when it has an
-    `app` shaper); the home node itself through its `Device` queue, in-process."""
+    `app` shaper); the home node itself through `Node.forward`, in-process."""
 
     def __init__(
         self,
         home: str,
         urls: Mapping[str, str],
         client: NodeClient,
-        local: LocalDevice | None = None,
+        local: LocalNode | None = None,
     ) -> None:
         self.home = home
         self.urls = dict(urls)
@@ -79,8 +78,7 @@ class MeshTransport:
     ) -> ForwardResponse:
         if node == self.home and self.local is not None:
             async with asyncio.timeout(timeout_s):
-                ys, timing, done = await self.local.serve(items, arrival=ready)
-            state = self.local.state({i.layer for i in items})
+                ys, timing, done, state = await self.local.forward(items, ready)
             return ForwardResponse(tuple(ys), timing, state, done)
         return await self.client.forward(
             self.urls[node], items, req=req, peer=node, timeout_s=timeout_s, ready=ready

@@ -93,11 +93,8 @@ async def forward(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     m = node.metrics
     m.forward_requests.inc()
-    if node.draining:
+    if node.draining:  # before reading the body: a draining node answers at once
         raise Unavailable("node is shutting down", code="shutting_down")
-    if node.faults.should_fail():
-        raise Unavailable(f"injected fault: this node fails {node.faults.fail:.0%} of requests",
-                          code="injected_fault")
     body = await _read_body(request, node.settings.max_body_bytes)
     m.bytes_in.inc(len(body))
     fwd = unpack_request(body, node.shape.d_model)
@@ -106,8 +103,7 @@ async def forward(request: web.Request) -> web.Response:
         arrival = now()
     else:  # the request is here when its emulated link says so, not when the host got it
         await sleep_until(arrival)
-    ys, timing, done = await node.device.serve(fwd.items, arrival=arrival)
-    state = node.device.state({i.layer for i in fwd.items})
+    ys, timing, done, state = await node.forward(fwd.items, arrival)
     out = pack_response(ys, timing, state)
     headers = {}
     peer = request.headers.get(SELF_HEADER)

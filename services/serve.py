@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from .node import Node
+from .node import Node, freeze_heap
 from .settings import NodeSettings
 
 __all__ = ["NODE_EXTENSIONS", "ready_line", "serve"]
@@ -49,6 +49,7 @@ async def _main(settings: NodeSettings) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with node:
+            freeze_heap()
             print(ready_line(node), flush=True)
             await stop.wait()
             print(f"moemesh node {settings.name} draining ({node.device.queue_depth} queued, "
