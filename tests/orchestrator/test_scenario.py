@@ -305,8 +305,8 @@ def test_cli_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out.startswith(f"{QUICKSTART}: valid\nscenario quickstart\n")
     assert "tiny-moe (real)" in out and "time dilation auto (measured)" in out
-    assert "at 20 s: link-down edge1 edge2 (both ways) for 10 s" in out
-    assert "at 30 s: link-up edge1 edge2 (both ways)" in out
+    assert "at 5 s: link-down edge1 edge2 (both ways) for 3 s" in out
+    assert "at 8 s: link-up edge1 edge2 (both ways)" in out
     text, expected = BAD[0]
     path = write(tmp_path, text)
     assert moemesh("scenario", "check", str(path)) == 2
