@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,7 +30,8 @@ from .driver import Driver
 from .rows import TokenRow
 from .workload import WorkloadPlan
 
-__all__ = ["FACTORS", "PROBE_REQUESTS", "PROBE_SHARE", "Probe", "calibrate", "overhead_share"]
+__all__ = ["FACTORS", "PROBE_REQUESTS", "PROBE_SHARE", "Probe", "calibrate", "overhead_share",
+           "search"]
 
 FACTORS = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 PROBE_SHARE = 0.05
@@ -73,6 +74,24 @@ def _probe_plan(plan: WorkloadPlan, count: int) -> WorkloadPlan:
     return plan.truncated(count)
 
 
+async def search(measure: Callable[[float], Awaitable[Probe]], factors: Sequence[float],
+                 target: float) -> tuple[float, str]:
+    """The first factor whose probe passes (share <= target), then one step between it and
+    the one before (3/4 of it); the largest factor when none passes. (factor, why)."""
+
+    def passes(p: Probe) -> bool:
+        return p.tokens > 0 and p.share <= target
+
+    for i, tdf in enumerate(factors):
+        if passes(await measure(tdf)):
+            between = tdf * 0.75
+            if i > 0 and between > factors[i - 1] and passes(await measure(between)):
+                tdf = between
+            return tdf, f"the smallest factor with a host overhead share <= {target:.1%}"
+    return factors[-1], (f"no factor up to {factors[-1]:g} got the share to {target:.1%}: "
+                         f"the largest is used")
+
+
 async def calibrate(scenario: Scenario, arm: Arm, open_mesh: Callable[..., Any],
                     placement: Mapping[str, list[dict]], plan: WorkloadPlan,
                     note: Callable[[str], None] = lambda _: None,
@@ -97,24 +116,7 @@ async def calibrate(scenario: Scenario, arm: Arm, open_mesh: Callable[..., Any],
              f"({n} tokens)")
         return probe
 
-    def passes(p: Probe) -> bool:
-        return p.tokens > 0 and p.share <= target
-
-    chosen = None
-    for tdf in factors:
-        if passes(await measure(tdf)):
-            chosen = tdf
-            break
-    if chosen is None:
-        chosen = factors[-1]
-        reason = f"no factor up to {chosen:g} got the share to {target:.1%}: the largest is used"
-    else:
-        reason = f"the smallest factor with a host overhead share <= {target:.1%}"
-        i = list(factors).index(chosen)
-        if i > 0:
-            between = chosen * 0.75
-            if between > factors[i - 1] and passes(await measure(between)):
-                chosen = between
+    chosen, reason = await search(measure, factors, target)
     return chosen, {"chosen": chosen, "target_share": target, "reason": reason,
                     "policy": arm.label, "requests": len(small.requests),
                     "probes": [p.to_json() for p in probes]}

@@ -64,7 +64,8 @@ def _issued(folder: Path) -> tuple[Counter, Counter, Counter]:
 def test_shortened_quickstart(tmp_path: Path) -> None:
     out = tmp_path / "quickstart"
     done = moemesh_process("run", str(QUICKSTART), "--requests", "4", "--quality-windows",
-                           "1", "--overhead-requests", "2", "--quiet", "--out", str(out))
+                           "1", "--overhead-requests", "2", "--tdf", "2", "--quiet",
+                           "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
     _, arms = load_experiment(QUICKSTART)
@@ -79,7 +80,7 @@ def test_shortened_quickstart(tmp_path: Path) -> None:
         assert p["latency_ms"]["p50"] <= p["latency_ms"]["p99"]
         assert p["quality_delta_pct"] is not None
     text = (out / "report.md").read_text()
-    assert "Emulator overhead: the first 2 requests" in text and "| time dilation | 1" in text
+    assert "Emulator overhead: the first 2 requests" in text and "| time dilation | 2" in text
     assert all((out / f).is_file() for f in ("latency_cdf.png", "bars.png", "mix.png",
                                              "latency_time.png", "run.json", "overhead.csv"))
     # the report is redrawn from the raw records alone, to the same summary
