@@ -120,6 +120,11 @@ class Dispatcher:
         self._ids = itertools.count()
         self._synced_at = -1e18
         self._snapshot = self.estimators.estimates()
+        # how late answers come back after their emulated arrival: this host's own delay,
+        # smoothed as TCP smooths RTTs (mean, mean deviation), added to every remote limit so
+        # that a busy host slows tokens down instead of timing them out
+        self.late_ms = 0.0
+        self.late_dev_ms = 2.5 * self.settings.min_request_ms  # generous until measured
         self.sync(force=True)
 
     # -- the plan view ------------------------------------------------------------------------
@@ -309,7 +314,8 @@ class Dispatcher:
         if node == self.home:  # no link to lose: a slow answer here is this host, not a fault
             own = s.layer_ms
         else:
-            own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected))
+            own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected)
+                      + self.late_ms + 4 * self.late_dev_ms)
         # counted from when the items left on the emulated timeline, not from now
         own_left = own - (clock_now() - ready) * 1e3
         limit = min(own_left, layer_deadline - t0)
@@ -330,6 +336,8 @@ class Dispatcher:
             self._check_answer(node, items, res)
             t1 = now_ms()
             arrived = clock_now() if res.arrived is None else res.arrived
+            if node != self.home:
+                self._observe_lateness(max(0.0, clock_now() - arrived) * 1e3)
             self.estimators.answered(
                 node, ticket, predicted, (arrived - ready) * 1e3,
                 {"queue_ms": res.timing.queue_ms, "load_ms": res.timing.load_ms,
@@ -347,6 +355,8 @@ class Dispatcher:
                 self.counters.bytes_in += sum(len(y) for y in res.ys)
         except RETRYABLE as exc:
             self.counters.failures += 1
+            if node != self.home and isinstance(exc, TimeoutError):  # NodeTimeout too
+                self.late_dev_ms *= 2  # as TCP backs off: the next limit is longer
             kind = classify(exc)
             cut_short = limit < own_left and isinstance(exc, TimeoutError)
             if kind != "busy" and not cut_short:  # a layer deadline is nobody's fault
@@ -356,6 +366,12 @@ class Dispatcher:
         finally:
             if not done:
                 self.estimators.failed(node, ticket)
+
+    def _observe_lateness(self, late_ms: float) -> None:
+        """Fold one answer's lateness in (RFC 6298's gains: 1/8 for the mean, 1/4 for the
+        deviation)."""
+        self.late_dev_ms += 0.25 * (abs(late_ms - self.late_ms) - self.late_dev_ms)
+        self.late_ms += 0.125 * (late_ms - self.late_ms)
 
     def _check_answer(self, node: str, items: list[Item], res: ForwardResponse) -> None:
         """An answer must carry one output of the right size per item (else: a node fault)."""
