@@ -124,7 +124,7 @@ class Dispatcher:
         # smoothed as TCP smooths RTTs (mean, mean deviation), added to every remote limit so
         # that a busy host slows tokens down instead of timing them out
         self.late_ms = 0.0
-        self.late_dev_ms = 2.5 * self.settings.min_request_ms  # generous until measured
+        self.late_dev_ms = self.settings.min_request_ms / 4  # the first limits: twice the least
         self.sync(force=True)
 
     # -- the plan view ------------------------------------------------------------------------
@@ -356,7 +356,8 @@ class Dispatcher:
         except RETRYABLE as exc:
             self.counters.failures += 1
             if node != self.home and isinstance(exc, TimeoutError):  # NodeTimeout too
-                self.late_dev_ms *= 2  # as TCP backs off: the next limit is longer
+                # as TCP backs off: the next limit is longer
+                self.late_dev_ms = max(2 * self.late_dev_ms, self.settings.min_request_ms / 4)
             kind = classify(exc)
             cut_short = limit < own_left and isinstance(exc, TimeoutError)
             if kind != "busy" and not cut_short:  # a layer deadline is nobody's fault
