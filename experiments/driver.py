@@ -15,10 +15,11 @@ are divided by the time dilation factor (scenario time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,13 +168,19 @@ class Driver:
     def _scenario_s(self, t: float) -> float:
         return (t - self._start) / self.tdf
 
-    async def run(self) -> DriveResult:
-        """Run the whole workload; returns when every request has an answer or timed out."""
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[aiohttp.ClientSession]:
+        """The run's client session; the run's clock starts when it is open."""
         conn = aiohttp.TCPConnector(limit=0, force_close=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect_s * self.tdf)
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
             self._start = self.result.started_perf = now()
             self.result.started_at = time.time()
+            yield session
+
+    async def run(self) -> DriveResult:
+        """Run the whole workload; returns when every request has an answer or timed out."""
+        async with self._session() as session:
             try:
                 async with asyncio.TaskGroup() as tg:
                     if self.plan.closed:
@@ -196,10 +203,7 @@ class Driver:
     async def run_back_to_back(self) -> DriveResult:
         """The plan's requests one after another, each sent when the last is answered, their
         arrival times ignored: a probe of the per-token path (experiments.calibrate)."""
-        conn = aiohttp.TCPConnector(limit=0, force_close=False)
-        async with aiohttp.ClientSession(connector=conn) as session:
-            self._start = self.result.started_perf = now()
-            self.result.started_at = time.time()
+        async with self._session() as session:
             for req in self.plan.requests:
                 await self._send(session, req, self._scenario_s(now()))
             self.result.wall_s = now() - self._start

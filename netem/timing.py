@@ -92,14 +92,11 @@ async def sleep_until(deadline: float) -> float:
         left = deadline - now()
         if left <= 0:
             return -left
-    if left <= WAKE_S:  # too close to hand over: yield until it passes
-        while (late := now() - deadline) < 0:
-            await asyncio.sleep(0)
-        return late
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    _TIMER.add(deadline - WAKE_S, loop, fut)
-    await fut
+    if left > WAKE_S:  # else too close to hand over: only the yielding below
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        _TIMER.add(deadline - WAKE_S, loop, fut)
+        await fut
     while (late := now() - deadline) < 0:
         await asyncio.sleep(0)
     return late

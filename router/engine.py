@@ -28,7 +28,6 @@ generation; if any prompt position failed, the first token fails with `prompt:<r
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,7 +41,7 @@ from moe.profiles import ModelProfile
 from moe.traces import generate_trace
 from netem.timing import now, sleep_until
 
-from .dispatch import Dispatcher, Timeline
+from .dispatch import Dispatcher, Timeline, now_ms
 from .errors import BadRouterInput
 from .policies import Policy
 from .records import TokenRecord
@@ -50,10 +49,6 @@ from .records import TokenRecord
 __all__ = ["Engine", "GenerateResult", "RealSteps", "ScoreResult", "TraceSteps"]
 
 MAX_TRACE_TOKENS = 8192
-
-
-def now_ms() -> float:
-    return time.monotonic() * 1e3
 
 
 @dataclass

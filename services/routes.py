@@ -93,8 +93,6 @@ async def forward(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     m = node.metrics
     m.forward_requests.inc()
-    if node.draining:  # before reading the body: a draining node answers at once
-        raise Unavailable("node is shutting down", code="shutting_down")
     body = await _read_body(request, node.settings.max_body_bytes)
     m.bytes_in.inc(len(body))
     fwd = unpack_request(body, node.shape.d_model)

@@ -92,7 +92,6 @@ class Device:
         self.late_total_s = 0.0  # how far real work ran past the emulated ends, summed
         self._pool: ThreadPoolExecutor | None = None
         self.in_service = 0
-        self._inline = False  # `serve` runs a batch on its caller's task
         self.busy_total_s = 0.0
         self.jobs_done = 0
         self.batches = 0
@@ -141,21 +140,17 @@ class Device:
         for item in items:
             tiers.tier_of(item.key)
         flops = sum(self.compute.flops(i.rows) for i in items)
-        if self.compute.real and flops > self.thread_flops:
+        if self._off_loop(flops):
             return await self.submit(items, arrival)
         arrived = now() if arrival is None else arrival
         start, load_s, compute_s, end = self._begin(list(items), arrived, flops)
         self.in_service = 1  # what arrives meanwhile queues and is batched by the worker
-        self._inline = True
         try:
-            ys = self.compute.run(items)
-            late = await sleep_until(end)
+            ys, late = await self._compute_until(items, flops, end)
         finally:
             self.in_service = 0
-            self._inline = False
             if self._waiting:
                 self._wake.set()
-        self.late_total_s += late
         self._account(1, len(ys), load_s, compute_s)
         self.metrics.queue_seconds.observe(start - arrived)
         return ys, Timing((start - arrived) * 1e3, load_s * 1e3, compute_s * 1e3,
@@ -169,7 +164,7 @@ class Device:
     async def run(self) -> None:
         """Serve the queue until cancelled."""
         while True:
-            if not self._waiting or self._inline:
+            if not self._waiting or self.in_service:  # `serve` has a batch on its caller
                 if not self._waiting:
                     self._idle.set()
                 self._wake.clear()
@@ -224,7 +219,18 @@ class Device:
         flops = sum(self.compute.flops(i.rows) for i in items)
         start, load_s, compute_s, end = self._begin(
             items, max(job.enqueued for job in ready), flops)
-        if self.compute.real and flops > self.thread_flops:
+        ys, late = await self._compute_until(items, flops, end)
+        self._finish(ready, ys, start, load_s, compute_s, end, late)
+
+    def _off_loop(self, flops: float) -> bool:
+        """Real batches this large run on the device thread, so the loop keeps serving."""
+        return self.compute.real and flops > self.thread_flops
+
+    async def _compute_until(self, items: Sequence[Item], flops: float, end: float
+                             ) -> tuple[list[bytes], float]:
+        """The real outputs, released at the batch's emulated `end`; (outputs, how far the
+        host ran past it)."""
+        if self._off_loop(flops):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="device")
             loop = asyncio.get_running_loop()
@@ -233,7 +239,7 @@ class Device:
             ys = self.compute.run(items)
         late = await sleep_until(end)
         self.late_total_s += late
-        self._finish(ready, ys, start, load_s, compute_s, end, late)
+        return ys, late
 
     def _begin(self, items: list[Item], arrived: float, flops: float
                ) -> tuple[float, float, float, float]:
