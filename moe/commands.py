@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from .registry import DEFAULT_MODEL, WEIGHTS_DIR
+from .vocab import VARIANTS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--variant",
         action="append",
-        choices=["fp16", "int8", "int4"],
+        choices=VARIANTS,
         help="expert variant to score with, repeatable (default: fp16 only), e.g. --variant int4",
     )
     ev.add_argument("--windows", type=int, default=128, help="held-out windows of 256 bytes (128)")

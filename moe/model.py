@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .errors import ExpertIndexError
+from .vocab import FULL_PRECISION, VARIANTS
 
 # Bumped whenever any module or parameter is (re)assigned anywhere: the fast path's cached
 # references to weights are rebuilt after one. In-place changes of weights need no bump (the
@@ -45,7 +46,6 @@ torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
 # executor(layer, x[N, d], experts[N, k], weights[N, k]) -> y[N, d]: the MoE output of a layer.
 Executor = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
-VARIANTS = ("fp16", "int8", "int4")
 
 
 class RMSNorm(nn.Module):
@@ -447,7 +447,7 @@ class MoEModel(nn.Module):
     def expert(self, layer: int, e: int, variant: str = "fp16") -> nn.Module:
         """Expert e of a layer as a callable module, full precision or a quantized copy."""
         self._check_expert(layer, e)
-        if variant == "fp16":
+        if variant == FULL_PRECISION:
             return self.layers[layer].experts[e]
         if variant not in VARIANTS:
             raise ExpertIndexError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")

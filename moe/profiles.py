@@ -15,42 +15,17 @@ from dataclasses import dataclass
 
 from .config import ModelConfig
 from .errors import UnknownModelError
-from .quant import INT4_GROUP, SCALE_BYTES, variant_bytes
+from .quant import matrix_bytes
+from .vocab import ACTIVATION_BYTES, QUANT_VARIANTS
 
-WEIGHT_VARIANTS = ("fp16", "bf16", "int8", "int4")
-ACTIVATION_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
-
-
-def matrix_bytes(out_features: int, in_features: int, variant: str) -> int:
-    """Bytes of one out×in weight matrix as moe/quant.py stores it (scales included).
-
-    int8: one fp16 scale per output row; int4: values packed two per byte and one fp16 scale
-    per group of INT4_GROUP inputs (the group must divide in_features, as quantize_int4 demands).
-    """
-    params = out_features * in_features
-    if variant in ("fp16", "bf16"):
-        return params * 2
-    if variant == "fp32":
-        return params * 4
-    if variant == "int8":
-        return params + out_features * SCALE_BYTES
-    if variant == "int4":
-        if in_features % INT4_GROUP:
-            raise ValueError(
-                f"int4 needs in_features ({in_features}) divisible by the group ({INT4_GROUP})"
-            )
-        return params // 2 + out_features * (in_features // INT4_GROUP) * SCALE_BYTES
-    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(WEIGHT_VARIANTS)}")
+# What a real model's experts may be stored in: its own precision or one of our variants.
+WEIGHT_VARIANTS = ("fp16", "bf16", *QUANT_VARIANTS)
 
 
 def ffn_bytes(d_model: int, d_ff: int, variant: str, glu: bool = True) -> int:
     """One feed-forward block: SwiGLU (w1, w3: d_ff×d, w2: d×d_ff) or plain (wi: d_ff×d, wo)."""
-    grouped_ok = d_model % INT4_GROUP == 0 and d_ff % INT4_GROUP == 0
-    if glu and (variant != "int4" or grouped_ok):
-        return variant_bytes(d_model, d_ff, variant)  # the one formula moe/quant.py owns
     up = matrix_bytes(d_ff, d_model, variant)
-    down = matrix_bytes(d_model, d_ff, variant)
-    return up * (2 if glu else 1) + down
+    return up * (2 if glu else 1) + matrix_bytes(d_model, d_ff, variant)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,14 @@ so a quantized expert's output really carries the rounding error its size buys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .vocab import QUANT_VARIANTS
 
 INT4_GROUP = 32
 SCALE_BYTES = 2  # scales are kept in fp16
@@ -46,18 +51,53 @@ def dequantize_int4(packed: Tensor, scale: Tensor, group: int = INT4_GROUP) -> T
     return (q.reshape(out_f, -1, group) * scale.float()[..., None]).reshape(out_f, -1)
 
 
+def int8_matrix_bytes(out_features: int, in_features: int) -> int:
+    """One fp16 scale per output row."""
+    return out_features * in_features + out_features * SCALE_BYTES
+
+
+def int4_matrix_bytes(out_features: int, in_features: int) -> int:
+    """Two values per byte and one fp16 scale per group of INT4_GROUP inputs."""
+    if in_features % INT4_GROUP:
+        raise ValueError(f"int4 needs in_features ({in_features}) divisible by the group "
+                         f"({INT4_GROUP})")
+    groups = out_features * (in_features // INT4_GROUP)
+    return out_features * in_features // 2 + groups * SCALE_BYTES
+
+
+class Quantizer(NamedTuple):
+    """How one quantized variant stores a weight matrix and gets it back."""
+
+    quantize: Callable[[Tensor], tuple[Tensor, Tensor]]  # w -> (q, scale)
+    dequantize: Callable[[Tensor, Tensor], Tensor]
+    matrix_bytes: Callable[[int, int], int]  # (out, in) -> bytes stored, scales included
+
+
+QUANTIZERS: dict[str, Quantizer] = {
+    "int8": Quantizer(quantize_int8, dequantize_int8, int8_matrix_bytes),
+    "int4": Quantizer(quantize_int4, dequantize_int4, int4_matrix_bytes),
+}
+if tuple(QUANTIZERS) != QUANT_VARIANTS:
+    raise ImportError(f"moe/quant.py QUANTIZERS {tuple(QUANTIZERS)} must match moe/vocab.py's "
+                      f"quantized variants {QUANT_VARIANTS}")
+
+
+def quantizer(variant: str) -> Quantizer:
+    try:
+        return QUANTIZERS[variant]
+    except KeyError:
+        raise ValueError(f"unknown quantized variant {variant!r}; known: "
+                         f"{', '.join(QUANTIZERS)}") from None
+
+
 class QuantizedLinear(nn.Module):
-    """A bias-free linear layer whose weight is held quantized and dequantized per call."""
+    """A bias-free linear layer whose weight is held quantized and dequantized once, on use."""
 
     def __init__(self, weight: Tensor, variant: str) -> None:
         super().__init__()
         self.variant = variant
-        if variant == "int8":
-            q, s = quantize_int8(weight.detach().float())
-        elif variant == "int4":
-            q, s = quantize_int4(weight.detach().float())
-        else:
-            raise ValueError(f"unknown quantized variant {variant!r}; known: int8, int4")
+        self._quantizer = quantizer(variant)
+        q, s = self._quantizer.quantize(weight.detach().float())
         self.register_buffer("q", q)
         self.register_buffer("scale", s)
         self._dense: Tensor | None = None
@@ -66,10 +106,7 @@ class QuantizedLinear(nn.Module):
         """The dequantized weight, computed once: dequantizing on every call was most of a
         node's CPU (py-spy on the quickstart); the packed `q` stays what the tiers count."""
         if self._dense is None:
-            if self.variant == "int8":
-                self._dense = dequantize_int8(self.q, self.scale)
-            else:
-                self._dense = dequantize_int4(self.q, self.scale)
+            self._dense = self._quantizer.dequantize(self.q, self.scale)
         return self._dense
 
     def nbytes(self) -> int:
@@ -101,17 +138,20 @@ def quantize_expert(expert: nn.Module, variant: str) -> QuantizedExpert:
     return QuantizedExpert(expert, variant)
 
 
-def variant_bytes(d_model: int, d_ff: int, variant: str) -> int:
-    """Bytes of one SwiGLU expert (three d_model×d_ff matrices) in a variant, scales included."""
-    params = 3 * d_model * d_ff
+def matrix_bytes(out_features: int, in_features: int, variant: str) -> int:
+    """Bytes of one out×in weight matrix as stored in a variant (or a model's own precision:
+    fp16/bf16, fp32), scales included."""
+    params = out_features * in_features
     if variant in ("fp16", "bf16"):
         return params * 2
     if variant == "fp32":
         return params * 4
-    if variant == "int8":
-        # one fp16 scale per output row: w1, w3 have d_ff rows, w2 has d_model rows
-        return params + (2 * d_ff + d_model) * SCALE_BYTES
-    if variant == "int4":
-        groups = (2 * d_ff * d_model + d_model * d_ff) // INT4_GROUP
-        return params // 2 + groups * SCALE_BYTES
-    raise ValueError(f"unknown variant {variant!r}; known: fp16, bf16, fp32, int8, int4")
+    if variant in QUANTIZERS:
+        return QUANTIZERS[variant].matrix_bytes(out_features, in_features)
+    raise ValueError(f"unknown variant {variant!r}; known: fp16, bf16, fp32, "
+                     f"{', '.join(QUANTIZERS)}")
+
+
+def variant_bytes(d_model: int, d_ff: int, variant: str) -> int:
+    """Bytes of one SwiGLU expert (w1, w3: d_ff×d_model; w2: d_model×d_ff) in a variant."""
+    return 2 * matrix_bytes(d_ff, d_model, variant) + matrix_bytes(d_model, d_ff, variant)

@@ -30,10 +30,10 @@ from torch import Tensor
 from .executors import mixed_executor, variant_executor
 from .gatestats import GateStats, default_thresholds, load_stats, stats_path
 from .model import Executor, MoEModel, combine_experts
+from .vocab import QUANT_VARIANTS
 
 DEFAULT_CALIB_TOKENS = 16384
 DEFAULT_WINDOW = 256
-QUANT_VARIANTS = ("int8", "int4")
 
 __all__ = [
     "DEFAULT_CALIB_TOKENS",
