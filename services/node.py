@@ -31,6 +31,8 @@ from typing import Any
 
 from aiohttp import web
 
+from moe.vocab import FULL_PRECISION, PlacementEntry
+
 from .compute import ExpertCompute, make_compute
 from .errors import BadRequest, Unavailable
 from .faults import Faults
@@ -39,8 +41,8 @@ from .looplag import LoopLag
 from .metrics import NodeMetrics
 from .routes import NODE_KEY, add_routes, error_middleware
 from .settings import NodeSettings
-from .tiers import Placed, Tiers, parse_placement
-from .wire import Item, NodeState, Timing
+from .tiers import Tiers, parse_placement
+from .wire import Group, NodeState, Output, Timing
 from .worker import Device
 
 __all__ = ["Node"]
@@ -151,21 +153,21 @@ class Node:
                 1, thread_name_prefix=f"control-{self.settings.name}")
         return await asyncio.get_running_loop().run_in_executor(self._control, fn, *args)
 
-    async def forward(self, items: Sequence[Item], arrival: float | None = None
-                      ) -> tuple[list[bytes], Timing, float, NodeState]:
+    async def forward(self, groups: Sequence[Group], arrival: float | None = None,
+                      parts: bool = False) -> tuple[list[Output], Timing, float, NodeState]:
         """Serve a data-plane request that arrived at `arrival` (emulated; default now): the
-        one path for `POST /v1/forward` and for the home node's own items, so a draining node
-        and an injected `fail` fault refuse both alike. Returns (outputs, timing, emulated end,
-        state)."""
+        one path for `POST /v1/forward` and for the home node's own rows, so a draining node
+        and an injected `fail` fault refuse both alike. Returns (per group: the combined
+        output and, with `parts`, the per-expert ones; timing, emulated end, state)."""
         if self.draining:
             raise Unavailable("node is shutting down", code="shutting_down")
         if self.faults.should_fail():
             raise Unavailable(f"injected fault: this node fails {self.faults.fail:.0%} of "
                               f"requests", code="injected_fault")
-        ys, timing, done = await self.device.serve(items, arrival=arrival)
-        return ys, timing, done, self.device.state({i.layer for i in items})
+        ys, timing, done = await self.device.serve(groups, arrival=arrival, parts=parts)
+        return ys, timing, done, self.device.state({g.layer for g in groups})
 
-    def set_placement(self, entries: list[Placed]) -> dict[str, Any]:
+    def set_placement(self, entries: list[PlacementEntry]) -> dict[str, Any]:
         """Hold exactly these experts, all on the calling thread (tests, start-up);
         `apply_placement` is the one a running node uses."""
         self.tiers.check(entries)
@@ -174,7 +176,7 @@ class Node:
         self._save(PLACEMENT_FILE, {"experts": [p.to_json() for p in entries]})
         return {"placed": len(entries), "memory": self.tiers.memory()}
 
-    async def apply_placement(self, entries: list[Placed]) -> dict[str, Any]:
+    async def apply_placement(self, entries: list[PlacementEntry]) -> dict[str, Any]:
         """`set_placement` off the loop: the experts are quantized and warmed on the control
         thread before the new placement takes effect, so no request meets a cold expert and
         the loop keeps serving meanwhile."""
@@ -243,7 +245,7 @@ class Node:
         except ValueError as exc:
             raise ValueError(f"state file {path} is not valid JSON: {exc}") from None
 
-    def _initial_placement(self) -> list[Placed] | None:
+    def _initial_placement(self) -> list[PlacementEntry] | None:
         saved = self._load(PLACEMENT_FILE)
         if saved is not None:
             return parse_placement(saved, self.shape)
@@ -252,8 +254,8 @@ class Node:
             return None
         if choice in ("all-gpu", "all-cpu"):
             tier = choice.removeprefix("all-")
-            return [Placed(layer, e, "fp16", tier) for layer in range(self.shape.layers)
-                    for e in range(self.shape.experts)]
+            return [PlacementEntry(layer, e, FULL_PRECISION, tier)
+                    for layer in range(self.shape.layers) for e in range(self.shape.experts)]
         path = Path(choice)
         if not path.is_file():
             raise ValueError(f"placement {choice!r} is not none, all-gpu, all-cpu or a file")

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+from moe.vocab import VARIANTS, PlacementEntry
 
 from .device import DeviceProfile
 from .errors import BadRequest, DoesNotFit, NotPlaced
-from .wire import VARIANTS, Key
+from .wire import Key
 
-__all__ = ["TIERS", "ExpertShape", "Placed", "Tiers", "parse_placement"]
-
-TIERS = ("gpu", "cpu")
-PLACEMENT_FIELDS = ("layer", "expert", "variant", "tier")
+__all__ = ["ExpertShape", "Tiers", "parse_placement"]
 
 
 class ExpertShape(Protocol):
@@ -37,22 +35,6 @@ class ExpertShape(Protocol):
     def expert_bytes(self, variant: str) -> int: ...
 
     def expert_flops_per_token(self) -> float: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Placed:
-    layer: int
-    expert: int
-    variant: str
-    tier: str
-
-    @property
-    def key(self) -> Key:
-        return (self.layer, self.expert, self.variant)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"layer": self.layer, "expert": self.expert, "variant": self.variant,
-                "tier": self.tier}
 
 
 def _ranges(values: Iterable[int]) -> str:
@@ -71,35 +53,26 @@ def _ranges(values: Iterable[int]) -> str:
     return ",".join(out) or "none"
 
 
-def parse_placement(data: Any, shape: ExpertShape) -> list[Placed]:
+def parse_placement(data: Any, shape: ExpertShape) -> list[PlacementEntry]:
     """Check a `PUT /v1/placement` body: `{"experts": [{"layer", "expert", "variant", "tier"}]}`."""
     if not isinstance(data, Mapping) or set(data) != {"experts"}:
         raise BadRequest('placement must be a JSON object {"experts": [...]} and nothing else')
     entries = data["experts"]
     if not isinstance(entries, list):
         raise BadRequest(f"placement experts must be a list, got {type(entries).__name__}")
-    out: list[Placed] = []
+    out: list[PlacementEntry] = []
     seen: set[Key] = set()
     for i, raw in enumerate(entries):
         where = f"experts[{i}]"
-        if not isinstance(raw, Mapping):
-            raise BadRequest(f"{where} must be an object, got {raw!r}"[:200])
-        if set(raw) != set(PLACEMENT_FIELDS):
-            raise BadRequest(f"{where} must have exactly the fields {', '.join(PLACEMENT_FIELDS)}; "
-                             f"got {', '.join(map(str, raw))}"[:300])
-        layer, expert, variant, tier = (raw[k] for k in PLACEMENT_FIELDS)
+        try:
+            placed = PlacementEntry.from_json(raw, where)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        layer, expert, variant = placed.key
         for name, value, top in (("layer", layer, shape.layers), ("expert", expert, shape.experts)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise BadRequest(f"{where}.{name} must be an int, got {value!r}"[:200])
             if not 0 <= value < top:
                 raise BadRequest(f"{where}.{name} {value} out of range: model {shape.name} has "
                                  f"{name}s 0–{top - 1}")
-        if variant not in VARIANTS:
-            raise BadRequest(f"{where}.variant: unknown variant {variant!r}; known: "
-                             f"{', '.join(VARIANTS)}"[:200])
-        if tier not in TIERS:
-            raise BadRequest(f"{where}.tier: unknown tier {tier!r}; known: gpu, cpu"[:200])
-        placed = Placed(layer, expert, variant, tier)
         if placed.key in seen:
             raise BadRequest(f"{where}: layer {layer} expert {expert} {variant} is listed twice")
         seen.add(placed.key)
@@ -129,7 +102,7 @@ class Tiers:
         self.loaded_bytes = 0
 
     # -- placement ------------------------------------------------------------------------
-    def check(self, placement: list[Placed]) -> tuple[int, int]:
+    def check(self, placement: list[PlacementEntry]) -> tuple[int, int]:
         """(GPU-tier bytes, CPU-tier bytes) of a placement; DoesNotFit if it is too big."""
         size = {v: self.shape.expert_bytes(v) for v in VARIANTS}
         gpu = sum(size[p.variant] for p in placement if p.tier == "gpu")
@@ -147,7 +120,7 @@ class Tiers:
                              f"tier leaves {_gb(prof.gpu_bytes - gpu)} of GPU memory free")
         return gpu, cpu
 
-    def replace(self, placement: list[Placed]) -> None:
+    def replace(self, placement: list[PlacementEntry]) -> None:
         """Hold exactly this set; refuses (DoesNotFit) without changing anything if too big."""
         gpu, cpu = self.check(placement)
         self._tier = {p.key: p.tier for p in placement}
@@ -164,8 +137,8 @@ class Tiers:
             self._cache_used += nbytes
         self._evict_until(0)
 
-    def placement(self) -> list[Placed]:
-        return [Placed(*k, t) for k, t in sorted(self._tier.items())]
+    def placement(self) -> list[PlacementEntry]:
+        return [PlacementEntry(*k, t) for k, t in sorted(self._tier.items())]
 
     def tier_of(self, key: Key) -> str:
         """'gpu' or 'cpu'; NotPlaced names what this node holds on that layer."""

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moe.vocab import PlacementEntry
 from netem.spec import LinkSpec
 from orchestrator.placement import (
     POLICIES,
@@ -32,7 +33,7 @@ from orchestrator.topology import Node, Topology
 from router.quality import QualityTable
 from router.types import ModelShape, Replica
 from services.device import DeviceProfile
-from services.tiers import Placed, Tiers
+from services.tiers import Tiers
 from tests.helpers import ROOT, moemesh
 
 SCENARIOS = ROOT / "experiments" / "scenarios"
@@ -130,7 +131,7 @@ def node_accepts(problem: PlacementProblem, replicas: tuple[Replica, ...]) -> No
         profile = DeviceProfile("n", gpu_tflops=1, gpu_mem_gb=problem.gpu_bytes[i] / 1e9,
                                 cpu_mem_gb=problem.cpu_bytes[i] / 1e9, h2d_gbps=1)
         assert profile.gpu_bytes == problem.gpu_bytes[i]
-        Tiers(profile, shape).replace([Placed(r.layer, r.expert, r.variant, r.tier)
+        Tiers(profile, shape).replace([PlacementEntry(r.layer, r.expert, r.variant, r.tier)
                                        for r in replicas if r.node == name])
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from moe import profiles
+from moe.vocab import PlacementEntry
 from services.device import DeviceProfile, builtin_profiles, load_profile
 from services.errors import BadRequest, DoesNotFit, NotPlaced
 from services.faults import Faults
-from services.tiers import Placed, Tiers, parse_placement
+from services.tiers import Tiers, parse_placement
 
 SHAPE = profiles.get("mixtral-8x7b")  # fp16 expert: 3 * 4096 * 14336 * 2 bytes ≈ 0.352 GB
 FP16 = SHAPE.expert_bytes("fp16")
@@ -51,24 +52,26 @@ def _tiers(gpu_gb: float, cpu_gb: float = 100.0) -> Tiers:
 
 def test_placement_over_gpu_memory_is_refused_and_changes_nothing() -> None:
     tiers = _tiers(gpu_gb=1.0)
-    tiers.replace([Placed(0, 0, "fp16", "gpu")])
+    tiers.replace([PlacementEntry(0, 0, "fp16", "gpu")])
     with pytest.raises(DoesNotFit, match=r"GPU tier needs 1.05\d* GB but profile t has 1 GB"):
-        tiers.replace([Placed(0, e, "fp16", "gpu") for e in range(3)])
-    assert tiers.placement() == [Placed(0, 0, "fp16", "gpu")]
+        tiers.replace([PlacementEntry(0, e, "fp16", "gpu") for e in range(3)])
+    assert tiers.placement() == [PlacementEntry(0, 0, "fp16", "gpu")]
     with pytest.raises(DoesNotFit, match="CPU tier needs"):
-        _tiers(gpu_gb=1.0, cpu_gb=0.5).replace([Placed(0, e, "fp16", "cpu") for e in range(2)])
+        _tiers(gpu_gb=1.0, cpu_gb=0.5).replace(
+            [PlacementEntry(0, e, "fp16", "cpu") for e in range(2)])
 
 
 def test_cpu_tier_expert_must_fit_the_cache_left_by_the_gpu_tier() -> None:
     tiers = _tiers(gpu_gb=0.8)
     with pytest.raises(DoesNotFit, match="cannot be loaded"):
-        tiers.replace([Placed(0, 0, "fp16", "gpu"), Placed(0, 1, "fp16", "gpu"),
-                       Placed(0, 2, "fp16", "cpu")])
+        tiers.replace([PlacementEntry(0, 0, "fp16", "gpu"), PlacementEntry(0, 1, "fp16", "gpu"),
+                       PlacementEntry(0, 2, "fp16", "cpu")])
 
 
 def test_lru_cache_loads_once_and_evicts_the_least_recent() -> None:
     tiers = _tiers(gpu_gb=0.9)  # room for two fp16 experts in the cache beside the int4
-    tiers.replace([Placed(0, e, "fp16", "cpu") for e in range(3)] + [Placed(1, 0, "int4", "gpu")])
+    tiers.replace([PlacementEntry(0, e, "fp16", "cpu") for e in range(3)]
+                  + [PlacementEntry(1, 0, "int4", "gpu")])
     assert tiers.acquire((1, 0, "int4")) == 0  # GPU tier: resident
     assert tiers.acquire((0, 0, "fp16")) == FP16
     assert tiers.acquire((0, 1, "fp16")) == FP16
@@ -78,13 +81,13 @@ def test_lru_cache_loads_once_and_evicts_the_least_recent() -> None:
     assert (tiers.hits, tiers.misses, tiers.evictions) == (1, 3, 1)
     assert tiers.resident([0]) == ((0, 0, "fp16"), (0, 2, "fp16"))
     # A new placement keeps the cached copies of experts that stay in the CPU tier.
-    tiers.replace([Placed(0, 2, "fp16", "cpu")])
+    tiers.replace([PlacementEntry(0, 2, "fp16", "cpu")])
     assert tiers.resident() == ((0, 2, "fp16"),)
 
 
 def test_not_placed_names_what_the_layer_holds() -> None:
     tiers = _tiers(gpu_gb=10)
-    tiers.replace([Placed(3, e, "int8", "gpu") for e in (0, 2, 5)])
+    tiers.replace([PlacementEntry(3, e, "int8", "gpu") for e in (0, 2, 5)])
     with pytest.raises(NotPlaced, match=r"expert 7 not on this node; layer 3 holds 0,2,5"):
         tiers.tier_of((3, 7, "int8"))
     with pytest.raises(NotPlaced, match=r"expert 2 variant fp16 .* holds expert 2 as int8"):
