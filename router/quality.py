@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from moe.vocab import VARIANT_SPECS, VARIANTS
+
 from .errors import BadRouterInput
-from .types import VARIANTS, Replica
+from .types import Replica
 
 __all__ = ["QualityTable", "default_thresholds"]
 
@@ -31,7 +33,7 @@ def default_thresholds(layers: int, shallow: float = 0.9, deep: float = 0.5) -> 
 
 @dataclass(frozen=True)
 class QualityTable:
-    """quant [L, E, 3] (fp16, int8, int4); subst [L, E, E] (serve i with j; inf = never);
+    """quant [L, E, V] (moe.vocab.VARIANTS' order); subst [L, E, E] (serve i with j; inf = never);
     similarity [L, E, E]; thresholds [L]; transition [L-1, E, E] with rows summing to 1."""
 
     quant: np.ndarray
@@ -98,13 +100,12 @@ class QualityTable:
 
     # -- builders -----------------------------------------------------------------------------
     @classmethod
-    def neutral(
-        cls, layers: int, experts: int, int8: float = 0.001, int4: float = 0.01
-    ) -> QualityTable:
-        """No substitutes, uniform transitions, fixed quantization penalties: a safe default
-        before any statistics are measured."""
-        quant = np.zeros((layers, experts, 3))
-        quant[..., 1], quant[..., 2] = int8, int4
+    def neutral(cls, layers: int, experts: int) -> QualityTable:
+        """No substitutes, uniform transitions, each variant's default quantization penalty
+        (moe.vocab): a safe default before any statistics are measured."""
+        quant = np.zeros((layers, experts, len(VARIANTS)))
+        for i, v in enumerate(VARIANTS):
+            quant[..., i] = VARIANT_SPECS[v].default_loss
         return cls(
             quant=quant,
             subst=np.full((layers, experts, experts), np.inf),
@@ -115,12 +116,15 @@ class QualityTable:
 
     @classmethod
     def synthetic(cls, layers: int, experts: int, seed: int = 0) -> QualityTable:
-        """Random but plausible tables: int8 ≈ 0.02–0.1%, int4 ≈ 0.2–1% per use, groups of
+        """Random but plausible tables: each quantized variant's penalty between a fifth of
+        its default and the default (int8 ≈ 0.02–0.1%, int4 ≈ 0.2–1% per use), groups of
         similar experts whose substitution loss grows with their dissimilarity."""
         rng = np.random.default_rng(seed)
-        quant = np.zeros((layers, experts, 3))
-        quant[..., 1] = rng.uniform(0.0002, 0.001, (layers, experts))
-        quant[..., 2] = rng.uniform(0.002, 0.01, (layers, experts))
+        quant = np.zeros((layers, experts, len(VARIANTS)))
+        for i, v in enumerate(VARIANTS):
+            if VARIANT_SPECS[v].quantized:
+                top = VARIANT_SPECS[v].default_loss
+                quant[..., i] = rng.uniform(top / 5, top, (layers, experts))
         groups = rng.integers(0, max(1, experts // 4), (layers, experts))
         base = rng.uniform(-0.2, 0.4, (layers, experts, experts))
         same = groups[:, :, None] == groups[:, None, :]
