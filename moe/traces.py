@@ -30,6 +30,7 @@ import numpy as np
 
 from .profiles import ModelProfile
 
+GATE_ALPHA = 2.0  # Dirichlet concentration of drawn gate weights (see `draw_gate_weights`)
 ZIPF_RANGE = (0.45, 0.85)
 REUSE_RANGE = (0.25, 0.45)
 DEFAULT_AFFINITY = 0.5
@@ -208,6 +209,16 @@ def generate_trace(
             prev[layer] = chosen
             below = chosen
     return out
+
+
+def draw_gate_weights(tokens: int, layers: int, top_k: int, seed: int) -> np.ndarray:
+    """Gate weights for a trace that has none: per (token, layer) a seeded Dirichlet(2, ..., 2)
+    draw over the k slots, sorted so that slot 0 (the gate's first choice) weighs most.
+    float32 [tokens, layers, top_k]; each row sums to 1. The one rule modeled mode uses for
+    synthetic traces and for recorded traces without weights (vLLM's routed-experts arrays)."""
+    rng = np.random.default_rng([seed, 7])
+    gate = np.sort(rng.dirichlet(np.full(top_k, GATE_ALPHA), size=(tokens, layers)), axis=-1)
+    return np.ascontiguousarray(gate[..., ::-1], dtype=np.float32)
 
 
 @dataclass(frozen=True)

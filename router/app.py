@@ -8,8 +8,10 @@ service and the router in one app; `services` never imports `router`). Call it a
 
 Endpoints (JSON):
 * `POST /v1/generate` {"prompt": str | "tokens": [int], "max_tokens": int, "policy": str,
-  "budget"?: float, "records"?: bool} → {"text", "tokens", "completed", "failed", "ttft_ms",
-  "latency_ms", "records"}
+  "budget"?: float, "records"?: bool, "routing"?: bool, "trace"?: {"experts", "weights"?}} →
+  {"text", "tokens", "completed", "failed", "ttft_ms", "latency_ms", "records", "routing"?}
+  (`routing`: the gate's experts and weights per routed position; `trace`: a modeled node
+  routes by these instead of its seeded synthetic trace)
 * `POST /v1/score` {"text": str | "tokens": [int], "policy", "budget"?, "records"?} →
   {"nll", "tokens", "failed_tokens", "records"}
   On a node in modeled compute (no weights) generate is trace-driven (`router.engine.
@@ -34,7 +36,7 @@ from services.client import ClientSettings, NodeClient
 from services.wire import DTYPE_BYTES
 
 from .dispatch import Dispatcher
-from .engine import Engine
+from .engine import Engine, Routing
 from .errors import BadRouterInput
 from .mesh import DEFAULT_CAPACITY, Mesh, NodeInfo
 from .policies import make_policy
@@ -204,14 +206,17 @@ async def _generate(request: web.Request) -> web.Response:
     try:
         data = await _body(request)
         name, budget, records, seed = _common(
-            data, {"prompt", "tokens", "max_tokens", "policy", "budget", "records", "seed"})
+            data, {"prompt", "tokens", "max_tokens", "policy", "budget", "records", "seed",
+                   "trace", "routing"})
+        trace = None if data.get("trace") is None else Routing.from_json(data["trace"])
         max_tokens = data.get("max_tokens", 16)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
             raise BadRouterInput(f"max_tokens must be an integer, got {max_tokens!r}")
         engine = svc.engine()
         policy = make_policy(name, engine.dispatcher.settings, seed)
         prompt = _tokens(data, "prompt")
-        result = await engine.generate(prompt, max_tokens, policy, budget, seed)
+        result = await engine.generate(prompt, max_tokens, policy, budget, seed, trace=trace,
+                                       routing=bool(data.get("routing", False)))
     except BadRouterInput as exc:
         return _bad(str(exc))
     return web.json_response(result.to_json(records))

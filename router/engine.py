@@ -6,9 +6,11 @@ One engine for both compute modes; what differs is where a layer's rows come fro
   returns its NLL under a policy, for quality; `generate` prefills a prompt and decodes
   greedily one token at a time with a KV cache, for latency.
 - modeled compute (`TraceSteps`, paper-scale profiles without weights): each token's experts
-  per layer come from a seeded synthetic routing trace (`moe.traces`), the gate weights from a
-  seeded draw, the activations are zeros of the real size; the prompt only sets how many
-  tokens to prefill. No NLL.
+  per layer come from a seeded synthetic routing trace (`moe.traces`) or from the trace the
+  request brings (`Routing`: a recorded one, experiments.routing), the gate weights from the
+  trace or a seeded draw, the activations are zeros of the real size; the prompt only sets
+  how many tokens to prefill. No NLL. `generate(..., routing=True)` records what the gate
+  chose for every routed position (`RoutingTap`), in both modes.
 
 **The emulated timeline** (docs/measurement.md). Each token group carries an emulated clock
 (`Timeline`): the dense part of a layer costs its FLOPs on the home node's device profile
@@ -38,7 +40,7 @@ from torch import Tensor
 
 from moe import KVCache, MoEModel
 from moe.profiles import ModelProfile
-from moe.traces import generate_trace
+from moe.traces import draw_gate_weights, generate_trace
 from netem.timing import now, sleep_until
 
 from .dispatch import Dispatcher, Timeline, now_ms
@@ -46,7 +48,8 @@ from .errors import BadRouterInput
 from .policies import Policy
 from .records import TokenRecord
 
-__all__ = ["Engine", "GenerateResult", "RealSteps", "ScoreResult", "TraceSteps"]
+__all__ = ["Engine", "GenerateResult", "RealSteps", "Routing", "RoutingTap", "ScoreResult",
+           "TraceSteps"]
 
 MAX_TRACE_TOKENS = 8192
 
@@ -80,6 +83,7 @@ class GenerateResult:
     records: list[TokenRecord]
     ttft_ms: float
     latency_ms: float
+    routing: RoutingTap | None = None  # the gate's choices per position, when asked
 
     @property
     def text(self) -> str:
@@ -95,6 +99,8 @@ class GenerateResult:
                "latency_ms": round(self.latency_ms, 4)}
         if records:
             out["records"] = [r.to_json() for r in self.records]
+        if self.routing is not None:
+            out["routing"] = self.routing.to_json()
         return out
 
 
@@ -151,21 +157,30 @@ class RealSteps:
 
 
 class TraceSteps:
-    """A modeled model: experts from a seeded routing trace, zero activations of real size."""
+    """A modeled model: experts from a routing trace, zero activations of real size.
+
+    The trace is a seeded synthetic one (`moe.traces.generate_trace`), or `routing` given with
+    the request: experts [n, layers, top_k] (n >= prompt_len + max_tokens - 1, the positions
+    a generation routes) and optionally their gate weights (drawn by
+    `moe.traces.draw_gate_weights` when absent)."""
 
     def __init__(self, profile: ModelProfile, prompt_len: int, max_tokens: int,
-                 seed: int) -> None:
+                 seed: int, routing: Routing | None = None) -> None:
         if prompt_len < 1 or max_tokens < 1 or prompt_len + max_tokens > MAX_TRACE_TOKENS:
             raise BadRouterInput(
                 f"need prompt_len >= 1, max_tokens >= 1 and their sum <= {MAX_TRACE_TOKENS}, "
                 f"got {prompt_len} and {max_tokens}"
             )
         self.profile = profile
-        self.trace = torch.from_numpy(generate_trace(profile, prompt_len + max_tokens, seed))
-        rng = np.random.default_rng([seed, 7])
-        gate = np.sort(rng.dirichlet(np.full(profile.top_k, 2.0), size=self.trace.shape[:2]),
-                       axis=-1)
-        self.weights = torch.from_numpy(gate[..., ::-1].copy()).float()
+        if routing is None:
+            experts = generate_trace(profile, prompt_len + max_tokens, seed)
+            weights = None
+        else:
+            experts, weights = routing.check(profile, prompt_len + max_tokens - 1)
+        if weights is None:
+            weights = draw_gate_weights(experts.shape[0], profile.layers, profile.top_k, seed)
+        self.trace = torch.from_numpy(experts)
+        self.weights = torch.from_numpy(weights)
         self.pos = 0
         self.rows = prompt_len
         self.context = prompt_len
@@ -184,6 +199,71 @@ class TraceSteps:
         self.context += 1
         self._x = self._x[:1]
         return None
+
+
+@dataclass
+class Routing:
+    """A request's routing trace (`"trace"` of /v1/generate): experts [n, layers, top_k] and
+    gate weights of the same shape or None."""
+
+    experts: np.ndarray
+    weights: np.ndarray | None = None
+
+    @classmethod
+    def from_json(cls, data: object) -> Routing:
+        if not isinstance(data, dict) or "experts" not in data:
+            raise BadRouterInput('trace must be {"experts": [[[int]]], "weights"?: [[[float]]]}')
+        unknown = sorted(set(data) - {"experts", "weights"})
+        if unknown:
+            raise BadRouterInput(f"trace: unknown field(s) {', '.join(unknown)}")
+        try:
+            experts = np.asarray(data["experts"], dtype=np.int64)
+            weights = (None if data.get("weights") is None
+                       else np.asarray(data["weights"], dtype=np.float32))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise BadRouterInput(f"trace: not a rectangular array of numbers: {exc}") from None
+        return cls(experts, weights)
+
+    def check(self, profile: ModelProfile, need: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(experts, weights) if they fit the model and cover `need` positions."""
+        shape = (profile.layers, profile.top_k)
+        e, w = self.experts, self.weights
+        if e.ndim != 3 or e.shape[1:] != shape or e.shape[0] < need:
+            raise BadRouterInput(f"trace.experts must be [>= {need}, {shape[0]}, {shape[1]}] "
+                                 f"(positions, layers, top_k of {profile.name}), got "
+                                 f"{list(e.shape)}")
+        if e.min() < 0 or e.max() >= profile.experts:
+            raise BadRouterInput(f"trace.experts holds experts outside 0..{profile.experts - 1}")
+        if w is not None and (w.shape != e.shape or not np.isfinite(w).all()):
+            raise BadRouterInput(f"trace.weights must be finite and of the experts' shape "
+                                 f"{list(e.shape)}, got {list(w.shape)}")
+        return np.ascontiguousarray(e[:need]), (None if w is None
+                                                 else np.ascontiguousarray(w[:need]))
+
+
+class RoutingTap:
+    """What the gate chose for every position a generation routed: per position, per layer,
+    the experts and their gate weights (the `routing` of /v1/generate's answer)."""
+
+    def __init__(self) -> None:
+        self.experts: list[list[list[int]]] = []
+        self.weights: list[list[list[float]]] = []
+        self._group: list[tuple[Tensor, Tensor]] = []
+
+    def add(self, idx: Tensor, w: Tensor) -> None:
+        self._group.append((idx, w))
+
+    def end_group(self) -> None:
+        if not self._group:
+            return
+        per_layer = [(i.tolist(), w.float().tolist()) for i, w in self._group]
+        for row in range(len(per_layer[0][0])):
+            self.experts.append([e[row] for e, _ in per_layer])
+            self.weights.append([[round(v, 6) for v in w[row]] for _, w in per_layer])
+        self._group = []
+
+    def to_json(self) -> dict:
+        return {"experts": self.experts, "weights": self.weights}
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -210,7 +290,8 @@ class Engine:
         return flops / self.home_flops_per_s
 
     async def _group(self, steps: Steps, recs: list[TokenRecord], policy: Policy,
-                     clock: Timeline, deadline_ms: float) -> int | None:
+                     clock: Timeline, deadline_ms: float, tap: RoutingTap | None = None
+                     ) -> int | None:
         """One token group through every layer; returns `steps.finish()`. The clock ends at
         the group's emulated end; host time of the dense part goes to recs[-1]."""
         host = 0.0
@@ -219,6 +300,8 @@ class Engine:
         for layer in range(self.shape.layers):
             t = now()
             x, idx, w = steps.layer_input(layer)
+            if tap is not None:
+                tap.add(idx, w)
             host += now() - t
             d = self.dense_s(rows, context)
             clock.at += d
@@ -230,6 +313,8 @@ class Engine:
             host += now() - t
         t = now()
         nxt = steps.finish()
+        if tap is not None:
+            tap.end_group()
         host += now() - t
         rec = recs[-1]
         rec.dense_ms += dense * 1e3
@@ -277,13 +362,17 @@ class Engine:
     # -- generate ---------------------------------------------------------------------------------
     async def generate(
         self, prompt: Tensor, max_tokens: int, policy: Policy, budget: float | None = None,
-        seed: int = 0,
+        seed: int = 0, *, trace: Routing | None = None, routing: bool = False,
     ) -> GenerateResult:
         """Greedy decoding of up to `max_tokens` tokens after `prompt` (1-D token ids; in
-        modeled mode only its length counts: that many trace tokens are prefilled)."""
+        modeled mode only its length counts: that many trace tokens are prefilled, from
+        `trace` when given). `routing`: record the gate's choices (`GenerateResult.routing`)."""
         steps: Steps
         if self.model is None:
-            steps = TraceSteps(self.shape, prompt.numel(), max_tokens, seed)
+            steps = TraceSteps(self.shape, prompt.numel(), max_tokens, seed, trace)
+        elif trace is not None:
+            raise BadRouterInput("trace: only a node in modeled compute takes a routing trace "
+                                 "(this one runs the model's own gate)")
         else:
             prompt = self._check(prompt, 1)
             limit = self.model.config.max_seq - prompt.numel()
@@ -301,9 +390,11 @@ class Engine:
         records: list[TokenRecord] = []
         ttft = 0.0
         t_prev = e_prev = start
+        tap = RoutingTap() if routing else None
         for i in range(max_tokens):
             recs = [TokenRecord(i, budget) for _ in range(steps.rows)]
-            nxt = await self._group(steps, recs, policy, clock, now_ms() + settings.token_ms)
+            nxt = await self._group(steps, recs, policy, clock, now_ms() + settings.token_ms,
+                                    tap)
             rec = recs[-1]
             rec.index = i
             bad = next((r for r in recs[:-1] if r.status == "failed"), None)
@@ -326,7 +417,7 @@ class Engine:
             if nxt is not None:
                 out.append(nxt)
         self._count(records)
-        return GenerateResult(out, records, ttft, (now() - start) * 1e3)
+        return GenerateResult(out, records, ttft, (now() - start) * 1e3, tap)
 
     # -- helpers ----------------------------------------------------------------------------------
     def _check(self, tokens: Tensor, least: int) -> Tensor:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import aiohttp
+import numpy as np
 
 from moe.profiles import ModelProfile
 from router.app import attach
@@ -18,7 +21,9 @@ MINI = ModelProfile("mini", layers=3, experts=8, top_k=2, d_model=64, d_ff=128, 
 DEV = DeviceProfile("dev", gpu_tflops=0.001, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=10.0)
 
 
-async def test_trace_driven_generation_over_http() -> None:
+@contextlib.asynccontextmanager
+async def _two_nodes() -> AsyncIterator[tuple[dict[str, str], aiohttp.ClientSession]]:
+    """A modeled home node h (with the router) and a peer a, on real sockets."""
     placement = {"h": experts(3, range(4)), "a": experts(3, range(8))}
     delays = {("h", "a"): 1.0, ("a", "h"): 1.0}
     async with AsyncExitStack() as stack:
@@ -34,7 +39,11 @@ async def test_trace_driven_generation_over_http() -> None:
             nodes[name] = node
         urls = {n: node.url for n, node in nodes.items()}
         router.configure(Mesh.from_json(mesh_body(urls, placement, delays), "h"))
-        session = await stack.enter_async_context(aiohttp.ClientSession())
+        yield urls, await stack.enter_async_context(aiohttp.ClientSession())
+
+
+async def test_trace_driven_generation_over_http() -> None:
+    async with _two_nodes() as (urls, session):
         body = {"tokens": [1, 2, 3, 4], "max_tokens": 6, "policy": "hetroute", "seed": 3}
         async with session.post(urls["h"] + "/v1/generate", json=body) as resp:
             out = await resp.json()
@@ -51,3 +60,37 @@ async def test_trace_driven_generation_over_http() -> None:
         async with session.post(urls["h"] + "/v1/score", json={"text": "abc"}) as resp:
             assert resp.status == 400
             assert "modeled mode" in (await resp.json())["detail"]
+
+
+async def test_a_given_trace_is_routed_exactly_and_recorded() -> None:
+    rng = np.random.default_rng(4)
+    # 4 prompt positions + 6 tokens route 9 positions; experts distinct within a row
+    trace = np.stack([np.stack([rng.choice(8, 2, replace=False) for _ in range(3)])
+                      for _ in range(9)])
+    weights = rng.dirichlet([1.0, 1.0], size=(9, 3)).round(4)
+    body = {"tokens": [1, 2, 3, 4], "max_tokens": 6, "policy": "greedy", "routing": True,
+            "trace": {"experts": trace.tolist(), "weights": weights.tolist()}}
+    async with _two_nodes() as (urls, session):
+        async with session.post(urls["h"] + "/v1/generate", json=body) as resp:
+            out = await resp.json()
+            assert resp.status == 200, out
+        assert out["failed"] is None
+        assert np.array_equal(np.array(out["routing"]["experts"]), trace)
+        assert np.allclose(np.array(out["routing"]["weights"]), weights, atol=1e-6)
+        # the dispatcher served what the trace asked for (records of generated tokens: the
+        # prompt's last row, then one row each)
+        asked = [sorted((c[0], c[1]) for c in r["choices"]) for r in out["records"]]
+        assert asked == [sorted((layer, int(e)) for layer in range(3) for e in trace[3 + i, layer])
+                         for i in range(6)]
+        # without weights the stated rule draws them: seeded, sorted, summing to 1
+        del body["trace"]["weights"]
+        async with session.post(urls["h"] + "/v1/generate", json=body) as resp:
+            drawn = np.array((await resp.json())["routing"]["weights"])
+        assert np.allclose(drawn.sum(-1), 1.0, atol=1e-5) and (drawn[..., 0] >= drawn[..., 1]).all()
+        short = {**body, "trace": {"experts": trace[:8].tolist()}}
+        for bad, says in ((short, "trace.experts must be [>= 9, 3, 2]"),
+                          ({**body, "trace": {"experts": (trace + 8).tolist()}}, "outside 0..7"),
+                          ({**body, "trace": [1, 2]}, "trace must be")):
+            async with session.post(urls["h"] + "/v1/generate", json=bad) as resp:
+                assert resp.status == 400
+                assert says in (await resp.json())["detail"]
