@@ -64,6 +64,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "the host's overhead share is small, measured on the live mesh), "
                         "e.g. 8 or auto (default: the scenario's time_dilation)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--trace", type=Path, metavar="FILE",
+                   help="modeled mode: route by this trace instead of the seeded synthetic "
+                        "one, e.g. routed_experts.npy (vLLM's [tokens, layers, top_k]) or "
+                        "routing.jsonl (`moemesh trace export`)")
 
 
 def _tdf(text: str) -> str | float:
@@ -97,6 +101,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--slo-ms", type=float, metavar="MS",
                      help="another SLO for the report, e.g. 200 (default: the run's)")
     rep.set_defaults(handler=_report)
+
+    tr = sub.add_parser("trace", help="routing traces: export a run's routing decisions")
+    tsub = tr.add_subparsers(dest="trace_command", required=True)
+    ex = tsub.add_parser("export", help="write a run's routing (request, token, layer, "
+                         "experts, gate weights) as a trace file")
+    ex.add_argument("folder", type=Path, help="a `moemesh run --out` folder, e.g. "
+                    "results/quickstart")
+    ex.add_argument("--out", type=Path, metavar="FILE",
+                    help="the trace file: .jsonl (with gate weights) or .npy (vLLM's "
+                         "routed-experts array), e.g. trace.npy (default: FOLDER/trace.jsonl)")
+    ex.add_argument("--policy", metavar="LABEL",
+                    help="the arm whose routing to export, e.g. hetroute (default: the first)")
+    ex.add_argument("--rep", type=int, default=0, metavar="N",
+                    help="the repetition, e.g. 0 (default)")
+    ex.set_defaults(handler=_trace_export)
 
     from .sweep import DEFAULT_VALUES, KNOBS
 
@@ -160,7 +179,25 @@ def _options(args: argparse.Namespace, scenario: Any = None) -> Any:
         raise ValueError(f"--repeat must be a whole number >= 1, got {repeat!r}")
     return RunOptions(quality_windows=args.quality_windows,
                       overhead_requests=args.overhead_requests, slo_ms=args.slo_ms,
-                      quiet=args.quiet, repeat=repeat)
+                      quiet=args.quiet, repeat=repeat, trace=_trace(args, scenario))
+
+
+def _trace(args: argparse.Namespace, scenario: Any) -> Any:
+    """The --trace file, checked against the scenario's model (ValueError naming it)."""
+    if getattr(args, "trace", None) is None:
+        return None
+    from moe.profiles import get
+
+    from .routing import load_trace
+
+    if scenario.model.mode != "modeled":
+        raise ValueError(f"--trace {args.trace}: only a modeled run routes by a trace (the "
+                         f"scenario's model {scenario.model.name} runs real weights, whose "
+                         f"gate decides); give model: {{name: ..., mode: modeled}}")
+    trace = load_trace(args.trace)
+    prof = get(scenario.model.name)
+    trace.check(prof.layers, prof.experts, prof.top_k, prof.name)
+    return trace
 
 
 def warn_unfaithful(folder: Path, command: str = "moemesh run") -> bool:
@@ -203,6 +240,15 @@ def _report(args: argparse.Namespace) -> int:
     build_report(args.folder, slo_ms=args.slo_ms)
     print(f"moemesh report: {args.folder / 'report.md'}")
     warn_unfaithful(args.folder, "moemesh report")
+    return 0
+
+
+def _trace_export(args: argparse.Namespace) -> int:
+    from .routing import export_trace
+
+    out = args.out or args.folder / "trace.jsonl"
+    n = export_trace(args.folder, out, args.policy, args.rep)
+    print(f"moemesh trace export: {n} positions to {out}")
     return 0
 
 

@@ -28,6 +28,7 @@ import aiohttp
 from orchestrator.arms import Arm
 from services.clock import now, sleep_until
 
+from .routing import RoutingTrace, request_offsets, routing_line
 from .rows import RequestRow, TokenRow
 from .workload import Request, WorkloadPlan
 
@@ -66,6 +67,7 @@ class DriveResult:
     wall_s: float = 0.0
     started_at: float = 0.0  # time.time() of the workload's start
     started_perf: float = 0.0  # now() (perf_counter) of the start: sent_s/done_s count from it
+    routing: list[dict[str, Any]] = field(default_factory=list)  # experiments.routing lines
 
 
 def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
@@ -149,7 +151,7 @@ class Driver:
     def __init__(self, plan: WorkloadPlan, arm: Arm, urls: Mapping[str, str], *,
                  time_dilation: float = 1.0, limits: DriveLimits | None = None,
                  on_request: Callable[[RequestRow, list[TokenRow]], None] | None = None,
-                 budget: float | None = None) -> None:
+                 budget: float | None = None, trace: RoutingTrace | None = None) -> None:
         homes = {r.home for r in plan.requests} | {u.home for u in plan.users}
         missing = sorted(homes - set(urls))
         if missing:
@@ -164,6 +166,10 @@ class Driver:
         self.result = DriveResult(arm)
         self._start = 0.0
         self._sent = 0  # closed loop: requests sent so far (their ids)
+        # a modeled run driven by a trace file: where each request's positions start in it
+        self.trace = trace
+        self._offsets = request_offsets([(r.id, _positions(r)) for r in plan.requests])
+        self._next_offset = 0  # closed loop: in send order
 
     def _scenario_s(self, t: float) -> float:
         return (t - self._start) / self.tdf
@@ -227,7 +233,13 @@ class Driver:
 
     async def _send(self, session: aiohttp.ClientSession, req: Request, at_s: float) -> None:
         body: dict[str, Any] = {"tokens": list(req.prompt), "max_tokens": req.gen_tokens,
-                                "policy": self.arm.policy, "seed": req.seed, "records": True}
+                                "policy": self.arm.policy, "seed": req.seed, "records": True,
+                                "routing": True}
+        if self.trace is not None:
+            offset = self._offsets.get(req.id)
+            if offset is None:
+                offset, self._next_offset = self._next_offset, self._next_offset + _positions(req)
+            body["trace"] = self.trace.take(offset, _positions(req))
         if self.budget is not None:
             body["budget"] = self.budget
         limit = (self.limits.per_request_s + self.limits.per_token_s * req.gen_tokens) * self.tdf
@@ -258,5 +270,13 @@ class Driver:
                                      self._scenario_s(done), self.tdf, answer, error)
         self.result.tokens.extend(tokens)
         self.result.requests.append(row)
+        if answer is not None and answer.get("routing"):
+            self.result.routing.append(routing_line(self.arm.label, 0, req.id, req.home,
+                                                    answer["routing"]))
         if self.on_request is not None:
             self.on_request(row, tokens)
+
+
+def _positions(req: Request) -> int:
+    """Positions a generation of `req` routes: the prompt and every token but the last."""
+    return len(req.prompt) + req.gen_tokens - 1

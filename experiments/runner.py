@@ -40,6 +40,7 @@ from .looplag import collect_loop_lag
 from .metrics import DEFAULT_SLO_MS
 from .progress import RunProgress
 from .repeats import rep_label, rep_orders
+from .routing import ROUTING_FILE, RoutingTrace
 from .rows import RequestRow, TokenRow, write_rows
 from .target import MeshTarget, zero_links
 from .workload import WorkloadPlan, plan_workload
@@ -65,6 +66,7 @@ class RunOptions:
     limits: DriveLimits = field(default_factory=DriveLimits)
     render: bool = True  # write summary.json, report.md and plots after the raw records
     repeat: int = 1  # the whole set of arms this many times, counterbalanced (.repeats)
+    trace: RoutingTrace | None = None  # modeled mode: route by this trace file (.routing)
 
     def __post_init__(self) -> None:
         if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
@@ -152,7 +154,8 @@ async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: Workloa
                              faults: bool = True) -> tuple[DriveResult, list[dict[str, Any]]]:
     tdf = scenario.time_dilation
     driver = Driver(plan, arm, mesh.urls, time_dilation=tdf, limits=options.limits,
-                    on_request=progress.on_request, budget=arm.budget_of(scenario))
+                    on_request=progress.on_request, budget=arm.budget_of(scenario),
+                    trace=options.trace)
     events = scenario.timeline() if faults else ()
     timeline = FaultTimeline(mesh, events, time_dilation=tdf)
     try:
@@ -241,6 +244,7 @@ class _Collected:
     requests: list[RequestRow] = field(default_factory=list)
     overhead_tokens: list[TokenRow] = field(default_factory=list)
     overhead_requests: list[RequestRow] = field(default_factory=list)
+    routing: list[dict[str, Any]] = field(default_factory=list)  # experiments.routing lines
 
 
 class _Run:
@@ -272,6 +276,7 @@ class _Run:
             "runtime": scenario.runtime, "shaper": scenario.shaper,
             "placements": {}, "faults": {}, "quality": {}, "timings": {}, "overhead": None,
             "load": {},  # 1-minute load average of the host before and after each arm
+            "trace": None if options.trace is None else options.trace.describe(),
         }
 
     def _time(self, key: str, since: float) -> None:
@@ -330,6 +335,7 @@ class _Run:
         self._time(arm.label, t)
         self.got.tokens += result.tokens
         self.got.requests += result.requests
+        self.got.routing += result.routing
 
     async def arm_in(self, mesh: MeshTarget, arm: Arm, rep: int) -> None:
         """`arm` in repetition `rep` (experiments.repeats): its run.json keys are
@@ -337,11 +343,12 @@ class _Run:
         if rep == 0:
             await self.arm(mesh, arm)
             return
-        nt, nr = len(self.got.tokens), len(self.got.requests)
+        nt, nr, ng = len(self.got.tokens), len(self.got.requests), len(self.got.routing)
         await self.arm(mesh, replace(arm, label=rep_label(arm.label, rep)))
         got = self.got
         got.tokens[nt:] = [replace(t, policy=arm.label, rep=rep) for t in got.tokens[nt:]]
         got.requests[nr:] = [replace(r, policy=arm.label, rep=rep) for r in got.requests[nr:]]
+        got.routing[ng:] = [{**g, "policy": arm.label, "rep": rep} for g in got.routing[ng:]]
 
     async def quality(self, mesh: MeshTarget, arm: Arm) -> None:
         """Held-out NLL through the arm's routing (its placement is in force), and exact's."""
@@ -385,6 +392,8 @@ class _Run:
         got = self.got
         write_rows(out / "tokens.csv", got.tokens, TokenRow)
         write_rows(out / "requests.csv", got.requests, RequestRow)
+        with (out / ROUTING_FILE).open("w") as fh:
+            fh.writelines(json.dumps(line) + "\n" for line in got.routing)
         if self.meta["overhead"] is not None:
             write_rows(out / "overhead.csv", got.overhead_tokens, TokenRow)
             write_rows(out / "overhead_requests.csv", got.overhead_requests, RequestRow)

@@ -1,0 +1,228 @@
+"""Routing traces in and out: what the gate chose, per request, position and layer.
+
+Out: every `moemesh run` writes `routing.jsonl` (one line per request and arm: the experts
+and gate weights of every position the request routed, from `/v1/generate`'s `routing`), and
+`moemesh trace export RUN_DIR` turns it into a trace file. In: a modeled run (`moemesh run
+--trace FILE`) routes by a trace file instead of the seeded synthetic trace.
+
+Trace files (docs/contracts.md):
+- **JSONL** (`.jsonl`, what `trace export` writes): one line per routed position, `{"request":
+  int, "token": int, "experts": [[int] * top_k] * layers, "weights"?: same shape of floats,
+  "policy"?: str}`, `token` counting the request's positions from 0 (prompt first);
+- **vLLM's routed-experts array** (`.npy`): int array [tokens, layers, top_k], the positions of
+  one or more requests one after another, no gate weights.
+
+Either is read as ONE stream of positions in file order (JSONL: sorted by request, then
+token). Each request of the workload takes the next `prompt + gen_tokens - 1` positions (the
+ones a generation routes: the last token is not fed back), in request-id order (a closed
+loop: in send order), going round to the start when the stream ends. Gate weights the file
+lacks are drawn by `moe.traces.draw_gate_weights` (seeded Dirichlet(2), sorted: the first
+slot weighs most) from the run's seed and the request's id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ROUTING_FILE", "RoutingTrace", "export_trace", "load_trace", "read_routing",
+           "routing_line"]
+
+ROUTING_FILE = "routing.jsonl"  # in a run folder: one line per (arm, repetition, request)
+
+
+class TraceFileError(ValueError):
+    """A trace file that cannot be used; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class RoutingTrace:
+    """A stream of routed positions: experts [n, layers, top_k] and weights or None."""
+
+    experts: np.ndarray
+    weights: np.ndarray | None
+    source: str  # the file it came from
+    fmt: str  # jsonl | npy
+
+    @property
+    def positions(self) -> int:
+        return int(self.experts.shape[0])
+
+    def check(self, layers: int, experts: int, top_k: int, model: str) -> None:
+        """TraceFileError unless the trace fits a model of this shape."""
+        e = self.experts
+        if e.shape[1:] != (layers, top_k):
+            raise TraceFileError(f"{self.source}: routes [tokens, {e.shape[1]} layers, top-"
+                                 f"{e.shape[2]}], the model {model} has {layers} layers, "
+                                 f"top-{top_k}")
+        if e.min() < 0 or e.max() >= experts:
+            bad = np.argwhere((e < 0) | (e >= experts))[0].tolist()
+            raise TraceFileError(f"{self.source}: expert {int(e[tuple(bad)])} at [token, "
+                                 f"layer, slot] {bad} is outside 0..{experts - 1} ({model})")
+        dup = (np.sort(e, axis=-1)[..., 1:] == np.sort(e, axis=-1)[..., :-1]).any(-1)
+        if dup.any():
+            t, layer = np.argwhere(dup)[0].tolist()
+            raise TraceFileError(f"{self.source}: token {t}, layer {layer} picks the same "
+                                 f"expert twice: {e[t, layer].tolist()}")
+
+    def take(self, offset: int, n: int) -> dict[str, Any]:
+        """Positions offset..offset+n (going round at the end) as `/v1/generate`'s `trace`."""
+        rows = np.arange(offset, offset + n) % self.positions
+        out: dict[str, Any] = {"experts": self.experts[rows].tolist()}
+        if self.weights is not None:
+            out["weights"] = self.weights[rows].tolist()
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"file": self.source, "format": self.fmt, "positions": self.positions,
+                "layers": int(self.experts.shape[1]), "top_k": int(self.experts.shape[2]),
+                "weights": ("from the file" if self.weights is not None else
+                            "drawn: seeded Dirichlet(2), sorted (moe.traces.draw_gate_weights)")}
+
+
+def load_trace(path: Path) -> RoutingTrace:
+    """A trace file (.npy or .jsonl, see the module docstring); TraceFileError if bad."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceFileError(f"{path}: no such trace file")
+    if path.suffix == ".npy":
+        return _load_npy(path)
+    if path.suffix in (".jsonl", ".json"):
+        return _load_jsonl(path)
+    raise TraceFileError(f"{path}: unknown trace format {path.suffix!r} (.npy: vLLM's "
+                         f"routed-experts array; .jsonl: `moemesh trace export`)")
+
+
+def _load_npy(path: Path) -> RoutingTrace:
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise TraceFileError(f"{path}: not a .npy array: {exc}") from None
+    if arr.ndim != 3 or 0 in arr.shape:
+        raise TraceFileError(f"{path}: array of shape {list(arr.shape)}; want [tokens, layers, "
+                             f"top_k] (vLLM's routed experts)")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TraceFileError(f"{path}: array of {arr.dtype}; expert ids must be integers")
+    return RoutingTrace(arr.astype(np.int64), None, str(path), "npy")
+
+
+def _load_jsonl(path: Path) -> RoutingTrace:
+    rows: list[tuple[int, int, list, list | None]] = []
+    policies: set[str] = set()
+    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            data = json.loads(line)
+        except ValueError as exc:
+            raise TraceFileError(f"{where}: not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise TraceFileError(f"{where}: a line must be a JSON object")
+        for key in ("request", "token", "experts"):
+            if key not in data:
+                raise TraceFileError(f"{where}: field {key!r} is missing")
+        for key in ("request", "token"):
+            if isinstance(data[key], bool) or not isinstance(data[key], int):
+                raise TraceFileError(f"{where}: field {key!r} must be an integer")
+        if "policy" in data:
+            policies.add(str(data["policy"]))
+        rows.append((data["request"], data["token"], data["experts"], data.get("weights")))
+    if not rows:
+        raise TraceFileError(f"{path}: no positions in it")
+    if len(policies) > 1:
+        raise TraceFileError(f"{path}: holds the routing of several policies "
+                             f"({', '.join(sorted(policies))}); export one with --policy")
+    rows.sort(key=lambda r: (r[0], r[1]))
+    experts = _rectangular(path, "experts", [r[2] for r in rows], np.int64)
+    has_w = [r[3] is not None for r in rows]
+    if any(has_w) and not all(has_w):
+        raise TraceFileError(f"{path}: field 'weights' is on some lines and not on others")
+    weights = (_rectangular(path, "weights", [r[3] for r in rows], np.float32)
+               if all(has_w) else None)
+    if weights is not None and weights.shape != experts.shape:
+        raise TraceFileError(f"{path}: field 'weights' has shape {list(weights.shape[1:])} per "
+                             f"line, 'experts' {list(experts.shape[1:])}")
+    return RoutingTrace(experts, weights, str(path), "jsonl")
+
+
+def _rectangular(path: Path, field: str, values: list, dtype: type) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError):
+        arr = None
+    if arr is None or arr.ndim != 3:
+        raise TraceFileError(f"{path}: field {field!r} must be [layers][top_k] numbers of the "
+                             f"same shape on every line")
+    return arr
+
+
+# -- out ---------------------------------------------------------------------------------------
+def routing_line(policy: str, rep: int, request: int, home: str,
+                 routing: Mapping[str, Any]) -> dict[str, Any]:
+    """One line of a run's routing.jsonl: a request's routed positions under one arm."""
+    return {"policy": policy, "rep": rep, "request": request, "home": home,
+            "experts": routing.get("experts", []), "weights": routing.get("weights")}
+
+
+def read_routing(folder: Path) -> Iterator[dict[str, Any]]:
+    """The lines of a run folder's routing.jsonl (ValueError naming what is missing)."""
+    path = Path(folder) / ROUTING_FILE
+    if not path.is_file():
+        raise TraceFileError(f"{folder}: no {ROUTING_FILE} here (a run recorded before "
+                             f"routing was, or not a `moemesh run` folder)")
+    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except ValueError as exc:
+                raise TraceFileError(f"{path}:{line_no}: not JSON: {exc}") from None
+
+
+def export_trace(folder: Path, out: Path, policy: str | None = None, rep: int = 0) -> int:
+    """Write one arm's routing (default: the first) as a trace file, `.jsonl` or `.npy`
+    (by `out`'s suffix); returns the positions written."""
+    lines = [r for r in read_routing(folder) if int(r.get("rep", 0)) == rep]
+    labels = list(dict.fromkeys(r["policy"] for r in lines))
+    if not labels:
+        raise TraceFileError(f"{folder}: {ROUTING_FILE} has no routing for repetition {rep}")
+    policy = labels[0] if policy is None else policy
+    if policy not in labels:
+        raise TraceFileError(f"{folder}: no routing for policy {policy!r}; it has "
+                             f"{', '.join(labels)}")
+    chosen = sorted((r for r in lines if r["policy"] == policy), key=lambda r: r["request"])
+    out = Path(out)
+    if out.suffix == ".npy":
+        stack = [np.asarray(r["experts"], dtype=np.int64) for r in chosen if r["experts"]]
+        if not stack:
+            raise TraceFileError(f"{folder}: policy {policy!r} routed no position")
+        np.save(out, np.concatenate(stack))
+        return sum(len(s) for s in stack)
+    if out.suffix != ".jsonl":
+        raise TraceFileError(f"{out}: write .jsonl (positions with gate weights) or .npy "
+                             f"(vLLM's routed-experts array, no weights)")
+    n = 0
+    with out.open("w") as fh:
+        for r in chosen:
+            for t, layers in enumerate(r["experts"]):
+                line = {"policy": policy, "request": r["request"], "token": t,
+                        "experts": layers}
+                if r.get("weights") is not None:
+                    line["weights"] = r["weights"][t]
+                fh.write(json.dumps(line) + "\n")
+                n += 1
+    return n
+
+
+def request_offsets(lengths: Sequence[tuple[int, int]]) -> dict[int, int]:
+    """Request id → its first position in the trace stream, from (id, positions) pairs."""
+    out, at = {}, 0
+    for rid, n in sorted(lengths):
+        out[rid] = at
+        at += n
+    return out
