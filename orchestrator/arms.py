@@ -17,8 +17,8 @@ Mapping keys: `policy` (required), `label` (default: built from the rest), `plac
 with every request), `settings` (router `Settings` overrides put with the mesh, e.g.
 `lookahead`, `beam_width`).
 
-`load_experiment(path)` reads a scenario whose list uses these forms (`load_scenario` goes
-through it too, so every command reads the same files): the plain router names are handed to
+`load_experiment(path)` reads a scenario whose list uses these forms (`load_scenario`, here
+too, goes through it, so every command reads the same files): the plain router names are handed to
 `scenario_from_data` (its file:line errors stay as they are) and the arms are checked here
 with file:line messages of their own.
 """
@@ -38,11 +38,10 @@ from orchestrator.scenario import (
     scenario_from_data,
 )
 from orchestrator.yamlio import Loc, describe, load_yaml
+from router.policies import POLICIES as ROUTERS
 
-__all__ = ["ROUTERS", "Arm", "arms_of", "load_experiment", "parse_arm"]
+__all__ = ["Arm", "arms_of", "load_experiment", "load_scenario", "parse_arm"]
 
-ROUTERS = ("local-first", "random", "greedy", "hetroute", "ordermoe", "hetroute+ordermoe",
-           "exact")
 _KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings")
 
 
@@ -196,3 +195,9 @@ def load_experiment(path: str | Path) -> tuple[Scenario, tuple[Arm, ...]]:
         data = copy
     scenario = scenario_from_data(data, Loc(str(path)), path.parent, default_name=path.stem)
     return scenario, arms if arms is not None else arms_of(scenario)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; its stem is the default name. The Scenario keeps the
+    plain router names of its `policies:`; `load_experiment` gives the arms too."""
+    return load_experiment(path)[0]

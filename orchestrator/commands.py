@@ -12,8 +12,9 @@ import json
 import statistics
 from pathlib import Path
 
+from orchestrator.arms import load_scenario
 from orchestrator.randomtopo import MAX_NODES, random_topology_yaml
-from orchestrator.scenario import Scenario, load_scenario, scenario_to_data
+from orchestrator.scenario import Scenario, scenario_to_data
 from orchestrator.topology import Topology, load_topology, topology_to_data
 
 __all__ = ["register", "scenario_summary", "topology_summary"]

@@ -15,13 +15,14 @@ import os
 import sys
 from pathlib import Path
 
+from orchestrator.arms import load_scenario
 from orchestrator.compose import (
     DEFAULT_IMAGE,
     ComposeOptions,
     compose_text,
     scenario_mount,
 )
-from orchestrator.scenario import SHAPERS, load_scenario
+from orchestrator.scenario import SHAPERS
 from orchestrator.topology import load_topology
 from orchestrator.yamlio import load_yaml
 

@@ -136,7 +136,7 @@ def _log_tail(folder: Path, lines: int = 15) -> str:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from orchestrator.scenario import load_scenario
+    from orchestrator.arms import load_scenario
 
     scenario = load_scenario(args.scenario)  # a bad file: exit 2 before anything starts
     changes = {k: getattr(args, k) for k in ("runtime", "shaper") if getattr(args, k)}
@@ -335,9 +335,9 @@ def _fault(args: argparse.Namespace) -> int:
 
 
 def _placement(args: argparse.Namespace) -> int:
+    from orchestrator.arms import load_scenario
     from orchestrator.placement import place, problem_from_scenario, simulate
     from orchestrator.placement.report import render
-    from orchestrator.scenario import load_scenario
 
     if args.ilp and args.json:
         raise BadInput("--ilp prints a text report; drop --json (the JSON form is exactly "

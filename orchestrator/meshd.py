@@ -91,9 +91,9 @@ class Supervisor:
 
 
 async def _main(folder: Path, args: argparse.Namespace) -> int:
+    from orchestrator.arms import load_scenario
     from orchestrator.mesh import LiveMesh
     from orchestrator.placement import place, problem_from_scenario
-    from orchestrator.scenario import load_scenario
 
     sup = Supervisor(folder, args)
     loop = asyncio.get_running_loop()

@@ -49,6 +49,7 @@ from moe import DEFAULT_MODEL, MoEError
 from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
+from moe.vocab import VARIANTS
 from orchestrator.faults import (  # the one copy of these validators
     FAULT_ACTIONS,
     Fault,
@@ -58,9 +59,11 @@ from orchestrator.faults import (  # the one copy of these validators
 )
 from orchestrator.faults import fault_to_data as _fault_data
 from orchestrator.faults import read_faults as _read_faults
+from orchestrator.placement import POLICIES as PLACEMENT_POLICIES
 from orchestrator.topology import Topology, load_topology, topology_from_data, topology_to_data
 from orchestrator.units import parse_duration_s
 from orchestrator.yamlio import Loc, Section, describe, locate
+from router.policies import MESH_POLICIES as ROUTER_POLICIES
 
 __all__ = [
     "FAULT_ACTIONS",
@@ -75,15 +78,10 @@ __all__ = [
     "PlacementSpec",
     "Scenario",
     "Workload",
-    "load_scenario",
     "scenario_from_data",
     "scenario_to_data",
 ]
 
-ROUTER_POLICIES = ("local-first", "random", "greedy", "hetroute", "ordermoe",
-                   "hetroute+ordermoe")
-PLACEMENT_POLICIES = ("hetroute", "ordermoe", "prism", "popularity", "random", "layer-shard")
-PLACEMENT_VARIANTS = ("fp16", "int8", "int4")
 RUNTIMES = ("local", "netns", "docker")
 SHAPERS = ("tc", "app", "auto")
 ARRIVALS = ("poisson", "closed")
@@ -131,7 +129,7 @@ class PlacementSpec:
 
     policy: str = "hetroute"
     redundancy: float = 2.0
-    variants: tuple[str, ...] = PLACEMENT_VARIANTS  # precisions it may place; fp16 always
+    variants: tuple[str, ...] = VARIANTS  # precisions it may place; fp16 always
     seed: int | None = None  # None: the workload's seed
 
     def __post_init__(self) -> None:
@@ -140,9 +138,9 @@ class PlacementSpec:
                              f"got {self.policy!r}")
         _finite(self.redundancy, "redundancy", ge=1.0)
         object.__setattr__(self, "variants", tuple(self.variants))
-        bad = [v for v in self.variants if v not in PLACEMENT_VARIANTS]
+        bad = [v for v in self.variants if v not in VARIANTS]
         if bad or len(set(self.variants)) != len(self.variants) or "fp16" not in self.variants:
-            raise ValueError(f"variants: must be distinct values of {', '.join(PLACEMENT_VARIANTS)}"
+            raise ValueError(f"variants: must be distinct values of {', '.join(VARIANTS)}"
                              f" including fp16 (every expert keeps a full-precision replica), "
                              f"got {list(self.variants)}")
         if self.seed is not None:
@@ -409,7 +407,7 @@ def _read_placement(data: Any, loc: Loc) -> PlacementSpec:
         sec = Section(data, loc, "a placement policy name or {policy, redundancy, ...}")
         data_map = data
     kwargs = {"policy": sec.str("policy", "hetroute"), "redundancy": sec.raw("redundancy", 2.0),
-              "variants": sec.list("variants", PLACEMENT_VARIANTS),
+              "variants": sec.list("variants", VARIANTS),
               "seed": sec.raw("seed", None)}
     sec.done()
     try:
@@ -477,17 +475,6 @@ def _check_context(scenario: Scenario, sec: Section) -> None:
         raise sec.at("workload").error(
             f"prompt_tokens + gen_tokens reach {longest} tokens, more than the model's "
             f"context ({scenario.model.name}: {config.max_seq})")
-
-
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file; its stem is the default name.
-
-    `policies:` entries may be arms (`greedy@layer-shard`, mappings, `exact`: orchestrator.arms);
-    the Scenario keeps their plain router names, `load_experiment` gives the arms too.
-    """
-    from orchestrator.arms import load_experiment  # arms build on this module
-
-    return load_experiment(path)[0]
 
 
 def scenario_to_data(scenario: Scenario) -> dict[str, Any]:

@@ -16,13 +16,16 @@ from .local_first import LocalFirst
 from .ordermoe import OrderMoE
 from .random_policy import RandomPolicy
 
-__all__ = ["POLICIES", "Policy", "make_policy"]
+__all__ = ["MESH_POLICIES", "POLICIES", "Policy", "make_policy"]
 
 _CLASSES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (LocalFirst, RandomPolicy, Greedy, HetRoute, OrderMoE, HetRouteOrderMoE, Exact)
 }
 POLICIES = tuple(_CLASSES)
+# What a scenario's plain `policies:` list may name: all but `exact`, which serves the home
+# node's own model with no network and is only ever an arm (orchestrator/arms.py).
+MESH_POLICIES = tuple(name for name, cls in _CLASSES.items() if cls is not Exact)
 
 
 def make_policy(name: str, settings: Settings | None = None, seed: int = 0) -> Policy:

@@ -14,6 +14,7 @@ import pytest
 from netem.spec import LinkSpec
 from orchestrator import faults as faults_mod
 from orchestrator import scenario as scenario_mod
+from orchestrator.arms import load_scenario
 from orchestrator.faults import (
     Fault,
     FaultError,
@@ -25,7 +26,6 @@ from orchestrator.faults import (
 from orchestrator.mesh import LiveMesh
 from orchestrator.placement import place, problem_from_scenario
 from orchestrator.runtimes.local import LocalRuntime, process_alive
-from orchestrator.scenario import load_scenario
 from orchestrator.yamlio import InputError, Loc
 from services.client import ClientSettings, NodeClient
 from services.wire import Item

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from moe.vocab import PlacementEntry
 from netem.spec import LinkSpec
+from orchestrator.arms import load_scenario
 from orchestrator.placement import (
     POLICIES,
     PlacementError,
@@ -28,7 +29,7 @@ from orchestrator.placement.ordermoe import similarity_groups
 from orchestrator.placement.prism import layer_slots
 from orchestrator.placement.problem import estimates_from_topology
 from orchestrator.randomtopo import random_topology
-from orchestrator.scenario import ModelChoice, PlacementSpec, Scenario, Workload, load_scenario
+from orchestrator.scenario import ModelChoice, PlacementSpec, Scenario, Workload
 from orchestrator.topology import Node, Topology
 from router.quality import QualityTable
 from router.types import ModelShape, Replica

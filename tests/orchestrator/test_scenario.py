@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from moe import profiles
 from netem.spec import LinkSpec
+from orchestrator.arms import load_scenario
 from orchestrator.scenario import (
     ROUTER_POLICIES,
     Fault,
@@ -19,7 +20,6 @@ from orchestrator.scenario import (
     ModelChoice,
     Scenario,
     Workload,
-    load_scenario,
     scenario_from_data,
     scenario_to_data,
 )
