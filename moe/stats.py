@@ -282,37 +282,9 @@ def _compute(
             layer_nll[layer, vi] = runner.nll_from(layer, whole_layer) - base_nll
             step(f"layer {layer} all experts {v}")
 
-    per_layer: list[dict[str, np.ndarray]] = []
-    with torch.no_grad():
-        for layer, rec in enumerate(runner.records):
-            tables = _layer_tables(rec, n_exp, k)
-            tables["similarity"] = _similarity(model.gate_logits(layer, rec.x))
-            tables.update(_output_tables(model, layer, rec, variants))
-            per_layer.append(tables)
-    t = {name: np.stack([d[name] for d in per_layer]) for name in per_layer[0] if name != "onehot"}
-    t["transition"] = np.zeros((n_layers - 1, n_exp, n_exp))
-    for i in range(n_layers - 1):
-        below, above = per_layer[i]["onehot"], per_layer[i + 1]["onehot"]
-        t["transition"][i] = _transition(below, above, t["popularity"][i + 1])
-
-    quant_nll = np.zeros((n_layers, n_exp, len(variants)))
-    sub_nll = np.full((n_layers, n_exp, n_exp), np.nan)
-    experts_of = [model.layers[layer].experts for layer in range(n_layers)]
-    for layer in range(n_layers):
-        for i in range(n_exp):
-            routed = t["gate_mass"][layer, i] > 0  # an expert never routed to changes nothing
-            for vi, v in enumerate(variants):
-                if routed:
-                    only = mixed_executor(model, {(layer, i): v})
-                    quant_nll[layer, i, vi] = runner.nll_from(layer, only) - base_nll
-                step(f"layer {layer} expert {i} {v}")
-            order = [j for j in np.argsort(-t["similarity"][layer, i], kind="stable") if j != i]
-            for j in order[:substitution_pairs]:
-                if routed:
-                    swap = _only(i, experts_of[layer][int(j)])
-                    sub_nll[layer, i, j] = runner.nll_from(layer, replacing(model, layer, swap))
-                    sub_nll[layer, i, j] -= base_nll
-                step(f"layer {layer} expert {i} by {int(j)}")
+    t = _gate_tables(model, runner, variants)
+    quant_nll, sub_nll = _expert_nll(model, runner, base_nll, t, variants,
+                                    substitution_pairs, step)
 
     return GateStats.build(
         model=name,
@@ -327,6 +299,54 @@ def _compute(
         thresholds=default_thresholds(n_layers),
         **t,
     )
+
+
+def _gate_tables(model: MoEModel, runner: _Runner, variants: tuple[str, ...]
+                 ) -> dict[str, np.ndarray]:
+    """Per layer (stacked): routing, similarity and output tables from the recorded pass, and
+    the layer-to-layer transitions."""
+    per_layer: list[dict[str, np.ndarray]] = []
+    k = model.config.top_k
+    n_layers, n_exp = model.config.layers, model.config.experts
+    with torch.no_grad():
+        for layer, rec in enumerate(runner.records):
+            tables = _layer_tables(rec, n_exp, k)
+            tables["similarity"] = _similarity(model.gate_logits(layer, rec.x))
+            tables.update(_output_tables(model, layer, rec, variants))
+            per_layer.append(tables)
+    t = {name: np.stack([d[name] for d in per_layer]) for name in per_layer[0] if name != "onehot"}
+    t["transition"] = np.zeros((n_layers - 1, n_exp, n_exp))
+    for i in range(n_layers - 1):
+        below, above = per_layer[i]["onehot"], per_layer[i + 1]["onehot"]
+        t["transition"][i] = _transition(below, above, t["popularity"][i + 1])
+    return t
+
+
+def _expert_nll(model: MoEModel, runner: _Runner, base_nll: float, t: dict[str, np.ndarray],
+                variants: tuple[str, ...], substitution_pairs: int,
+                step: Callable[[str], None]) -> tuple[np.ndarray, np.ndarray]:
+    """Extra NLL of serving one expert quantized [L, E, V], or by a similar one [L, E, E]
+    (NaN where not measured); an expert never routed to changes nothing and is not run."""
+    n_layers, n_exp = model.config.layers, model.config.experts
+    quant_nll = np.zeros((n_layers, n_exp, len(variants)))
+    sub_nll = np.full((n_layers, n_exp, n_exp), np.nan)
+    for layer in range(n_layers):
+        experts = model.layers[layer].experts
+        for i in range(n_exp):
+            routed = t["gate_mass"][layer, i] > 0
+            for vi, v in enumerate(variants):
+                if routed:
+                    only = mixed_executor(model, {(layer, i): v})
+                    quant_nll[layer, i, vi] = runner.nll_from(layer, only) - base_nll
+                step(f"layer {layer} expert {i} {v}")
+            order = [j for j in np.argsort(-t["similarity"][layer, i], kind="stable") if j != i]
+            for j in order[:substitution_pairs]:
+                if routed:
+                    swap = _only(i, experts[int(j)])
+                    sub_nll[layer, i, j] = runner.nll_from(layer, replacing(model, layer, swap))
+                    sub_nll[layer, i, j] -= base_nll
+                step(f"layer {layer} expert {i} by {int(j)}")
+    return quant_nll, sub_nll
 
 
 def _only(i: int, module: torch.nn.Module) -> Callable[[int], torch.nn.Module | None]:
