@@ -7,10 +7,17 @@ its server before answering a requester), so each direction is shaped by its sen
 The model of one link (one-way, this node → peer):
 - a FIFO serialiser at the link rate: a send starts when the previous one has left the wire
   (concurrent sends share the bandwidth), and takes nbytes * 8 / rate;
-- then the one-way delay, +/- a uniform jitter (as netem without a distribution);
-- loss: the message is split into MSS-sized segments; if any is lost (probability
-  1 - (1 - p)^segments) the send stalls one retransmission timeout (200 ms x time dilation),
-  doubling per repeated loss, like TCP's RTO backoff. Queue limits (tail drop) are not modelled.
+- then the one-way delay with netem's jitter: the same distribution tables and correlation rule
+  (`netem.dist`), from this shaper's seeded generator;
+- loss: the message is split into MSS-sized segments; if any is lost (Bernoulli loss_pct, or
+  the Gilbert–Elliott chain of `netem.gemodel`, one draw per segment in order) the send stalls
+  one retransmission timeout (200 ms x time dilation), doubling per repeated loss of the
+  retransmitted segment, like TCP's RTO backoff. Queue limits (tail drop) are not modelled;
+- a schedule (`netem.schedule`): the step in force when a message is handed over gives its
+  delay and loss; the serialiser runs at each step's rate across step boundaries. t = 0 is when
+  the link was applied (as for tc);
+- reorder_pct is not emulated (a TCP stream delivers messages in order); the snapshot lists it
+  under "not_emulated".
 - down (or loss 100%): a blackhole; sends wait until the link comes back, and raise
   `LinkDownError` after `down_timeout_s` (a caller's own timeout usually fires first).
 Every wait is deadline-based (`netem.timing`). Peers without a link are not shaped.
@@ -19,12 +26,15 @@ Every wait is deadline-based (`netem.timing`). Peers without a link are not shap
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 from collections.abc import Mapping
 from typing import Any
 
+from netem.dist import CorrelatedRandom, draw_delay_ms
 from netem.errors import BadLinkInput, LinkDownError
+from netem.gemodel import GeChain
 from netem.spec import LinkSpec, check_links
 from netem.timing import now, sleep_until
 
@@ -33,6 +43,7 @@ __all__ = ["AppShaper"]
 RTO_S = 0.2  # Linux's minimum TCP retransmission timeout
 MSS_BYTES = 1448  # TCP payload per 1500-byte packet with timestamps
 MAX_BACKOFFS = 6
+log = logging.getLogger("moemesh.netem")
 
 
 class AppShaper:
@@ -56,6 +67,9 @@ class AppShaper:
         self._down: set[str] = set()
         self._free_at: dict[str, float] = {}  # `now()` when each serialiser is free again
         self._changed: dict[str, asyncio.Event] = {}  # set (and replaced) on each change
+        self._origin: dict[str, float] = {}  # `now()` when each link was applied (schedules)
+        self._jitter: dict[str, CorrelatedRandom] = {}
+        self._chain: dict[str, GeChain] = {}
         self.stalls = 0  # sends that paid at least one retransmission timeout
         self.sends = 0
 
@@ -70,6 +84,7 @@ class AppShaper:
         for peer in set(old) | set(new):
             if old.get(peer) != new.get(peer):
                 self._free_at.pop(peer, None)
+                self._fresh(peer)
             self._notify(peer)
 
     async def set_link(self, peer: str, spec: LinkSpec) -> None:
@@ -78,7 +93,27 @@ class AppShaper:
         self._links[peer] = spec
         self._down.discard(peer)
         self._free_at.pop(peer, None)
+        self._fresh(peer)
         self._notify(peer)
+
+    def _fresh(self, peer: str) -> None:
+        """New link state for peer: schedule clock from now, new jitter and loss chains."""
+        spec = self._links.get(peer)
+        for table in (self._origin, self._jitter, self._chain):
+            table.pop(peer, None)
+        if spec is None:
+            return
+        self._origin[peer] = now()
+        self._jitter[peer] = CorrelatedRandom(self._rng, spec.jitter_corr_pct)
+        if spec.loss_model is not None:
+            self._chain[peer] = GeChain(spec.loss_model, self._rng)
+        if spec.reorder_pct > 0:
+            log.warning("app shaper: reorder_pct %g%% to %s is not emulated (only tc can "
+                        "reorder packets)", spec.reorder_pct, peer)
+
+    def origin(self, peer: str) -> float | None:
+        """`now()` when peer's link was applied: t = 0 of its schedule."""
+        return self._origin.get(peer)
 
     async def link_down(self, peer: str) -> None:
         self._known(peer)
@@ -106,7 +141,8 @@ class AppShaper:
             "backend": self.backend,
             "time_dilation": self.time_dilation,
             "links": {
-                peer: {**spec.to_json(), "down": peer in self._down}
+                peer: {**spec.to_json(), "down": peer in self._down,
+                       **({"not_emulated": ["reorder_pct"]} if spec.reorder_pct else {})}
                 for peer, spec in sorted(self._links.items())
             },
         }
@@ -143,27 +179,44 @@ class AppShaper:
         spec = self._links.get(peer)
         if spec is None:  # cleared while we waited
             return None
-        link = spec.dilated(self.time_dilation)
+        full = spec.dilated(self.time_dilation)
+        origin = self._origin.setdefault(peer, t)
+        link = full.at(t - origin)  # the step in force when the bytes are handed over
         start = max(t, self._free_at.get(peer, t))
-        on_wire = start + link.serialisation_ms(nbytes) / 1e3
+        on_wire = _wire_done(full, origin, start, nbytes)
         self._free_at[peer] = on_wire
-        delay_s = link.delay_ms / 1e3
+        delay_ms = link.delay_ms
         if link.jitter_ms > 0:
-            delay_s += self._rng.uniform(-link.jitter_ms, link.jitter_ms) / 1e3
+            jitter = self._jitter.setdefault(peer, CorrelatedRandom(self._rng,
+                                                                    link.jitter_corr_pct))
+            delay_ms = draw_delay_ms(link.delay_ms, link.jitter_ms, link.jitter_dist,
+                                     jitter.next())
         self.sends += 1
-        return on_wire + delay_s + self._loss_stall_s(link, nbytes)
+        return on_wire + delay_ms / 1e3 + self._loss_stall_s(peer, link, nbytes)
 
-    def _loss_stall_s(self, link: LinkSpec, nbytes: int) -> float:
-        if link.loss_pct <= 0:
+    def _loss_stall_s(self, peer: str, link: LinkSpec, nbytes: int) -> float:
+        chain = self._chain.get(peer) if link.loss_model is not None else None
+        if link.loss_pct <= 0 and chain is None:
             return 0.0
         segments = max(1, math.ceil(nbytes / MSS_BYTES))
-        p_lost = 1.0 - (1.0 - link.loss_pct / 100.0) ** segments
+        if chain is not None:  # every segment advances the chain, in order
+            lost = sum([chain.lost() for _ in range(segments)]) > 0
+
+            def again() -> bool:
+                return chain.lost()
+        else:
+            p_lost = 1.0 - (1.0 - link.loss_pct / 100.0) ** segments
+            lost = self._rng.random() < p_lost
+
+            def again() -> bool:
+                return self._rng.random() < p_lost
         stall, rto = 0.0, RTO_S * self.time_dilation
         for _ in range(MAX_BACKOFFS):
-            if self._rng.random() >= p_lost:
+            if not lost:
                 break
             stall += rto
             rto *= 2
+            lost = again()
         if stall:
             self.stalls += 1
         return stall
@@ -195,3 +248,19 @@ class AppShaper:
         if peer not in self._links:
             known = ", ".join(sorted(self._links)) or "none"
             raise BadLinkInput(f"unknown peer {peer!r} (links are set for: {known})")
+
+
+def _wire_done(link: LinkSpec, origin: float, start: float, nbytes: int) -> float:
+    """When nbytes that start serialising at `start` have left: each schedule step's rate for
+    the part of the message it covers (one rate without a schedule)."""
+    if link.schedule is None:
+        return start + link.serialisation_ms(nbytes) / 1e3
+    bits, rel = nbytes * 8.0, start - origin  # seconds since the link was applied
+    for _ in range(100_000):
+        rate_bps = link.at(rel).rate_mbit * 1e6
+        change = link.schedule.next_change(rel)
+        if change is None or rel + bits / rate_bps <= change:
+            break
+        bits -= (change - rel) * rate_bps
+        rel = max(change, math.nextafter(rel, math.inf))
+    return origin + rel + bits / rate_bps

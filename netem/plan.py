@@ -15,7 +15,14 @@ The tree on one node's egress interface (handles in tc's hex notation):
 One slot number per peer address names its class (1:SLOT), its netem leaf (SLOT:) and its u32
 filter priority (SLOT), so one peer can be changed or removed without touching the others, and
 the root stays stable. Changes use `replace` with the full parameter set (a netlink change only
-updates the fields it carries). Link down = the leaf replaced with loss 100%.
+updates the fields it carries). Link down = the leaf replaced with loss 100%. A schedule's steps
+(`plan_step`) use `change` on the class and the leaf that exist: the kernel then keeps the
+queued packets and the time each was given to leave (sch_netem's `netem_change`), where a
+delete-and-add would drop them.
+
+The kernel keeps some netem state across changes unless told otherwise: the delay table and the
+correlations. So every leaf carries its correlations (zeros too), and a leaf that goes back to
+uniform jitter after a table gets netem.dist's linear "uniform" table (`dist="uniform"`).
 
 Nothing here needs root or a kernel: the executor (`netem.tc`) applies the list and checks each
 answer; tests check the list as data.
@@ -30,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from netem.errors import BadLinkInput
+from netem.gemodel import GeLoss
 from netem.spec import LinkSpec
 
 __all__ = [
@@ -44,12 +52,13 @@ __all__ = [
     "assign_slots",
     "plan_change",
     "plan_down",
+    "plan_step",
     "plan_teardown",
     "plan_tree",
     "plan_up",
 ]
 
-Action = Literal["add", "replace", "del"]
+Action = Literal["add", "replace", "change", "del"]
 
 ROOT = "1:"
 DEFAULT_MINOR = 1
@@ -90,8 +99,15 @@ def netem_limit(spec: LinkSpec) -> int:
     The netem leaf holds both the packets in flight over the delay and those waiting for the
     HTB class's tokens, so its limit must cover the BDP (the default 1,000 packets is too small
     for 1 Gbit/s x 50 ms = 4,167 packets). queue_pkts None: a queue of max(BDP, 64) packets.
+    A scheduled link is sized for its largest rate and delay, so that one limit serves every
+    step (a step then changes nothing but what it sets).
     """
-    bdp = math.ceil(spec.rate_mbit * 1e6 / 8 * (spec.delay_ms + spec.jitter_ms) / 1e3 / MTU_BYTES)
+    rate, delay = spec.rate_mbit, spec.delay_ms
+    if spec.schedule is not None:
+        for step in spec.schedule.steps:
+            rate = max(rate, step.rate_mbit or 0.0)
+            delay = max(delay, step.delay_ms or 0.0)
+    bdp = math.ceil(rate * 1e6 / 8 * (delay + spec.jitter_ms) / 1e3 / MTU_BYTES)
     queue = spec.queue_pkts if spec.queue_pkts is not None else max(bdp, MIN_QUEUE_PKTS)
     return bdp + queue
 
@@ -138,13 +154,23 @@ class NetemLeaf:
     jitter_us: int = 0
     loss_pct: float = 0.0
     limit: int = 1000
+    dist: str | None = None  # a netem.dist table name; None: none sent (the kernel's uniform)
+    corr_pct: float = 0.0  # delay correlation
+    reorder_pct: float = 0.0
+    ge: GeLoss | None = None  # replaces loss_pct when set
 
     def describe(self) -> str:
         if self.action == "del":
             return f"tc qdisc del dev {self.iface} parent {self.parent} handle {self.handle}"
+        delay = f"delay {self.delay_us}us {self.jitter_us}us"
+        if self.corr_pct:
+            delay += f" {self.corr_pct:g}%"
+        if self.dist:
+            delay += f" distribution {self.dist}"
+        loss = self.ge.describe() if self.ge else f"loss {self.loss_pct:g}%"
+        reorder = f" reorder {self.reorder_pct:g}% gap 1" if self.reorder_pct else ""
         return (f"tc qdisc {self.action} dev {self.iface} parent {self.parent} handle "
-                f"{self.handle} netem delay {self.delay_us}us {self.jitter_us}us "
-                f"loss {self.loss_pct:g}% limit {self.limit}")
+                f"{self.handle} netem {delay} {loss}{reorder} limit {self.limit}")
 
 
 @dataclass(frozen=True)
@@ -211,18 +237,27 @@ def assign_slots(addresses: list[str], previous: Mapping[str, int] | None = None
     return slots
 
 
-def _leaf(action: Action, iface: str, slot: int, spec: LinkSpec, loss_pct: float | None = None
-          ) -> NetemLeaf:
+def _leaf(action: Action, iface: str, slot: int, spec: LinkSpec, loss_pct: float | None = None,
+          was: LinkSpec | None = None, limit_of: LinkSpec | None = None) -> NetemLeaf:
+    """The netem leaf for `spec` (at one schedule step: `limit_of` is the whole link, `was` the
+    spec the leaf had, for the table the kernel still holds)."""
+    step = spec if spec.schedule is None else spec.at(0.0)
+    down = loss_pct is not None
+    dist = None if step.jitter_dist == "uniform" else step.jitter_dist
+    if dist is None and was is not None and was.jitter_dist != "uniform":
+        dist = "uniform"  # replace the table the kernel holds with a linear one
     return NetemLeaf(
         action=action, iface=iface, handle=f"{slot:x}:", parent=f"1:{slot:x}",
-        delay_us=round(spec.delay_ms * 1000), jitter_us=round(spec.jitter_ms * 1000),
-        loss_pct=spec.loss_pct if loss_pct is None else loss_pct, limit=netem_limit(spec),
+        delay_us=round(step.delay_ms * 1000), jitter_us=round(step.jitter_ms * 1000),
+        loss_pct=step.loss_pct if loss_pct is None else loss_pct,
+        limit=netem_limit(limit_of or spec), dist=dist, corr_pct=step.jitter_corr_pct,
+        reorder_pct=step.reorder_pct, ge=None if down else step.loss_model,
     )
 
 
 def _class(action: Action, iface: str, slot: int, spec: LinkSpec,
            burst_ms: float = DEFAULT_BURST_MS) -> HtbClass:
-    rate = _bytes_per_s(spec.rate_mbit)
+    rate = _bytes_per_s(spec.at(0.0).rate_mbit)
     return HtbClass(action=action, iface=iface, classid=f"1:{slot:x}", rate_bytes=rate,
                     quantum=quantum_for(rate), burst=burst_for(rate, burst_ms))
 
@@ -302,11 +337,26 @@ def plan_change(
             ops += _add_peer(iface, address, slot, spec, burst_ms)
             continue
         was = old[address]
-        if was.rate_mbit != spec.rate_mbit:
+        if was.at(0.0).rate_mbit != spec.at(0.0).rate_mbit:
             ops.append(_class("replace", iface, slot, spec, burst_ms))
         if was != spec or address in down:
-            ops.append(_leaf("replace", iface, slot, spec))
+            ops.append(_leaf("replace", iface, slot, spec, was=was))
     return Plan(ops, new_slots)
+
+
+def plan_step(iface: str, slot: int, link: LinkSpec, before: LinkSpec, after: LinkSpec,
+              burst_ms: float = DEFAULT_BURST_MS) -> Plan:
+    """One schedule step of `link`: from its values `before` to `after` (both `link.at(t)`),
+    `change` of the class (when the rate moves) and of the leaf (when anything else does).
+    The leaf's limit stays the one sized for the whole schedule."""
+    iface = _check_iface(iface)
+    ops: list[TcOp] = []
+    if before.rate_mbit != after.rate_mbit:
+        ops.append(_class("change", iface, slot, after, burst_ms))
+    if (before.delay_ms, before.loss_pct, before.loss_model) != (
+            after.delay_ms, after.loss_pct, after.loss_model):
+        ops.append(_leaf("change", iface, slot, after, limit_of=link))
+    return Plan(ops)
 
 
 def plan_down(iface: str, slot: int, spec: LinkSpec) -> Plan:
@@ -314,9 +364,9 @@ def plan_down(iface: str, slot: int, spec: LinkSpec) -> Plan:
     return Plan([_leaf("replace", _check_iface(iface), slot, spec, loss_pct=100.0)])
 
 
-def plan_up(iface: str, slot: int, spec: LinkSpec) -> Plan:
-    """Link up: the leaf replaced with its spec again."""
-    return Plan([_leaf("replace", _check_iface(iface), slot, spec)])
+def plan_up(iface: str, slot: int, spec: LinkSpec, at: LinkSpec | None = None) -> Plan:
+    """Link up: the leaf replaced with its spec again (`at`: the schedule step now in force)."""
+    return Plan([_leaf("replace", _check_iface(iface), slot, at or spec, limit_of=spec)])
 
 
 def plan_teardown(iface: str) -> Plan:

@@ -5,8 +5,11 @@ trip between A and B is `A→B.delay_ms + B→A.delay_ms`; a topology that gives
 sets it on both ends. Units live in the field names; strings such as "20ms" or "1gbit" are parsed
 only where people type them (`netem.parse`), never here.
 
-Jitter is uniform in [delay - jitter, delay + jitter] (pyroute2 sets no netem delay distribution)
-and reorders packets, which makes TCP retransmit: keep it small.
+Jitter follows `jitter_dist` (netem's tables, `netem.dist`; uniform in [delay - jitter, delay +
+jitter] by default), optionally correlated (`jitter_corr_pct`, netem's rule), and reorders
+packets, which makes TCP retransmit: keep it small. Loss is Bernoulli (`loss_pct`) or bursty
+(`loss_model`, Gilbert–Elliott, `netem.gemodel`); `schedule` makes the link time-varying
+(`netem.schedule`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,19 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from netem.dist import DISTRIBUTIONS
 from netem.errors import BadLinkInput
+from netem.gemodel import GeLoss
+from netem.schedule import Schedule, Step
 
 __all__ = ["JSON_FIELDS", "LinkSpec", "check_links"]
 
 # The per-peer keys of PUT /v1/links that become a LinkSpec; "address" is the node's business.
-JSON_FIELDS = ("delay_ms", "jitter_ms", "rate_mbit", "loss_pct", "queue_pkts")
+JSON_FIELDS = ("delay_ms", "jitter_ms", "rate_mbit", "loss_pct", "queue_pkts", "jitter_dist",
+               "jitter_corr_pct", "reorder_pct", "loss_model", "schedule")
+# Fields whose defaults are left out of the JSON (so links without them read as before).
+_OPTIONAL = {"jitter_dist": "uniform", "jitter_corr_pct": 0.0, "reorder_pct": 0.0,
+             "loss_model": None, "schedule": None}
 _IGNORED_JSON_FIELDS = frozenset({"address"})
 
 # Bounds that catch typos (a rate in bit/s given as Mbit/s, a delay in µs given as ms).
@@ -48,6 +58,14 @@ class LinkSpec:
     loss_pct: random packet loss in percent (0..100); 100 is a blackhole.
     queue_pkts: packets the link may hold beyond the bandwidth-delay product;
         None sizes it from the BDP (see `netem.plan.netem_limit`).
+    jitter_dist: uniform | normal | pareto | paretonormal (netem's tables; jitter_ms is
+        their sigma).
+    jitter_corr_pct: netem's correlation of each jitter draw with the previous one (0..100).
+    reorder_pct: share of packets sent at once, ahead of the delayed ones (netem's `reorder`
+        with gap 1); needs delay_ms > 0. The app backend cannot reorder inside a TCP stream
+        and says so in its snapshot.
+    loss_model: Gilbert–Elliott burst loss instead of loss_pct (not both).
+    schedule: steps over time that change delay / rate / loss (`netem.schedule`).
     """
 
     delay_ms: float = 0.0
@@ -55,6 +73,11 @@ class LinkSpec:
     rate_mbit: float = 1000.0
     loss_pct: float = 0.0
     queue_pkts: int | None = None
+    jitter_dist: str = "uniform"
+    jitter_corr_pct: float = 0.0
+    reorder_pct: float = 0.0
+    loss_model: GeLoss | None = None
+    schedule: Schedule | None = None
 
     def __post_init__(self) -> None:
         delay = _number("delay_ms", self.delay_ms)
@@ -88,6 +111,51 @@ class LinkSpec:
         for name, value in (("delay_ms", delay), ("jitter_ms", jitter),
                             ("rate_mbit", rate), ("loss_pct", loss)):
             object.__setattr__(self, name, value)
+        self._check_extras()
+
+    def _check_extras(self) -> None:
+        if self.jitter_dist not in DISTRIBUTIONS:
+            raise ValueError(f"jitter_dist must be one of {', '.join(DISTRIBUTIONS)}, "
+                             f"got {self.jitter_dist!r}")
+        for name in ("jitter_corr_pct", "reorder_pct"):
+            value = _number(name, getattr(self, name))
+            if not 0 <= value <= 100:
+                raise ValueError(f"{name} must be in 0..100, got {value!r}")
+            object.__setattr__(self, name, value)
+        if self.reorder_pct > 0 and self.delay_ms == 0:
+            raise ValueError("reorder_pct needs delay_ms > 0 (netem reorders by not delaying)")
+        if self.loss_model is not None:
+            if not isinstance(self.loss_model, GeLoss):
+                raise ValueError(f"loss_model must be a GeLoss, got {self.loss_model!r}")
+            if self.loss_pct not in (0.0, 100.0):
+                raise ValueError("give loss_pct or loss_model, not both")
+        if self.schedule is not None:
+            if not isinstance(self.schedule, Schedule):
+                raise ValueError(f"schedule must be a Schedule, got {self.schedule!r}")
+            for i, step in enumerate(self.schedule.steps):
+                try:
+                    self.at_step(step)
+                except ValueError as exc:
+                    where = f" ({self.schedule.source})" if self.schedule.source else ""
+                    raise ValueError(f"schedule step {i} (t_s={step.t_s:g}){where}: {exc}"
+                                     ) from None
+
+    def at_step(self, step: Step) -> LinkSpec:
+        """This link as it is during one schedule step (without the schedule)."""
+        changes: dict[str, Any] = {"schedule": None}
+        for name in ("delay_ms", "rate_mbit", "loss_pct"):
+            value = getattr(step, name)
+            if value is not None:
+                changes[name] = value
+        if changes.get("loss_pct") and self.loss_model is not None:
+            changes["loss_model"] = None
+        return replace(self, **changes)
+
+    def at(self, t_s: float) -> LinkSpec:
+        """This link t_s seconds after it was applied (itself when it has no schedule)."""
+        if self.schedule is None:
+            return self
+        return self.at_step(self.schedule.steps[self.schedule.index_at(t_s)])
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LinkSpec:
@@ -105,13 +173,23 @@ class LinkSpec:
                 f"known: {', '.join(JSON_FIELDS)}, address"
             )
         kwargs = {k: data[k] for k in JSON_FIELDS if k in data}
+        if kwargs.get("loss_model") is not None:
+            kwargs["loss_model"] = GeLoss.from_json(kwargs["loss_model"])
+        if kwargs.get("schedule") is not None:
+            kwargs["schedule"] = Schedule.from_json(kwargs["schedule"])
         return cls(**kwargs)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object `from_json` reads back (queue_pkts omitted when None)."""
-        out = asdict(self)
+        """The JSON object `from_json` reads back (queue_pkts and unused extras omitted)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("loss_model", "schedule")}
         if out["queue_pkts"] is None:
             del out["queue_pkts"]
+        for name, default in _OPTIONAL.items():
+            value = getattr(self, name)
+            if value != default:
+                out[name] = value.to_json() if hasattr(value, "to_json") else value
+            else:
+                out.pop(name, None)
         return out
 
     def dilated(self, factor: float) -> LinkSpec:
@@ -126,6 +204,7 @@ class LinkSpec:
             delay_ms=self.delay_ms * factor,
             jitter_ms=self.jitter_ms * factor,
             rate_mbit=self.rate_mbit / factor,
+            schedule=None if self.schedule is None else self.schedule.scaled(factor),
         )
 
     def serialisation_ms(self, nbytes: int) -> float:

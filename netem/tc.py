@@ -10,14 +10,22 @@ pyroute2 0.9 facts this relies on: `AsyncIPRoute(netns=NAME_OR_PATH, flags=0)` e
 an existing namespace (without flags=0 it would create a missing one); netem delay/jitter are
 integer microseconds; an int rate is bytes/s; u32 filters need `protocols.ETH_P_IP`. pyroute2's
 default HTB burst is wrong here (it divides by 1e9 "Hz"), so burst is always sent explicitly.
+pyroute2 cannot send a netem delay table or the Gilbert–Elliott model, so netem leaves go
+through `netem.netemmsg`, which builds the same message with them.
+
+A link with a schedule (`netem.schedule`) gets a task that, at each step's time (t = 0 when the
+link was applied), `change`s its class and leaf in place (`netem.plan.plan_step`) and logs when
+each step reached the kernel (`step_log`), so measurements can line up with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import threading
+import time
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -25,6 +33,7 @@ from pyroute2 import AsyncIPRoute, protocols
 from pyroute2.netlink.exceptions import NetlinkError
 
 from netem.errors import BackendUnavailable, BadLinkInput, NetemError, TcError
+from netem.netemmsg import send_netem
 from netem.plan import (
     DEFAULT_BURST_MS,
     DEFAULT_LINE_RATE_MBIT,
@@ -36,11 +45,13 @@ from netem.plan import (
     U32Dst,
     plan_change,
     plan_down,
+    plan_step,
     plan_teardown,
     plan_tree,
     plan_up,
 )
 from netem.spec import LinkSpec, check_links
+from netem.timing import now, sleep_until
 
 __all__ = ["NetlinkThread", "TcShaper", "execute", "handle", "open_netlink"]
 
@@ -91,13 +102,7 @@ async def _send(ipr: AsyncIPRoute, index: int, op: TcOp) -> None:
                          parent=handle(op.parent), rate=op.rate_bytes, ceil=op.rate_bytes,
                          burst=op.burst, cburst=op.burst, quantum=op.quantum)
     elif isinstance(op, NetemLeaf):
-        if op.action == "del":
-            await ipr.tc("del", "netem", index=index, handle=handle(op.handle),
-                         parent=handle(op.parent))
-        else:
-            await ipr.tc(op.action, "netem", index=index, handle=handle(op.handle),
-                         parent=handle(op.parent), delay=op.delay_us, jitter=op.jitter_us,
-                         loss=op.loss_pct, limit=op.limit)
+        await send_netem(ipr, index, handle(op.handle), handle(op.parent), op)
     elif isinstance(op, U32Dst):
         if op.action == "del":
             await ipr.tc("del-filter", index=index, parent=handle(op.parent), prio=op.prio,
@@ -190,6 +195,9 @@ class TcShaper:
         self._slots: dict[str, int] = {}  # address -> slot
         self._down: set[str] = set()  # peers
         self._installed = False
+        self._followers: dict[str, asyncio.Task[None]] = {}  # peer -> its schedule's task
+        self._origin: dict[str, float] = {}  # peer -> `now()` when its schedule started
+        self._step_log: dict[str, list[tuple[float, int]]] = {}  # (wall time, step index)
 
     # -- netlink plumbing (everything named _k_* or called through _nl runs on the thread) --
     async def _nl(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -261,8 +269,12 @@ class TcShaper:
                                  burst_ms=self.burst_ms)
             await self._nl(self._run(index, plan))
             self._installed = True
+            old = self._links
             self._links, self._addresses, self._slots = links, wanted, plan.slots
             self._down.clear()
+            for peer in set(old) | set(links):
+                if old.get(peer) != links.get(peer) or peer not in self._followers:
+                    self._follow(peer)
 
     async def set_link(self, peer: str, spec: LinkSpec) -> None:
         self._known(peer)
@@ -277,6 +289,7 @@ class TcShaper:
             await self._nl(self._run(self._index, plan))
             self._links[peer] = spec
             self._down.discard(peer)
+            self._follow(peer)
 
     async def link_down(self, peer: str) -> None:
         self._known(peer)
@@ -292,10 +305,14 @@ class TcShaper:
         async with self._lock:
             address = self._addresses[peer]
             spec = self._links[peer].dilated(self.time_dilation)
-            await self._nl(self._run(self._index, plan_up(self.iface, self._slots[address], spec)))
+            current = spec.at(now() - self._origin.get(peer, now()))
+            await self._nl(self._run(self._index, plan_up(self.iface, self._slots[address], spec,
+                                                          at=current)))
             self._down.discard(peer)
 
     async def clear(self) -> None:
+        for peer in list(self._followers):
+            await self._stop_following(peer)
         async with self._lock:
             if self._installed and self._index is not None:
                 await self._nl(self._k_teardown())
@@ -332,7 +349,9 @@ class TcShaper:
             "iface": self.iface,
             "links": {
                 peer: {**spec.to_json(), "address": self._addresses[peer],
-                       "down": peer in self._down, "slot": self._slots[self._addresses[peer]]}
+                       "down": peer in self._down, "slot": self._slots[self._addresses[peer]],
+                       **({"steps_applied": len(self._step_log[peer])}
+                          if peer in self._step_log else {})}
                 for peer, spec in sorted(self._links.items())
             },
         }
@@ -347,6 +366,51 @@ class TcShaper:
         """None: the kernel delays the packets, nobody waits in-process."""
         await self.transmit(peer, nbytes)
         return None
+
+    # -- schedules ----------------------------------------------------------------------
+    def step_log(self, peer: str) -> list[tuple[float, int]]:
+        """(wall-clock time.time(), step index) of each schedule step the kernel took, in order;
+        the first entry is step 0 at the time the link was applied."""
+        return list(self._step_log.get(peer, []))
+
+    def _follow(self, peer: str) -> None:
+        """(Re)start peer's schedule from t = 0 (now); stop it when the link has none."""
+        task = self._followers.pop(peer, None)
+        if task is not None:
+            task.cancel()
+        self._origin.pop(peer, None)
+        self._step_log.pop(peer, None)
+        spec = self._links.get(peer)
+        if spec is None or spec.schedule is None:
+            return
+        self._origin[peer] = now()
+        self._step_log[peer] = [(time.time(), 0)]
+        self._followers[peer] = asyncio.get_running_loop().create_task(
+            self._run_schedule(peer, spec, self._origin[peer]), name=f"tc-schedule-{peer}")
+
+    async def _stop_following(self, peer: str) -> None:
+        task = self._followers.pop(peer, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run_schedule(self, peer: str, given: LinkSpec, origin: float) -> None:
+        link = given.dilated(self.time_dilation)
+        assert link.schedule is not None
+        before, rel = link.at(0.0), 0.0
+        while (rel := link.schedule.next_change(rel)) is not None:
+            await sleep_until(origin + rel)
+            after = link.at(rel)
+            async with self._lock:
+                if self._links.get(peer) is not given:
+                    return
+                if peer not in self._down:  # a down link stays down; link_up takes the step
+                    slot = self._slots[self._addresses[peer]]
+                    plan = plan_step(self.iface, slot, link, before, after, self.burst_ms)
+                    await self._nl(self._run(self._index, plan))
+                self._step_log[peer].append((time.time(), link.schedule.index_at(rel)))
+            before = after
 
     # -- helpers ------------------------------------------------------------------------
     async def _run(self, index: int | None, plan: Plan) -> None:

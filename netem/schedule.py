@@ -1,0 +1,222 @@
+"""Time-varying links: a schedule of steps, read from a CSV or a Mahimahi trace.
+
+A `Schedule` is a list of steps `(t_s, delay_ms, rate_mbit, loss_pct)`; from t_s on (seconds
+since the link was applied) the link has those values, a None value keeping the link's own. The
+steps may loop with period `loop_s` (else the last step holds). Both backends follow the same
+schedule: tc changes the existing class and netem leaf in place at each step (`change`, never
+delete-and-add, so packets already queued keep the delay they were given), the app backend reads
+the step in force when it schedules a send (and integrates the serialiser across steps).
+
+Sources (`read_csv`, `read_mahimahi`), each error naming the file and line:
+- CSV: `t_s,delay_ms,rate_mbit,loss_pct` per line (a header line of those names and `#`
+  comments allowed; an empty cell keeps the link's own value); the first step at t_s = 0.
+- Mahimahi delivery-opportunity trace: one millisecond timestamp per line, each a chance to
+  deliver one 1,500-byte packet; the trace loops with period = its last timestamp. It becomes
+  rate steps of `bin_ms` (default 100 ms): rate = opportunities x 12,000 bit / bin. A bin with no
+  opportunity gets MIN_RATE_MBIT (HTB cannot run at 0), which the schedule records.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["MIN_RATE_MBIT", "Schedule", "Step", "read_csv", "read_mahimahi", "read_schedule"]
+
+MIN_RATE_MBIT = 0.012  # one 1,500-byte packet per second
+MAHIMAHI_PACKET_BYTES = 1500
+DEFAULT_BIN_MS = 100.0
+MAX_STEPS = 100_000
+CSV_COLUMNS = ("t_s", "delay_ms", "rate_mbit", "loss_pct")
+
+
+class Step(NamedTuple):
+    t_s: float
+    delay_ms: float | None = None
+    rate_mbit: float | None = None
+    loss_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Steps from t = 0 (seconds since applied), optionally looping every loop_s."""
+
+    steps: tuple[Step, ...]
+    loop_s: float | None = None
+    source: str = ""
+    _times: tuple[float, ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        steps = tuple(Step(*s) for s in self.steps)
+        if not steps:
+            raise ValueError("schedule: no steps")
+        if len(steps) > MAX_STEPS:
+            raise ValueError(f"schedule: {len(steps)} steps, at most {MAX_STEPS}")
+        if steps[0].t_s != 0:
+            raise ValueError(f"schedule: the first step must be at t_s = 0, got {steps[0].t_s}")
+        for i, (before, after) in enumerate(itertools.pairwise(steps), start=1):
+            if not after.t_s > before.t_s:
+                raise ValueError(f"schedule: step {i} (t_s={after.t_s:g}) is not after step "
+                                 f"{i - 1} (t_s={before.t_s:g})")
+        for i, step in enumerate(steps):
+            for name, value in zip(CSV_COLUMNS, step, strict=True):
+                if value is not None and (isinstance(value, bool) or not isinstance(
+                        value, int | float) or not math.isfinite(value)):
+                    raise ValueError(f"schedule: step {i} {name} must be a number, got {value!r}")
+        if self.loop_s is not None and not self.loop_s > steps[-1].t_s:
+            raise ValueError(f"schedule: loop_s ({self.loop_s:g}) must be after the last step "
+                             f"(t_s={steps[-1].t_s:g})")
+        object.__setattr__(self, "steps", steps)
+        object.__setattr__(self, "_times", tuple(s.t_s for s in steps))
+
+    def index_at(self, t_s: float) -> int:
+        """The step in force t_s seconds after the link was applied."""
+        if self.loop_s is not None:
+            t_s %= self.loop_s
+        return max(0, bisect.bisect_right(self._times, t_s) - 1)
+
+    def next_change(self, t_s: float) -> float | None:
+        """The time (>= t_s, seconds since applied) of the next step after t_s; None: never."""
+        if self.loop_s is None:
+            i = bisect.bisect_right(self._times, t_s)
+            return self._times[i] if i < len(self._times) else None
+        base = math.floor(t_s / self.loop_s) * self.loop_s
+        i = bisect.bisect_right(self._times, t_s - base)
+        return base + (self._times[i] if i < len(self._times) else self.loop_s)
+
+    def scaled(self, factor: float) -> Schedule:
+        """In emulated time (time dilation): times and delays x factor, rates / factor."""
+        def mul(v: float | None) -> float | None:
+            return None if v is None else v * factor
+
+        steps = tuple(Step(s.t_s * factor, mul(s.delay_ms),
+                           None if s.rate_mbit is None else s.rate_mbit / factor, s.loss_pct)
+                      for s in self.steps)
+        return Schedule(steps, mul(self.loop_s), self.source)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": [list(s) for s in self.steps], "loop_s": self.loop_s,
+                "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Schedule:
+        if not isinstance(data, Mapping) or "steps" not in data:
+            raise ValueError(f"schedule must be a mapping with steps, got {data!r}")
+        unknown = sorted(set(data) - {"steps", "loop_s", "source"})
+        if unknown:
+            raise ValueError(f"schedule: unknown field(s) {', '.join(unknown)}; "
+                             "known: steps, loop_s, source")
+        raw = data["steps"]
+        if not isinstance(raw, list) or not all(
+                isinstance(s, list | tuple) and 1 <= len(s) <= 4 for s in raw):
+            raise ValueError("schedule.steps must be a list of [t_s, delay_ms, rate_mbit, "
+                             "loss_pct] lists (null keeps the link's value)")
+        return cls(tuple(Step(*s) for s in raw), data.get("loop_s"), str(data.get("source", "")))
+
+
+def _number(text: str, what: str) -> float | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what}: {text!r} is not finite")
+    return value
+
+
+def read_csv(lines: Iterable[str], source: str = "<csv>", loop_s: float | None = None
+             ) -> Schedule:
+    """Steps from `t_s,delay_ms,rate_mbit,loss_pct` lines (see the module docstring)."""
+    steps: list[Step] = []
+    for no, line in enumerate(lines, start=1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        cells = [c.strip() for c in text.split(",")]
+        if not steps and cells[0] == "t_s":
+            if tuple(cells) != CSV_COLUMNS[: len(cells)]:
+                raise ValueError(f"{source}:{no}: header must be {','.join(CSV_COLUMNS)}")
+            continue
+        if len(cells) > 4:
+            raise ValueError(f"{source}:{no}: {len(cells)} columns, expected at most 4 "
+                             f"({','.join(CSV_COLUMNS)})")
+        values = [_number(c, f"{source}:{no}: {name}") for name, c in zip(CSV_COLUMNS, cells,
+                                                                            strict=False)]
+        if values[0] is None:
+            raise ValueError(f"{source}:{no}: t_s is missing")
+        step = Step(*values)
+        if step.t_s < 0 or (steps and step.t_s <= steps[-1].t_s):
+            raise ValueError(f"{source}:{no}: t_s {step.t_s:g} must be >= 0 and after the "
+                             "previous step's")
+        steps.append(step)
+    if not steps:
+        raise ValueError(f"{source}: no steps")
+    if steps[0].t_s != 0:
+        raise ValueError(f"{source}: the first step must be at t_s = 0")
+    return Schedule(tuple(steps), loop_s, source)
+
+
+def read_mahimahi(lines: Iterable[str], source: str = "<trace>",
+                  bin_ms: float = DEFAULT_BIN_MS) -> Schedule:
+    """Rate steps from a Mahimahi delivery-opportunity trace (see the module docstring)."""
+    if not 1 <= bin_ms <= 10_000:
+        raise ValueError(f"{source}: bin_ms must be in 1..10000, got {bin_ms!r}")
+    stamps: list[int] = []
+    for no, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        if not text.isdigit():
+            raise ValueError(f"{source}:{no}: {text!r} is not a whole number of milliseconds")
+        value = int(text)
+        if stamps and value < stamps[-1]:
+            raise ValueError(f"{source}:{no}: {value} ms goes back in time (after "
+                             f"{stamps[-1]} ms)")
+        stamps.append(value)
+    if not stamps or stamps[-1] <= 0:
+        raise ValueError(f"{source}: a trace needs timestamps ending after 0 ms")
+    period_ms = stamps[-1]
+    bins = math.ceil(period_ms / bin_ms)
+    counts = [0] * bins
+    for value in stamps:
+        counts[min(bins - 1, int(value // bin_ms))] += 1
+    steps = []
+    for i, count in enumerate(counts):
+        width_ms = min(bin_ms, period_ms - i * bin_ms)
+        rate = count * MAHIMAHI_PACKET_BYTES * 8 / (width_ms / 1e3) / 1e6
+        steps.append(Step(round(i * bin_ms / 1e3, 6), None, max(MIN_RATE_MBIT, round(rate, 6)),
+                          None))
+    return Schedule(tuple(steps), period_ms / 1e3, source)
+
+
+def read_schedule(path: str | Path, kind: str, bin_ms: float = DEFAULT_BIN_MS,
+                  loop: bool = False) -> Schedule:
+    """A schedule file: kind "csv" (loop: repeat after the last step + its gap) or "mahimahi"."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"schedule file {path}: {exc.strerror or exc}") from None
+    if kind == "mahimahi":
+        return read_mahimahi(lines, str(path), bin_ms)
+    if kind != "csv":
+        raise ValueError(f"schedule kind must be csv or mahimahi, got {kind!r}")
+    sched = read_csv(lines, str(path))
+    if loop:
+        times = [s.t_s for s in sched.steps]
+        gap = times[-1] - times[-2] if len(times) > 1 else 1.0
+        sched = Schedule(sched.steps, times[-1] + gap, sched.source)
+    return sched
+
+
+def rates(schedule: Schedule) -> Sequence[float]:
+    """The rates the schedule sets (for sizing queues)."""
+    return [s.rate_mbit for s in schedule.steps if s.rate_mbit is not None]
