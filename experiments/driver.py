@@ -28,6 +28,7 @@ import aiohttp
 from orchestrator.arms import Arm
 from services.clock import now, sleep_until
 
+from .fidelity import link_samples
 from .routing import RoutingTrace, request_offsets, routing_line
 from .rows import RequestRow, TokenRow
 from .workload import Request, WorkloadPlan
@@ -68,6 +69,7 @@ class DriveResult:
     started_at: float = 0.0  # time.time() of the workload's start
     started_perf: float = 0.0  # now() (perf_counter) of the start: sent_s/done_s count from it
     routing: list[dict[str, Any]] = field(default_factory=list)  # experiments.routing lines
+    links: list[tuple] = field(default_factory=list)  # experiments.fidelity.link_samples
 
 
 def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
@@ -270,9 +272,11 @@ class Driver:
                                      self._scenario_s(done), self.tdf, answer, error)
         self.result.tokens.extend(tokens)
         self.result.requests.append(row)
-        if answer is not None and answer.get("routing"):
-            self.result.routing.append(routing_line(self.arm.label, 0, req.id, req.home,
-                                                    answer["routing"]))
+        if answer is not None:
+            self.result.links += link_samples(req.home, answer.get("records") or (), self.tdf)
+            if answer.get("routing"):
+                self.result.routing.append(routing_line(self.arm.label, 0, req.id, req.home,
+                                                        answer["routing"]))
         if self.on_request is not None:
             self.on_request(row, tokens)
 

@@ -25,6 +25,7 @@ from router.records import MIX_KEYS
 
 from . import plots
 from .faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT, assess, loop_lag_of
+from .fidelity import DELAY_ABS_MS, DELAY_REL, LARGE, RATE_REL, SMALL, pair_rows, summary_of
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
 from .paired import METRICS, paired_compare
 from .quality import QualitySet, identical_set
@@ -272,18 +273,8 @@ def _quality_lines(meta: Mapping[str, Any], qset: QualitySet,
     return lines
 
 
-def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
-                    tokens: Mapping[str, Sequence[TokenRow]], overhead: Sequence[TokenRow],
-                    images: Mapping[str, str], *, comps: Sequence[Comparison] | None = None,
-                    faithful: tuple[bool, Sequence[str]] | None = None,
-                    qset: QualitySet | None = None) -> str:
-    """The report (see the module docstring); `images` maps a caption to a file name."""
-    by_name = {s.name: s for s in stats}
-    qset = qset if qset is not None else identical_set(meta.get("quality", {}))
-    if faithful is None:
-        faithful = assess(meta, stats, qset.failed)
-    if comps is None:
-        comps = comparisons(meta, stats, tokens)
+def _header_lines(meta: Mapping[str, Any], faithful: tuple[bool, Sequence[str]]) -> list[str]:
+    """The verdict, the description and how the run was made."""
     lines = [f"# moemesh run: {meta['scenario']}", "", *_faithful_lines(faithful)]
     if meta.get("description"):
         lines += [str(meta["description"]), ""]
@@ -303,6 +294,11 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
                       f"{_f(t.get('mesh_start_s'), 3)} s)"),
         ("host", ", ".join(f"{k} {v}" for k, v in meta.get("host", {}).items())),
     ]
+    trace = meta.get("trace")
+    if trace:
+        facts.append(("routing trace", f"{trace['file']} ({trace['format']}, "
+                                       f"{trace['positions']} positions; gate weights "
+                                       f"{trace['weights']})"))
     load = meta.get("load") or {}
     if load:
         facts.append(("host load (1-min average, before → after each policy)",
@@ -311,13 +307,56 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
     lines += _table(["", ""], [(k, v) for k, v in facts])
     for note in meta.get("notes", []):
         lines += ["", f"Note: {note}."]
-    lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
+    return lines
 
-    lines += ["## Results per policy", "",
-              "Token latency is each generated token's time (the first one includes the "
-              "prompt's prefill, which is also TTFT). Percentiles come from HDR histograms. "
-              "Traffic counts the activations each generated token moved between nodes "
-              "(prefill of the prompt positions not included).", ""]
+
+def _fidelity_lines(meta: Mapping[str, Any]) -> list[str]:
+    """Configured against measured delay and goodput per pair (experiments.fidelity)."""
+    rows = pair_rows(meta.get("fidelity"))
+    lines = ["## Link fidelity", ""]
+    if not rows:
+        return [*lines, "Not measured: this run predates the per-pair probe.", ""]
+    lines += [f"Each pair of nodes, configured against measured (scenario time). 'probe': "
+              f"{SMALL} one-row and {LARGE} large messages over the data plane before the "
+              f"first policy (one-way delay = half the round trip's propagation, goodput from "
+              f"the large messages' extra time); 'run': the median one-way delay of the run's "
+              f"own single-node transfers (n layers). Delay is the mean of both directions, "
+              f"rate the one the probe's bytes see over the round trip. **off**: delay off by "
+              f"more than max({DELAY_ABS_MS:g} ms, {100 * DELAY_REL:g}%), goodput by more "
+              f"than {100 * RATE_REL:g}%.", ""]
+    table = []
+    for r in rows:
+        probe_err = r.get("probe_error")
+        table.append([
+            r["pair"], _f(r["configured_delay_ms"]),
+            probe_err or _f(r.get("probe_delay_ms")), _signed(r.get("delay_error_ms")),
+            _f(r.get("passive_delay_ms")) + (f" ({r['passive_n']})" if "passive_n" in r else ""),
+            _signed(r.get("passive_error_ms")), _f(r.get("configured_rate_mbit"), 4),
+            _f(r.get("probe_rate_mbit"), 4), _signed(r.get("rate_error_pct"), "%"),
+            "**off**: " + ", ".join(r["off"]) if r["off"] else "ok"])
+    lines += _table(["pair", "configured delay ms", "probe delay", "error ms", "run delay (n)",
+                     "error ms", "configured Mbit/s", "probe goodput", "error", "verdict"],
+                    table)
+    off = [r["pair"] for r in rows if r["off"]]
+    lines += ["", (f"{len(off)} of {len(rows)} pairs off: {', '.join(off)}." if off
+                   else f"All {len(rows)} pairs within the limits.")]
+    if meta.get("faults") and any(meta["faults"].values()):
+        lines[-1] += " The run delay includes the fault windows (a degraded link shows there)."
+    return [*lines, ""]
+
+
+def _signed(x: float | None, unit: str = "") -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:+.3g}{unit}"
+
+
+def _results_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats], qset: QualitySet
+                   ) -> list[str]:
+    """Per policy: latency, throughput, traffic, quality; the execution mix; quality notes."""
+    lines = ["## Results per policy", "",
+             "Token latency is each generated token's time (the first one includes the "
+             "prompt's prefill, which is also TTFT). Percentiles come from HDR histograms. "
+             "Traffic counts the activations each generated token moved between nodes "
+             "(prefill of the prompt positions not included).", ""]
     rows = []
     for s in stats:
         rows.append([
@@ -325,11 +364,7 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
             _f(s.latency["p99"]), _f(s.ttft["mean"]), _f(s.ttft["p99"]),
             _f(s.request_latency["mean"]), _f(s.throughput_tok_s),
             "–" if not math.isfinite(s.slo_share) else f"{100 * s.slo_share:.0f}%",
-            _f(s.traffic_per_1k / 1e6), (f"{s.quality_delta_pct:+.2f}%"
-                                         + (" (est.)" if s.quality_source == "estimate" else "")
-                                         if math.isfinite(s.quality_delta_pct) else
-                                         "n/c" if s.quality_source == "not comparable"
-                                         else "–"),
+            _f(s.traffic_per_1k / 1e6), _quality_cell(s),
             f"{s.tokens}/{s.failed_tokens}", str(s.rerouted_tokens),
         ])
     lines += _table(["policy", "mean ms", "p50", "p95", "p99", "TTFT mean", "TTFT p99",
@@ -349,17 +384,22 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
                       f"placement and the network. It is the quality reference and a "
                       f"no-network bound, not a system one could deploy on these nodes."]
     if meta.get("model_mode") == "modeled":
-        lines += ["", "Quality: the model is modeled (no weights), so the quality change is "
-                      "the budget the router spent per token from its penalty tables: an "
-                      "estimate, not a measured perplexity."]
-    else:
-        lines += _quality_lines(meta, qset, stats)
+        return [*lines, "", "Quality: the model is modeled (no weights), so the quality "
+                            "change is the budget the router spent per token from its "
+                            "penalty tables: an estimate, not a measured perplexity."]
+    return lines + _quality_lines(meta, qset, stats)
 
-    lines += ["", *_split_lines(stats)]
-    lines += _repeat_lines(meta, stats)
-    if len(stats) > 1:
-        lines += _comparison_lines(stats, comps)
 
+def _quality_cell(s: PolicyStats) -> str:
+    if math.isfinite(s.quality_delta_pct):
+        return f"{s.quality_delta_pct:+.2f}%" + (" (est.)" if s.quality_source == "estimate"
+                                                  else "")
+    return "n/c" if s.quality_source == "not comparable" else "–"
+
+
+def _failure_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats]) -> list[str]:
+    """The fault timeline, failed tokens by reason, the placements used."""
+    lines: list[str] = []
     faults = meta.get("faults", {})
     if any(faults.values()):
         lines += ["", "## Faults", "", "Applied at these times (scenario seconds from the "
@@ -385,20 +425,48 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
         lines += _table(["placement", "replicas", "expected cost ms"],
                         [[n, str(p.get("replicas")), _f(p.get("expected_cost_ms"))]
                          for n, p in placements.items()])
+    return lines
 
+
+def _reproduction_lines(meta: Mapping[str, Any], by_name: Mapping[str, PolicyStats],
+                        tokens: Mapping[str, Sequence[TokenRow]]) -> list[str]:
+    repro = reproduction_rows(meta, by_name, tokens)
+    if not repro:
+        return []
+    lines = ["", "## Reproduction", "",
+             "What the papers report (docs/papers.md) beside this run. 'Holds' = the measured "
+             "change has the paper's direction and its 95% CI excludes 0. The scenarios "
+             "were not tuned to match.", ""]
+    lines += _table(["paper", "comparison", "paper", "this run", "difference", "holds",
+                     "arms / note"], [r.cells() for r in repro])
+    return lines + ["", "Where and why we differ:", ""] + [f"- {d}" for d in DIFFERENCES]
+
+
+def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
+                    tokens: Mapping[str, Sequence[TokenRow]], overhead: Sequence[TokenRow],
+                    images: Mapping[str, str], *, comps: Sequence[Comparison] | None = None,
+                    faithful: tuple[bool, Sequence[str]] | None = None,
+                    qset: QualitySet | None = None) -> str:
+    """The report (see the module docstring); `images` maps a caption to a file name."""
+    by_name = {s.name: s for s in stats}
+    qset = qset if qset is not None else identical_set(meta.get("quality", {}))
+    if faithful is None:
+        faithful = assess(meta, stats, qset.failed)
+    if comps is None:
+        comps = comparisons(meta, stats, tokens)
+    lines = _header_lines(meta, faithful)
+    lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
+    lines += _fidelity_lines(meta)
+    lines += _results_lines(meta, stats, qset)
+    lines += ["", *_split_lines(stats)]
+    lines += _repeat_lines(meta, stats)
+    if len(stats) > 1:
+        lines += _comparison_lines(stats, comps)
+    lines += _failure_lines(meta, stats)
     if images:
         lines += ["", "## Plots", ""]
         lines += [f"![{cap}]({name})" for cap, name in images.items()]
-
-    repro = reproduction_rows(meta, by_name, tokens)
-    if repro:
-        lines += ["", "## Reproduction", "",
-                  "What the papers report (docs/papers.md) beside this run. 'Holds' = the measured "
-                  "change has the paper's direction and its 95% CI excludes 0. The scenarios "
-                  "were not tuned to match.", ""]
-        lines += _table(["paper", "comparison", "paper", "this run", "difference", "holds",
-                         "arms / note"], [r.cells() for r in repro])
-        lines += ["", "Where and why we differ:", ""] + [f"- {d}" for d in DIFFERENCES]
+    lines += _reproduction_lines(meta, by_name, tokens)
     return "\n".join(lines) + "\n"
 
 
@@ -428,6 +496,9 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
                "comparable": qset.comparable, "scoring_failed_tokens": dict(qset.failed)}
     summary = summary_json(meta, stats, comparisons=comps, faithful=faithful,
                            quality=quality if meta.get("quality") else None)
+    fidelity = summary_of(meta.get("fidelity"))
+    if fidelity is not None:
+        summary["fidelity"] = fidelity
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     images: dict[str, str] = {}
     if plots_too and tokens:

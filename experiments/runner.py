@@ -36,6 +36,7 @@ from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
 
 from .driver import DriveLimits, Driver, DriveResult, first_error
+from .fidelity import configured, pairs_of, passive, probe_mesh
 from .looplag import collect_loop_lag
 from .metrics import DEFAULT_SLO_MS
 from .progress import RunProgress
@@ -218,6 +219,16 @@ def _score_homes(plan: WorkloadPlan, count: int, seed: int) -> list[str]:
     return [names[int(i)] for i in rng.choice(len(names), size=count, p=p / p.sum())]
 
 
+def _row_bytes(scenario: Scenario) -> int:
+    """Bytes of one activation row on the wire (f32), to size the probe's large messages."""
+    from moe.profiles import get
+
+    try:
+        return get(scenario.model.name).d_model * 4
+    except (ValueError, LookupError):  # a checkpoint folder: a guess is enough for sizing
+        return 512
+
+
 def _host() -> dict[str, Any]:
     import aiohttp as _aiohttp
 
@@ -245,6 +256,7 @@ class _Collected:
     overhead_tokens: list[TokenRow] = field(default_factory=list)
     overhead_requests: list[RequestRow] = field(default_factory=list)
     routing: list[dict[str, Any]] = field(default_factory=list)  # experiments.routing lines
+    links: list[tuple] = field(default_factory=list)  # experiments.fidelity.link_samples
 
 
 class _Run:
@@ -336,6 +348,7 @@ class _Run:
         self.got.tokens += result.tokens
         self.got.requests += result.requests
         self.got.routing += result.routing
+        self.got.links += result.links
 
     async def arm_in(self, mesh: MeshTarget, arm: Arm, rep: int) -> None:
         """`arm` in repetition `rep` (experiments.repeats): its run.json keys are
@@ -349,6 +362,18 @@ class _Run:
         got.tokens[nt:] = [replace(t, policy=arm.label, rep=rep) for t in got.tokens[nt:]]
         got.requests[nr:] = [replace(r, policy=arm.label, rep=rep) for r in got.requests[nr:]]
         got.routing[ng:] = [{**g, "policy": arm.label, "rep": rep} for g in got.routing[ng:]]
+
+    async def probe_links(self, mesh: MeshTarget) -> None:
+        """Per-pair fidelity, first half: every pair probed over the data plane before the
+        first arm (experiments.fidelity); the run's own transfers add the second at the end."""
+        topo = self.scenario.topology
+        self.progress.note(f"probing the {len(pairs_of(topo))} node pairs' links")
+        t = time.monotonic()
+        self.meta["fidelity"] = {
+            "configured": {f"{a}-{b}": configured(topo, a, b) for a, b in pairs_of(topo)},
+            "probe": await probe_mesh(mesh, topo, self.tdf, _row_bytes(self.scenario)),
+            "passive": {}}
+        self._time("probe_s", t)
 
     async def quality(self, mesh: MeshTarget, arm: Arm) -> None:
         """Held-out NLL through the arm's routing (its placement is in force), and exact's."""
@@ -390,6 +415,8 @@ class _Run:
 
     def write(self, out: Path) -> None:
         got = self.got
+        if self.meta.get("fidelity"):
+            self.meta["fidelity"]["passive"] = passive(got.links, self.scenario.topology)
         write_rows(out / "tokens.csv", got.tokens, TokenRow)
         write_rows(out / "requests.csv", got.requests, RequestRow)
         with (out / ROUTING_FILE).open("w") as fh:
@@ -431,6 +458,7 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             async with open_mesh(scenario, first) as mesh:
                 run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
                 run._time("mesh_start_s", t0)
+                await run.probe_links(mesh)
                 for rep, order in enumerate(orders):
                     for arm in order:
                         await run.arm_in(mesh, arm, rep)

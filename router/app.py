@@ -18,6 +18,8 @@ Endpoints (JSON):
   TraceSteps`: the prompt only sets how many tokens to prefill) and score is refused.
 * `PUT /v1/mesh` (control token) the router's view of the whole mesh (`router.mesh`)
 * `GET /v1/router` (control token) counters, breakers, scales, estimates
+* `POST /v1/probe` (control token) {"peer", "rows": [int]} → timed messages to the peer over
+  the data plane (`router.probe`)
 
 Until a mesh is PUT the router knows only its own node: every expert it holds, nothing else.
 """
@@ -33,6 +35,7 @@ import torch
 from aiohttp import web
 
 from services.client import ClientSettings, NodeClient
+from services.errors import NodeError, ServiceError
 from services.wire import DTYPE_BYTES
 
 from .dispatch import Dispatcher
@@ -40,6 +43,7 @@ from .engine import Engine, Routing
 from .errors import BadRouterInput
 from .mesh import DEFAULT_CAPACITY, Mesh, NodeInfo
 from .policies import make_policy
+from .probe import probe_peer
 from .quality import QualityTable
 from .settings import Settings
 from .transport import MeshTransport
@@ -150,6 +154,7 @@ def setup_routes(app: web.Application, svc: RouterService) -> None:
     app.router.add_post("/v1/score", _score)
     app.router.add_put("/v1/mesh", _put_mesh)
     app.router.add_get("/v1/router", _status, allow_head=False)
+    app.router.add_post("/v1/probe", _probe)
 
     async def _close(app: web.Application) -> None:
         await svc.close()
@@ -261,6 +266,19 @@ async def _put_mesh(request: web.Request) -> web.Response:
     return web.json_response({"home": svc.home, "nodes": sorted(mesh.nodes),
                               "replicas": len(mesh.placement.replicas),
                               "settings": dispatcher.settings.to_json()})
+
+
+async def _probe(request: web.Request) -> web.Response:
+    """Messages to one peer over the data plane, timed (router.probe; experiments.fidelity)."""
+    if (denied := _authorized(request)) is not None:
+        return denied
+    try:
+        answer = await probe_peer(request.app[ROUTER_KEY], await _body(request))
+    except BadRouterInput as exc:
+        return _bad(str(exc))
+    except (NodeError, ServiceError, TimeoutError, OSError) as exc:
+        return _bad(f"the probe failed: {type(exc).__name__}: {exc}", 502, "probe_failed")
+    return web.json_response(answer)
 
 
 async def _status(request: web.Request) -> web.Response:

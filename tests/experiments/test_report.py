@@ -98,3 +98,32 @@ def test_moemesh_report_redraws_from_raw_records(tmp_path: Path) -> None:
     assert "≤ 25 ms" in text
     assert _cli(["report", str(tmp_path / "nothing-here")]) == 2
     assert _cli(["report", str(folder), "--slo-ms", "-1"]) == 2
+
+
+def test_every_report_has_the_link_fidelity_table(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    meta = json.loads((folder / "run.json").read_text())
+    conf = {"delay_ms": 2.0, "rate_ab_mbit": 100.0, "rate_ba_mbit": 100.0, "jitter_ms": 0.0,
+            "loss_pct": 0.0}
+    fit = {"delay_ms": 2.1, "rate_mbit": 99.0, "small": 20, "large": 4, "d_out": 50_000,
+           "d_in": 50_000, "link_small_ms": 4.2, "link_large_ms": 12.2}
+    meta["fidelity"] = {"configured": {"edge1-edge2": conf, "edge1-edge3": conf},
+                        "probe": {"edge1-edge2": fit,
+                                  "edge1-edge3": {**fit, "delay_ms": 2.5}},
+                        "passive": {"edge1-edge2": {"delay_ms": 2.05, "n": 40}}}
+    (folder / "run.json").write_text(json.dumps(meta))
+    summary = build_report(folder, plots_too=False)
+    text = (folder / "report.md").read_text()
+    assert "## Link fidelity" in text
+    assert "| edge1-edge2 | 2 | 2.1 | +0.1 | 2.05 (40) | +0.05 | 100 | 99 | -1% | ok |" in text
+    assert "| edge1-edge3 |" in text and "**off**: probe delay" in text
+    assert "1 of 2 pairs off: edge1-edge3." in text
+    assert summary["fidelity"]["off"] == ["edge1-edge3"]
+    assert summary["fidelity"]["within_limits"] is False
+    # a run recorded before the probe still renders, and says so
+    del meta["fidelity"]
+    (folder / "run.json").write_text(json.dumps(meta))
+    summary = build_report(folder, plots_too=False)
+    assert "fidelity" not in summary
+    assert "Not measured: this run predates the per-pair probe." in (
+        folder / "report.md").read_text()

@@ -1,0 +1,221 @@
+"""Per-pair fidelity: did the mesh apply the links the topology configures?
+
+Two measurements per pair of nodes {a, b}, both in scenario time (wall / time dilation):
+
+- **probe**, at the start of the run: node a sends b `SMALL` one-row messages and `LARGE`
+  large ones (sized to take about `LARGE_MS` to serialise at the configured rate) over the
+  real data plane (`POST /v1/probe`, router.probe: a's egress shaping, b's `/v1/forward`, the
+  answer shaped on b's link back), one after another. The link's part of a round trip is the
+  round trip minus b's queue, load and compute times. With the medians `link_s`, `link_l` of
+  the two sizes and their body bytes (both ways) `B_s`, `B_l`: per byte `c = (link_l -
+  link_s) / (B_l - B_s)`, **goodput** = 8 / c, and **one-way delay** = (link_s - c·B_s) / 2
+  (the round trip's propagation halved: exact for a symmetric pair, the mean of the two
+  directions otherwise);
+- **passive**, during the run: every decode token's layer that used exactly one node, not
+  its home, gives that layer's link time (`link_ms`: delay and serialisation both ways);
+  minus the serialisation of the token's bytes at the configured rates, halved, its median
+  is the pair's one-way delay as the real transfers saw it. (A token's record does not carry
+  its batch's bytes, so goodput is measured by the probe alone.)
+
+Configured, for the same pair: delay = the mean of a→b's and b→a's `delay_ms`; rate = the
+rate that the probe's bytes would see over the round trip, `8·ΔB / (Δout·8/r_ab +
+Δin·8/r_ba)` (= r for a symmetric pair). A pair is **off** when a measured delay differs by
+more than max(`DELAY_ABS_MS`, `DELAY_REL`·configured) or the goodput by more than `RATE_REL`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from orchestrator.topology import Topology
+
+__all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "link_samples", "pair_rows", "passive",
+           "probe_mesh", "summary_of"]
+
+SMALL = 20  # one-row messages per pair
+LARGE = 4  # large messages per pair
+LARGE_MS = 4.0  # scenario ms a large message takes to serialise at the configured rate
+MAX_LARGE_BYTES = 8 * 2**20
+DELAY_ABS_MS = 0.3
+DELAY_REL = 0.02
+RATE_REL = 0.03
+PARALLEL = 4  # pairs probed at once
+
+
+def pairs_of(topology: Topology) -> list[tuple[str, str]]:
+    """Every unordered pair of nodes, as (a, b) with a < b."""
+    names = sorted(n.name for n in topology.nodes)
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+
+
+def _specs(topology: Topology) -> dict[tuple[str, str], Any]:
+    return {(link.src, link.dst): link.spec for link in topology.links}
+
+
+def configured(topology: Topology, a: str, b: str) -> dict[str, float]:
+    """The pair's configured one-way values: the mean of both directions' delay, each rate."""
+    specs = _specs(topology)
+    ab, ba = specs[(a, b)], specs[(b, a)]
+    return {"delay_ms": (ab.delay_ms + ba.delay_ms) / 2, "rate_ab_mbit": ab.rate_mbit,
+            "rate_ba_mbit": ba.rate_mbit, "jitter_ms": max(ab.jitter_ms, ba.jitter_ms),
+            "loss_pct": max(ab.loss_pct, ba.loss_pct)}
+
+
+def _large_rows(rate_mbit: float, row_bytes: int) -> int:
+    nbytes = min(MAX_LARGE_BYTES, rate_mbit * 1e3 / 8 * LARGE_MS)
+    return max(2, math.ceil(nbytes / row_bytes))
+
+
+async def _probe_pair(session: aiohttp.ClientSession, url: str, token: str, a: str, b: str,
+                      rows: list[int], timeout_s: float) -> dict[str, Any]:
+    body = {"peer": b, "rows": rows, "timeout_s": timeout_s}
+    async with session.post(url + "/v1/probe", json=body,
+                            headers={"Authorization": f"Bearer {token}"}) as resp:
+        data = await resp.json(content_type=None)
+        if resp.status >= 400:
+            raise RuntimeError(f"{a} → {b}: {resp.status} {data}")
+    return data
+
+
+def _fit(samples: Sequence[Mapping[str, Any]], tdf: float) -> dict[str, Any]:
+    """Delay and goodput from one pair's probe samples (see the module docstring)."""
+    small = [s for s in samples if s["rows"] == 1]
+    large = [s for s in samples if s["rows"] > 1]
+
+    def link(s: Mapping[str, Any]) -> float:
+        return (s["rtt_ms"] - s["queue_ms"] - s["load_ms"] - s["compute_ms"]) / tdf
+
+    ls, ll = statistics.median(map(link, small)), statistics.median(map(link, large))
+    out_s = statistics.median(s["bytes_out"] for s in small)
+    in_s = statistics.median(s["bytes_in"] for s in small)
+    d_out = statistics.median(s["bytes_out"] for s in large) - out_s
+    d_in = statistics.median(s["bytes_in"] for s in large) - in_s
+    per_byte = (ll - ls) / (d_out + d_in) if ll > ls and d_out + d_in > 0 else math.nan
+    return {"delay_ms": (ls - per_byte * (out_s + in_s)) / 2,
+            "rate_mbit": 8 / (per_byte * 1e3) if per_byte > 0 else math.nan,
+            "small": len(small), "large": len(large), "d_out": d_out, "d_in": d_in,
+            "link_small_ms": ls, "link_large_ms": ll}
+
+
+async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int
+                     ) -> dict[str, dict[str, Any]]:
+    """Probe every pair (from its first node); "a-b" → the fit, or {"error": why}."""
+    token = getattr(mesh, "token", None)
+    urls = mesh.urls
+    out: dict[str, dict[str, Any]] = {}
+    if not token:
+        return {f"{a}-{b}": {"error": "the mesh target gives no control token"}
+                for a, b in pairs_of(topology)}
+    limit = asyncio.Semaphore(PARALLEL)
+
+    async def one(session: aiohttp.ClientSession, a: str, b: str) -> None:
+        conf = configured(topology, a, b)
+        rows = [1] * SMALL + [_large_rows(min(conf["rate_ab_mbit"], conf["rate_ba_mbit"]),
+                                          row_bytes)] * LARGE
+        timeout_s = 30.0 * tdf
+        async with limit:
+            try:
+                async with asyncio.timeout(timeout_s * 4):
+                    data = await _probe_pair(session, urls[a], token, a, b, rows, timeout_s)
+                out[f"{a}-{b}"] = _fit(data["samples"], tdf)
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
+                    statistics.StatisticsError) as exc:
+                out[f"{a}-{b}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+    async with aiohttp.ClientSession() as session, asyncio.TaskGroup() as tg:
+        for a, b in pairs_of(topology):
+            tg.create_task(one(session, a, b))
+    return {k: out[k] for k in sorted(out)}
+
+
+# -- passive: from the run's own transfers --------------------------------------------------
+def link_samples(home: str, records: Iterable[Mapping[str, Any]], tdf: float
+                 ) -> list[tuple[str, str, float, int, int]]:
+    """(home, peer, link_ms, bytes_out, bytes_in) of every completed decode token's layer that
+    used exactly one node, not the home (scenario ms): its link time is that pair's."""
+    out = []
+    for rec in records:
+        if rec.get("index", 0) == 0 or rec.get("status") != "ok":
+            continue  # the first token's group holds the prompt: its bytes are not the batch's
+        for layer in rec.get("layers", ()):
+            nodes = layer.get("nodes", ())
+            if len(nodes) == 1 and nodes[0] != home and not layer.get("replans"):
+                out.append((home, nodes[0], float(layer.get("link_ms", 0.0)) / tdf,
+                            int(layer.get("bytes_out", 0)), int(layer.get("bytes_in", 0))))
+    return out
+
+
+def passive(samples: Iterable[tuple[str, str, float, int, int]], topology: Topology
+            ) -> dict[str, dict[str, Any]]:
+    """"a-b" → {"delay_ms", "n"}: the median one-way delay the run's transfers saw."""
+    specs = _specs(topology)
+    per: dict[str, list[float]] = {}
+    for home, peer, link_ms, out_b, in_b in samples:
+        go, back = specs.get((home, peer)), specs.get((peer, home))
+        if go is None or back is None:
+            continue
+        prop = link_ms - go.serialisation_ms(out_b) - back.serialisation_ms(in_b)
+        a, b = sorted((home, peer))
+        per.setdefault(f"{a}-{b}", []).append(prop / 2)
+    return {k: {"delay_ms": statistics.median(v), "n": len(v)} for k, v in sorted(per.items())}
+
+
+# -- the verdict ----------------------------------------------------------------------------
+def delay_limit_ms(configured_ms: float) -> float:
+    return max(DELAY_ABS_MS, DELAY_REL * configured_ms)
+
+
+def pair_rows(fidelity: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per pair: configured and measured delay and goodput, errors and whether the
+    pair is off (see the module docstring); [] when the run has no fidelity record."""
+    if not fidelity:
+        return []
+    rows = []
+    for key, conf in fidelity.get("configured", {}).items():
+        probe = fidelity.get("probe", {}).get(key) or {"error": "not probed"}
+        seen = fidelity.get("passive", {}).get(key)
+        row: dict[str, Any] = {"pair": key, "configured_delay_ms": conf["delay_ms"],
+                               "probe_error": probe.get("error")}
+        off = []
+        if "error" not in probe:
+            d_out, d_in = probe["d_out"], probe["d_in"]
+            ser = (d_out * 8 / (conf["rate_ab_mbit"] * 1e3)
+                   + d_in * 8 / (conf["rate_ba_mbit"] * 1e3))
+            rate = 8 * (d_out + d_in) / (ser * 1e3) if ser > 0 else math.nan
+            row.update(configured_rate_mbit=rate, probe_delay_ms=probe["delay_ms"],
+                       probe_rate_mbit=probe["rate_mbit"],
+                       delay_error_ms=probe["delay_ms"] - conf["delay_ms"],
+                       rate_error_pct=100 * (probe["rate_mbit"] / rate - 1))
+            if not abs(row["delay_error_ms"]) <= delay_limit_ms(conf["delay_ms"]):
+                off.append("probe delay")
+            if not abs(row["rate_error_pct"]) <= 100 * RATE_REL:
+                off.append("goodput")
+        else:
+            off.append("not probed")
+        if seen:
+            row.update(passive_delay_ms=seen["delay_ms"], passive_n=seen["n"],
+                       passive_error_ms=seen["delay_ms"] - conf["delay_ms"])
+            if not abs(row["passive_error_ms"]) <= delay_limit_ms(conf["delay_ms"]):
+                off.append("run delay")
+        row["off"] = off
+        rows.append(row)
+    return rows
+
+
+def summary_of(fidelity: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """summary.json's `fidelity`: the rows and whether every pair is within the limits."""
+    rows = pair_rows(fidelity)
+    if not rows:
+        return None
+    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else
+                  round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+             for r in rows]
+    return {"limits": {"delay_ms": DELAY_ABS_MS, "delay_rel": DELAY_REL, "rate_rel": RATE_REL},
+            "within_limits": not any(r["off"] for r in rows),
+            "off": [r["pair"] for r in rows if r["off"]], "pairs": clean}

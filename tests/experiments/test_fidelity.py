@@ -1,0 +1,147 @@
+"""Per-pair fidelity (experiments.fidelity): the fit from probe samples, the run's own
+transfers, the verdict per pair, and a real probe over the app shaper's data plane."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from experiments.fidelity import (
+    _fit,
+    configured,
+    link_samples,
+    pair_rows,
+    pairs_of,
+    passive,
+    summary_of,
+)
+from netem.spec import LinkSpec
+from orchestrator.topology import Node, Topology
+from services.device import builtin_profiles
+
+
+def topo() -> Topology:
+    dev = builtin_profiles()["tiny-edge"]
+    return Topology.build([Node("a", dev, 1.0), Node("b", dev, 1.0), Node("c", dev, 0.0)],
+                          default=LinkSpec(delay_ms=4.0, rate_mbit=100.0), name="t")
+
+
+def samples(delay_ms: float, rate_ab: float, rate_ba: float, tdf: float = 2.0,
+            node_ms: float = 0.7) -> list[dict]:
+    """Probe samples of a pair with this one-way delay and these rates (wall ms at tdf)."""
+    out = []
+    for rows in [1] * 20 + [400] * 4:
+        nbytes = 60 + 512 * rows
+        link = 2 * delay_ms + nbytes * 8 / (rate_ab * 1e3) + (nbytes + 30) * 8 / (rate_ba * 1e3)
+        out.append({"rows": rows, "bytes_out": nbytes, "bytes_in": nbytes + 30,
+                    "rtt_ms": (link + node_ms) * tdf, "queue_ms": 0.1 * tdf,
+                    "load_ms": 0.0, "compute_ms": (node_ms - 0.1) * tdf, "late_ms": 0.0})
+    return out
+
+
+def test_the_fit_recovers_delay_and_goodput_in_scenario_time() -> None:
+    fit = _fit(samples(4.0, 100.0, 100.0), tdf=2.0)
+    assert fit["delay_ms"] == pytest.approx(4.0, abs=1e-9)
+    assert fit["rate_mbit"] == pytest.approx(100.0, rel=1e-9)
+    # an asymmetric pair: the goodput the round trip's bytes see (harmonic, by bytes); the
+    # delay is then off by the small message's share of the rate difference (~1 us here)
+    fit = _fit(samples(3.0, 100.0, 40.0), tdf=2.0)
+    assert fit["delay_ms"] == pytest.approx(3.0, abs=0.01)
+    assert 40.0 < fit["rate_mbit"] < 100.0
+
+
+def _fidelity(probe: dict) -> dict:
+    t = topo()
+    return {"configured": {f"{a}-{b}": configured(t, a, b) for a, b in pairs_of(t)},
+            "probe": probe, "passive": {}}
+
+
+def test_pairs_off_by_more_than_the_limits_are_flagged() -> None:
+    probe = {"a-b": _fit(samples(4.0, 100.0, 100.0), 2.0),       # as configured
+             "a-c": _fit(samples(4.25, 100.0, 100.0), 2.0),      # 0.25 ms: within 0.3 ms
+             "b-c": _fit(samples(4.0, 95.0, 95.0), 2.0)}         # goodput 5% low
+    rows = {r["pair"]: r for r in pair_rows(_fidelity(probe))}
+    assert rows["a-b"]["off"] == [] and rows["a-c"]["off"] == []
+    assert rows["a-c"]["delay_error_ms"] == pytest.approx(0.25)
+    assert rows["b-c"]["off"] == ["goodput"]
+    assert rows["b-c"]["rate_error_pct"] == pytest.approx(-5.0)
+    probe["a-c"] = _fit(samples(4.4, 100.0, 100.0), 2.0)
+    probe["b-c"] = {"error": "RuntimeError: b → c: 502"}
+    summary = summary_of(_fidelity(probe))
+    assert summary is not None and not summary["within_limits"]
+    assert summary["off"] == ["a-c", "b-c"]
+    assert summary_of(None) is None
+
+
+def test_the_runs_transfers_give_each_pairs_delay() -> None:
+    t = topo()
+    layer = {"nodes": ["b"], "link_ms": 2 * (8.0 + 0.1), "bytes_out": 625, "bytes_in": 625,
+             "replans": 0}
+    recs = [{"index": 0, "status": "ok", "layers": [layer]},             # the prompt: skipped
+            {"index": 1, "status": "ok", "layers": [layer, {**layer, "nodes": ["a", "b"]},
+                                                    {**layer, "replans": 1}]},
+            {"index": 2, "status": "failed", "layers": [layer]}]
+    got = link_samples("a", recs, tdf=2.0)
+    assert got == [("a", "b", pytest.approx(8.1), 625, 625)]
+    # minus 625 B at 100 Mbit/s each way (0.05 ms), halved: 4 ms one-way
+    assert passive(got * 3, t) == {"a-b": {"delay_ms": pytest.approx(4.0), "n": 3}}
+
+
+def test_a_real_probe_over_the_app_shaper_is_within_the_limits() -> None:
+    """Two in-process nodes (real sockets, the app shaper), POST /v1/probe, the fit."""
+    import asyncio
+
+    asyncio.run(_probe_two_nodes())
+
+
+async def _probe_two_nodes() -> None:
+    from contextlib import AsyncExitStack
+
+    import aiohttp
+
+    from moe.profiles import ModelProfile
+    from router.app import attach
+    from router.mesh import Mesh
+    from services import DeviceProfile, ModeledCompute, NodeSettings
+    from services import Node as ServiceNode
+    from services.tiers import parse_placement
+    from tests.router.conftest import TOKEN, experts
+
+    mini = ModelProfile("mini", layers=2, experts=4, top_k=2, d_model=64, d_ff=128, heads=4,
+                        kv_heads=4, head_dim=16, vocab_size=1000)
+    dev = DeviceProfile("dev", gpu_tflops=1.0, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=10.0)
+    spec = {"delay_ms": 3.0, "rate_mbit": 50.0}
+    placement = {"h": experts(2, range(4)), "p": experts(2, range(4))}
+    async with AsyncExitStack() as stack:
+        nodes = {}
+        for name in placement:
+            node = ServiceNode(NodeSettings(name=name, token=TOKEN, profile=dev, model="mini"),
+                               compute=ModeledCompute(mini))
+            if name == "h":
+                router = attach(node)
+            await stack.enter_async_context(node)
+            node.set_placement(parse_placement({"experts": placement[name]}, node.shape))
+            peer = "p" if name == "h" else "h"
+            await node.set_links({"backend": "app", "links": {peer: spec}})
+            nodes[name] = node
+        urls = {n: node.url for n, node in nodes.items()}
+        router.configure(Mesh.from_json({"nodes": {n: {"url": u} for n, u in urls.items()},
+                                         "links": {"h": {"p": spec}, "p": {"h": spec}},
+                                         "placement": placement, "settings": {}}, "h"))
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        body = {"peer": "p", "rows": [1] * 10 + [40] * 3}
+        async with session.post(urls["h"] + "/v1/probe", json=body, headers=auth) as resp:
+            data = await resp.json()
+            assert resp.status == 200, data
+        fit = _fit(data["samples"], tdf=1.0)
+        assert abs(fit["delay_ms"] - 3.0) <= 0.3
+        assert fit["rate_mbit"] == pytest.approx(50.0, rel=0.03)
+        for bad, says in (({"peer": "h", "rows": [1]}, "another node"),
+                          ({"peer": "p", "rows": []}, "rows must be")):
+            async with session.post(urls["h"] + "/v1/probe", json=bad, headers=auth) as resp:
+                assert resp.status == 400 and says in (await resp.json())["detail"]
+        async with session.post(urls["h"] + "/v1/probe", json=body) as resp:
+            assert resp.status == 401
+    assert math.isfinite(fit["link_small_ms"])
