@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
+from moe.vocab import is_number
+
 __all__ = ["REP_SEP", "base_label", "rep_label", "rep_of", "rep_orders"]
 
 REP_SEP = "#rep"
@@ -26,7 +28,7 @@ T = TypeVar("T")
 
 def rep_orders(arms: Sequence[T], repeat: int) -> list[list[T]]:
     """The order of the arms in each of `repeat` repetitions (see the module docstring)."""
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+    if not is_number(repeat, integer=True) or repeat < 1:
         raise ValueError(f"repeat must be a whole number >= 1, got {repeat!r}")
     n = len(arms)
     out = []

@@ -25,12 +25,12 @@ with file:line messages of their own.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from moe.vocab import is_number
 from orchestrator.scenario import (
     PLACEMENT_POLICIES,
     ROUTER_POLICIES,
@@ -103,7 +103,7 @@ def _label(policy: str, placement: str | None, redundancy: float | None,
 
 
 def _number(value: Any, key: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_number(value):
         raise ValueError(f"{key}: must be a number, got {describe(value)}")
     if not low <= value <= high:
         raise ValueError(f"{key}: must be in {low:g}..{high:g}, got {value!r}")

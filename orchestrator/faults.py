@@ -18,12 +18,12 @@ seconds after the start; records report scenario seconds (wall / TDF).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
+from moe.vocab import is_number
 from netem.parse import parse_delay_ms, parse_loss_pct, parse_rate_mbit
 from netem.spec import LinkSpec
 from orchestrator.units import parse_duration_s
@@ -53,7 +53,7 @@ ALIASES = {"at_s": "at", "for_s": "for", "change": ""}
 
 
 def _finite(value: Any, name: str, *, ge: float | None = None, gt: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_number(value):
         raise ValueError(f"{name}: must be a finite number, got {describe(value)}")
     if ge is not None and value < ge:
         raise ValueError(f"{name}: must be >= {ge:g}, got {value!r}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 
+from moe.vocab import is_number
 from netem.spec import LinkSpec
 from orchestrator.topology import CUSTOM_DEVICE, Node, Topology, topology_to_data
 from orchestrator.yamlio import dump_yaml
@@ -54,9 +55,9 @@ def _node(rng: random.Random, name: str) -> Node:
 
 def random_topology(nodes: int = 10, seed: int = 0) -> Topology:
     """A full mesh of `nodes` heterogeneous nodes named edge1..edgeN, reproducible from `seed`."""
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 2 <= nodes <= MAX_NODES:
+    if not is_number(nodes, integer=True) or not 2 <= nodes <= MAX_NODES:
         raise ValueError(f"--nodes must be a whole number in 2..{MAX_NODES}, got {nodes!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_number(seed, integer=True) or seed < 0:
         raise ValueError(f"--seed must be a whole number >= 0, got {seed!r}")
     rng = random.Random(seed)
     made = [_node(rng, f"edge{i + 1}") for i in range(nodes)]

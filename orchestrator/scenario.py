@@ -49,7 +49,7 @@ from moe import DEFAULT_MODEL, MoEError
 from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
-from moe.vocab import VARIANTS
+from moe.vocab import VARIANTS, is_number
 from orchestrator.faults import (  # the one copy of these validators
     FAULT_ACTIONS,
     Fault,
@@ -93,7 +93,7 @@ ALIASES = {"at_s": "at", "for_s": "for", "duration_s": "duration", "warmup_s": "
 
 
 def _positive_int(value: Any, name: str, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if not is_number(value, integer=True) or value < low:
         raise ValueError(f"{name}: must be a whole number >= {low}, got {describe(value)}")
 
 
@@ -287,7 +287,7 @@ class Scenario:
         if not isinstance(self.auto_dilation, bool):
             raise ValueError(f"auto_dilation: must be true or false, got "
                              f"{describe(self.auto_dilation)}")
-        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
+        if not is_number(self.repeat, integer=True) or self.repeat < 1:
             raise ValueError(f"repeat: must be a whole number >= 1, got {describe(self.repeat)}")
         if self.runtime not in RUNTIMES:
             raise ValueError(f"runtime: must be one of {', '.join(RUNTIMES)}, "
@@ -341,7 +341,7 @@ class Scenario:
 def _tokens(raw: Any, loc: Loc) -> IntRange:
     if isinstance(raw, list) and len(raw) == 2:
         lo, hi = raw
-    elif isinstance(raw, int) and not isinstance(raw, bool):
+    elif is_number(raw, integer=True):
         lo = hi = raw
     else:
         raise loc.error(f"must be a token count or a [min, max] range, got {describe(raw)}")

@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from moe.vocab import is_number
+
 __all__ = [
     "InputError",
     "Loc",
@@ -208,7 +210,7 @@ class Loc:
 
 
 def _number(value: Any, loc: Loc) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value, finite=False):
         raise loc.error(f"must be a number, got {describe(value)}")
     if not math.isfinite(value):
         raise loc.error(f"must be finite, got {value!r}")
@@ -290,7 +292,7 @@ class Section:
         Numbers pass through as written, so the range check that follows shows them unchanged.
         """
         def read(raw: Any, loc: Loc) -> Any:
-            if isinstance(raw, int | float) and not isinstance(raw, bool):
+            if is_number(raw, finite=False):
                 return raw
             try:
                 return parse(raw)

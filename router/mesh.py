@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe.vocab import is_number
+
 from .errors import BadRouterInput
 from .estimators import UNSHAPED
 from .settings import Settings
@@ -75,7 +77,7 @@ class Mesh:
                 "placement, time_dilation, settings"
             )
         tdf = data.get("time_dilation", 1.0)
-        if isinstance(tdf, bool) or not isinstance(tdf, int | float) or not tdf > 0:
+        if not is_number(tdf, finite=False) or not tdf > 0:
             raise BadRouterInput(f"time_dilation must be a number > 0, got {tdf!r}")
         raw_nodes = data.get("nodes")
         if not isinstance(raw_nodes, Mapping) or not raw_nodes:

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from moe.vocab import is_number
+
 from .errors import BadRouterInput
 
 __all__ = ["Settings"]
@@ -58,7 +60,7 @@ class Settings:
                 if value not in ("f32", "f16", "bf16"):
                     raise BadRouterInput(f"wire_dtype must be f32, f16 or bf16, got {value!r}")
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not is_number(value, finite=False):
                 raise BadRouterInput(f"setting {f.name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise BadRouterInput(f"setting {f.name} must be finite and >= 0, got {value!r}")

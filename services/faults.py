@@ -8,10 +8,11 @@ generator, so a run with the same seed fails the same requests.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Mapping
 from typing import Any
+
+from moe.vocab import is_number
 
 from .errors import BadRequest
 
@@ -21,7 +22,7 @@ MAX_SLOW = 1000.0
 
 
 def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_number(value):
         raise BadRequest(f"faults.{name} must be a finite number, got {value!r}"[:200])
     return float(value)
 
