@@ -17,6 +17,10 @@ max(0.3 ms, 2%), rate within 3%, loss inside the binomial 95% (Wilson) interval.
 not judged when the sender could not offer the rate (the lab's own capacity): `rate_ok` is null.
 HTB's burst (`--burst-ms`, default 1 ms as tc's) must cover the host's timer lateness or the class
 loses tokens and falls short of its rate: the UML lab on a loaded host needs about 20 ms.
+
+`model_rows` (issue 15, `bench.link_models`): normal and pareto jitter, Gilbert–Elliott loss,
+a rate schedule and a delay step, each judged against the configured model (`--no-models`
+leaves them out, `--models-only` runs only them).
 """
 
 from __future__ import annotations
@@ -90,7 +94,8 @@ def judge(row: dict[str, Any], capacity_mbit: float | None = None) -> dict[str, 
 
 # -- the tc backend, in namespaces (run it in the kernel lab) -----------------------------
 async def _tc_grid(delays: Sequence[float], rates: Sequence[float], losses: Sequence[float],
-                   samples: int, seconds: float, burst_ms: float) -> dict[str, Any]:
+                   samples: int, seconds: float, burst_ms: float, models: bool = True
+                   ) -> dict[str, Any]:
     from netem import measure
     from netem.spec import LinkSpec
     from netem.tc import TcShaper
@@ -136,15 +141,47 @@ async def _tc_grid(delays: Sequence[float], rates: Sequence[float], losses: Sequ
 
             rows = await _grid(shaper, "n2", delays, rates, losses, rtts, rate, loss,
                                capacity_mbit=capacity["steady_mbit"])
+            if models:
+                rows["model_rows"] = await _tc_models(shaper, src, dst)
         finally:
             await shaper.close()
     return {"backend": "tc", "capacity_mbit": round(capacity["steady_mbit"], 1),
             "burst_ms": burst_ms, **rows}
 
 
+async def _tc_models(shaper: Any, src: Any, dst: Any) -> list[dict[str, Any]]:
+    """The model rows through the kernel: numbered UDP datagrams, kernel arrival stamps."""
+    from bench.link_models import run_models
+    from netem import measure
+    from netem.spec import LinkSpec
+
+    async def trace(spec: LinkSpec, count: int, rate_pps: float, payload: int
+                    ) -> tuple[list[Any], list[float]]:
+        await shaper.set_link("n2", spec)
+        log = shaper.step_log("n2")
+        origin = log[0][0] if log else time.time()
+        got = await measure.udp_trace(src.netns, dst.address, PORT, count, rate_pps, payload,
+                                      wait_s=0.3 + 4 * (spec.delay_ms + spec.jitter_ms) / 1e3)
+        steps = [t - origin for t, _ in shaper.step_log("n2")] or [0.0]
+        seen = {int(seq): (stamp, size) for seq, stamp, size in got["received"]}
+        wire = measure.UDP_WIRE_OVERHEAD
+        records = [(i, sent - origin, seen[i][0] - origin if i in seen else None,
+                    (seen[i][1] if i in seen else payload) + wire)
+                   for i, sent in enumerate(got["sent_at"])]
+        return records, steps
+
+    base, _ = await trace(LinkSpec(), 300, 1000.0, 64)
+    base_ms = pct([(r[2] - r[1]) * 1e3 for r in base if r[2] is not None], 0.5)
+    try:
+        return await run_models(trace, base_ms)
+    finally:
+        await shaper.set_link("n2", LinkSpec())
+
+
 # -- the app backend, on loopback -----------------------------------------------------------
 async def _app_grid(delays: Sequence[float], rates: Sequence[float], losses: Sequence[float],
-                    samples: int, seconds: float, burst_ms: float) -> dict[str, Any]:
+                    samples: int, seconds: float, burst_ms: float, models: bool = True
+                    ) -> dict[str, Any]:
     from netem import measure
     from netem.app import RTO_S, AppShaper
     from netem.spec import LinkSpec
@@ -229,11 +266,68 @@ async def _app_grid(delays: Sequence[float], rates: Sequence[float], losses: Seq
             return stalled, count
 
         rows = await _grid(shaper, "n2", delays, rates, losses, rtts, rate, loss)
+        if models:
+            rows["model_rows"] = await _app_models(shaper)
     finally:
         await shaper.close()
         server.cancel()
         await asyncio.gather(server, return_exceptions=True)
     return {"backend": "app", **rows}
+
+
+async def _app_models(shaper: Any) -> list[dict[str, Any]]:
+    """The model rows through the app shaper: one message per datagram, on `now()`.
+
+    A message's arrival is the time the shaper set for it (what the receiver waits for,
+    docs/measurement.md); each is also waited out, and how late this host released it is
+    reported beside the row (`host_late_ms`: p50, p99), not mixed into the model's figures: on
+    a shared host that lateness is the host's, not the link's. A message that paid a
+    retransmission timeout counts as lost on its first transmission."""
+    from bench.link_models import run_models
+    from netem.app import RTO_S
+    from netem.spec import LinkSpec
+    from netem.timing import now, sleep_until
+
+    late_ms: list[tuple[float, float]] = []
+
+    async def trace(spec: LinkSpec, count: int, rate_pps: float, payload: int
+                    ) -> tuple[list[Any], list[float]]:
+        await shaper.set_link("n2", spec)
+        origin = shaper.origin("n2")
+        nbytes = payload + 42  # the datagram's wire size, as tc's rate counts it
+        stall_s = (spec.delay_ms + 4 * spec.jitter_ms) / 1e3 + RTO_S / 2
+        records: list[Any] = [(i, 0.0, None, nbytes) for i in range(count)]
+        lateness: list[float] = []
+
+        async def one(i: int, sent: float) -> None:
+            due = await shaper.schedule("n2", nbytes, at=sent)
+            lateness.append(await sleep_until(due))
+            lost = spec.loss_model is not None and due - sent > stall_s
+            records[i] = (i, sent - origin, None if lost else due - origin, nbytes)
+
+        tasks: list[asyncio.Task[None]] = []
+        start = now()
+        while len(tasks) < count:
+            due = min(count, int((now() - start) * rate_pps) + 1)
+            while len(tasks) < due:
+                tasks.append(asyncio.ensure_future(one(len(tasks), now())))
+            await asyncio.sleep(0.0005)
+        _, late = await asyncio.wait(tasks, timeout=1.0 + RTO_S * 4)
+        for task in late:  # still queued behind a saturated link: not arrived in the run
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        steps = [s.t_s for s in spec.schedule.steps] if spec.schedule else [0.0]
+        if lateness:
+            late_ms.append((pct(lateness, 0.5) * 1e3, pct(lateness, 0.99) * 1e3))
+        return records, steps
+
+    try:
+        rows = await run_models(trace, 0.0)
+    finally:
+        await shaper.set_link("n2", LinkSpec())
+    for row, (p50, p99) in zip(rows, late_ms, strict=False):
+        row["host_late_ms"] = [round(p50, 3), round(p99, 3)]
+    return rows
 
 
 def _free_port() -> int:
@@ -290,13 +384,15 @@ async def _grid(shaper: Any, peer: str, delays: Sequence[float], rates: Sequence
 async def run_grid(backend: str, *, delays: Sequence[float] = DELAYS_MS,
                    rates: Sequence[float] = RATES_MBIT, losses: Sequence[float] = LOSSES_PCT,
                    samples: int = 60, seconds: float = 1.5,
-                   burst_ms: float = DEFAULT_BURST_MS) -> dict[str, Any]:
-    """Measure the grid with one backend; the JSON document of the issue (plus details)."""
+                   burst_ms: float = DEFAULT_BURST_MS, models: bool = True) -> dict[str, Any]:
+    """Measure the grid with one backend; the JSON document of the issue (plus details).
+
+    Empty `delays` (or rates, or losses) leave the grid out: only the model rows."""
     if backend not in ("tc", "app"):
         raise ValueError(f"backend must be tc or app, got {backend!r}")
     grid = _tc_grid if backend == "tc" else _app_grid
     started = time.monotonic()
-    out = await grid(delays, rates, losses, samples, seconds, burst_ms)
+    out = await grid(delays, rates, losses, samples, seconds, burst_ms, models)
     out["wall_s"] = round(time.monotonic() - started, 1)
     out["estimators"] = {
         "delay_ms": "p10 of round trips minus p10 at zero configured delay (same rate)",
@@ -318,6 +414,9 @@ async def run_grid(backend: str, *, delays: Sequence[float] = DELAYS_MS,
         "rate_not_judged": sum(e["rate_ok"] is None for e in ok),
         "loss_ok": sum(e["loss_ok"] for e in ok),
     }
+    if "model_rows" in out:
+        out["summary"]["model_rows"] = len(out["model_rows"])
+        out["summary"]["model_ok"] = sum(r["ok"] for r in out["model_rows"])
     return out
 
 
@@ -338,6 +437,11 @@ def render(doc: dict[str, Any]) -> str:
             f"{e['rate_pct']:>+6.2f} | {m['loss_pct']:>6.2f} "
             f"{e['loss_ci_pct'][0]:>6.2f}-{e['loss_ci_pct'][1]:<6.2f} | {oks}")
     s = doc["summary"]
+    if "model_rows" in doc:
+        from bench.link_models import render_models
+
+        lines += ["models:", *render_models(doc["model_rows"]),
+                  f"models within target: {s['model_ok']}/{s['model_rows']}"]
     lines.append(f"within target: delay {s['delay_ok']}/{s['rows']}, rate {s['rate_ok']}/"
                  f"{s['rows'] - s['rate_not_judged']} (+{s['rate_not_judged']} not judged), "
                  f"loss {s['loss_ok']}/{s['rows']}  (ok columns: delay rate loss; ? = not judged)")
@@ -367,6 +471,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=60, help="round trips per row, e.g. 60")
     parser.add_argument("--seconds", type=float, default=1.5,
                         help="seconds of traffic per rate measurement, e.g. 1.5")
+    parser.add_argument("--no-models", dest="models", action="store_false",
+                        help="leave out the model rows (jitter distributions, Gilbert-Elliott "
+                             "loss, schedules)")
+    parser.add_argument("--models-only", action="store_true",
+                        help="only the model rows, no delay/rate/loss grid")
     parser.add_argument("--burst-ms", type=float, default=DEFAULT_BURST_MS,
                         help="tc: HTB burst in ms of the rate (default 1, tc's own; the lab's "
                              "late timers need about 20 to hold the rate), e.g. 20")
@@ -379,9 +488,13 @@ def run_from_args(backend: str, args: argparse.Namespace) -> int:
         raise ValueError(f"--seconds must be in 0.2..30, got {args.seconds}")
     if not 0 < args.burst_ms <= 1000:
         raise ValueError(f"--burst-ms must be in (0, 1000], got {args.burst_ms}")
-    doc = asyncio.run(run_grid(backend, delays=args.delays, rates=args.rates,
-                               losses=args.losses, samples=args.samples, seconds=args.seconds,
-                               burst_ms=args.burst_ms))
+    if args.models_only and not args.models:
+        raise ValueError("--models-only and --no-models contradict each other")
+    grid = () if args.models_only else None
+    doc = asyncio.run(run_grid(backend, delays=grid if grid is not None else args.delays,
+                               rates=args.rates, losses=args.losses, samples=args.samples,
+                               seconds=args.seconds, burst_ms=args.burst_ms,
+                               models=args.models))
     text = json.dumps(doc, indent=2)
     if args.out:
         with open(args.out, "w") as fh:

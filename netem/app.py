@@ -12,7 +12,10 @@ The model of one link (one-way, this node → peer):
 - loss: the message is split into MSS-sized segments; if any is lost (Bernoulli loss_pct, or
   the Gilbert–Elliott chain of `netem.gemodel`, one draw per segment in order) the send stalls
   one retransmission timeout (200 ms x time dilation), doubling per repeated loss of the
-  retransmitted segment, like TCP's RTO backoff. Queue limits (tail drop) are not modelled;
+  retransmitted segment, like TCP's RTO backoff (with Gilbert–Elliott a retransmission is lost
+  with the chain's stationary rate: it goes out an RTO later, when the chain has long mixed, and
+  drawing it from the chain would cut the bursts of the first transmissions short). Queue
+  limits (tail drop) are not modelled;
 - a schedule (`netem.schedule`): the step in force when a message is handed over gives its
   delay and loss; the serialiser runs at each step's rate across step boundaries. t = 0 is when
   the link was applied (as for tc);
@@ -201,9 +204,10 @@ class AppShaper:
         segments = max(1, math.ceil(nbytes / MSS_BYTES))
         if chain is not None:  # every segment advances the chain, in order
             lost = sum([chain.lost() for _ in range(segments)]) > 0
+            p_again = chain.model.loss_rate()
 
-            def again() -> bool:
-                return chain.lost()
+            def again() -> bool:  # an RTO later the chain has mixed: its stationary loss
+                return self._rng.random() < p_again
         else:
             p_lost = 1.0 - (1.0 - link.loss_pct / 100.0) ** segments
             lost = self._rng.random() < p_lost

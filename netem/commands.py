@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(handler=_run)
 
     bl = lsub.add_parser(
-        "bench-links", help="tc fidelity grid (delay/rate/loss) in the lab",
+        "bench-links", help="tc fidelity grid (delay/rate/loss, link models) in the lab",
         description="Runs `python -m bench.links --backend tc` inside the lab. HTB burst defaults "
                     "to 20 ms here: the guest's timers fire late on a shared host and a 1 ms "
                     "burst loses tokens (pass --burst-ms 1 to see it).")
@@ -117,7 +117,9 @@ def _grid_args(args: argparse.Namespace) -> list[str]:
 
     return ["--delays", joined(args.delays), "--rates", joined(args.rates), "--losses",
             joined(args.losses), "--samples", str(args.samples), "--seconds", str(args.seconds),
-            "--burst-ms", str(args.burst_ms)]
+            "--burst-ms", str(args.burst_ms),
+            *([] if args.models else ["--no-models"]),
+            *(["--models-only"] if args.models_only else [])]
 
 
 def _lab_bench(args: argparse.Namespace) -> int:

@@ -9,10 +9,15 @@ Protocol on one TCP port (the first byte of a connection picks the mode):
 - b"E": echo; the client sends 8-byte frames, the server sends each back (round-trip time).
 - b"Q": query; the client sends a 4-byte run id; the server answers a JSON line with what its
   UDP rate sink saw for that run.
+- b"T": trace query; the client sends a 4-byte run id; the server answers a JSON line with the
+  [seq, kernel receive time, length] of every b"t" datagram of that run.
 UDP on the same port number, first byte of a datagram: b"e" echo (loss: the client counts the
 echoes of numbered datagrams); b"r" rate sink: the server keeps, per run id, the KERNEL receive
 timestamps (SO_TIMESTAMPNS) of the first and last datagram and the count, so a slow reader in a
-busy guest cannot distort the measured rate (`udp_rate`).
+busy guest cannot distort the measured rate (`udp_rate`); b"t" trace sink: the server keeps
+every datagram's sequence number and kernel receive time (`udp_trace`: one-way delays against
+the sender's clock, which in the lab and on one host is the same clock; loss patterns; rate per
+time window).
 TCP sink on port + 1 (`goodput`): the client sends an 8-byte length L and L bytes; the server
 answers a JSON line with the steady goodput over the last 90% of them, timed by the kernel's
 receive timestamps of the segments (SO_TIMESTAMPNS), not by when a busy reader got to them.
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "EchoClient", "connect", "goodput", "netns_socket", "rtt_ms", "serve", "udp_loss", "udp_rate",
+    "udp_trace",
 ]
 
 CLONE_NEWNET = 0x40000000
@@ -91,6 +97,10 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
             (run,) = struct.unpack("!I", await reader.readexactly(4))
             writer.write(json.dumps(_RATE_RUNS.pop(run, {"count": 0})).encode() + b"\n")
             await writer.drain()
+        elif mode == b"T":
+            (run,) = struct.unpack("!I", await reader.readexactly(4))
+            writer.write(json.dumps(_TRACE_RUNS.pop(run, [])).encode() + b"\n")
+            await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
     finally:
@@ -100,6 +110,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 
 
 _RATE_RUNS: dict[int, dict[str, float]] = {}
+_TRACE_RUNS: dict[int, list[list[float]]] = {}
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TS = struct.Struct("qq")
 
@@ -114,6 +125,9 @@ def _udp_readable(sock: socket.socket) -> None:
         if data[:1] == b"e":
             with contextlib.suppress(OSError):
                 sock.sendto(data, addr)
+        elif data[:1] == b"t" and len(data) >= 9:
+            run, seq = struct.unpack("!II", data[1:9])
+            _TRACE_RUNS.setdefault(run, []).append([seq, _stamp(anc, time.time()), len(data)])
         elif data[:1] == b"r" and len(data) >= 9:
             stamp = _stamp(anc, time.time())
             run = struct.unpack("!I", data[1:5])[0]
@@ -383,6 +397,49 @@ async def udp_rate(netns: str | None, host: str, port: int, rate_mbit: float,
     return {"rate_mbit": rate, "offered_mbit": sent * wire * 8 / elapsed / 1e6,
             "received": count, "sent": sent}
 
+
+
+async def udp_trace(netns: str | None, host: str, port: int, count: int, rate_pps: float,
+                    payload: int = 64, wait_s: float = 0.5) -> dict[str, list]:
+    """Send `count` numbered datagrams at `rate_pps`; what the sink saw of each.
+
+    Returns {"sent_at": wall-clock send time of datagram i (time.time(), taken just before
+    its sendto), "received": [[seq, kernel receive time, length], ...] in arrival order}.
+    A datagram the socket refused (a full buffer) is sent again at the next tick.
+    """
+    if count < 1 or not rate_pps > 0 or payload < 9:
+        raise ValueError(f"udp_trace needs count >= 1, rate_pps > 0 and payload >= 9, got "
+                         f"{count}, {rate_pps}, {payload}")
+    run = int.from_bytes(os.urandom(4), "big")
+    sock = netns_socket(netns, kind=socket.SOCK_DGRAM)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    pad = b"\0" * (payload - 9)
+    sent_at: list[float] = []
+    start = loop.time()
+    try:
+        while len(sent_at) < count:
+            due = min(count, int((loop.time() - start) * rate_pps) + 1)
+            while len(sent_at) < due:
+                stamp = time.time()
+                try:
+                    sock.sendto(b"t" + struct.pack("!II", run, len(sent_at)) + pad, (host, port))
+                except OSError:
+                    break
+                sent_at.append(stamp)
+            await asyncio.sleep(0.0005)
+    finally:
+        sock.close()
+    await asyncio.sleep(wait_s)
+    reader, writer = await connect(netns, host, port, b"T")
+    try:
+        writer.write(struct.pack("!I", run))
+        received = json.loads(await reader.readline())
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    return {"sent_at": sent_at, "received": received}
 
 
 def median(values: list[float]) -> float:

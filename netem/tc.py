@@ -369,8 +369,9 @@ class TcShaper:
 
     # -- schedules ----------------------------------------------------------------------
     def step_log(self, peer: str) -> list[tuple[float, int]]:
-        """(wall-clock time.time(), step index) of each schedule step the kernel took, in order;
-        the first entry is step 0 at the time the link was applied."""
+        """(wall-clock time.time() just before the change was sent, step index) of each
+        schedule step the kernel took, in order; the first is step 0, when the link was applied:
+        packets sent before an entry's time got the previous step's values."""
         return list(self._step_log.get(peer, []))
 
     def _follow(self, peer: str) -> None:
@@ -405,11 +406,12 @@ class TcShaper:
             async with self._lock:
                 if self._links.get(peer) is not given:
                     return
+                asked = time.time()
                 if peer not in self._down:  # a down link stays down; link_up takes the step
                     slot = self._slots[self._addresses[peer]]
                     plan = plan_step(self.iface, slot, link, before, after, self.burst_ms)
                     await self._nl(self._run(self._index, plan))
-                self._step_log[peer].append((time.time(), link.schedule.index_at(rel)))
+                self._step_log[peer].append((asked, link.schedule.index_at(rel)))
             before = after
 
     # -- helpers ------------------------------------------------------------------------
