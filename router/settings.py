@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from moe.vocab import is_number
+from moe.vocab import ACTIVATION_BYTES, is_number
 
 from .errors import BadRouterInput
 
@@ -57,8 +57,9 @@ class Settings:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "wire_dtype":
-                if value not in ("f32", "f16", "bf16"):
-                    raise BadRouterInput(f"wire_dtype must be f32, f16 or bf16, got {value!r}")
+                if value not in ACTIVATION_BYTES:
+                    raise BadRouterInput(f"wire_dtype must be one of "
+                                         f"{', '.join(ACTIVATION_BYTES)}, got {value!r}")
                 continue
             if not is_number(value, finite=False):
                 raise BadRouterInput(f"setting {f.name} must be a number, got {value!r}")
