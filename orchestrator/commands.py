@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from orchestrator.arms import load_scenario
 from orchestrator.randomtopo import MAX_NODES, random_topology_yaml
@@ -65,24 +67,21 @@ def _topology_random(args: argparse.Namespace) -> int:
     return 0
 
 
-def _topology_check(args: argparse.Namespace) -> int:
-    topology = load_topology(args.file)
-    if args.json:
-        print(json.dumps(topology_to_data(topology), indent=2))
-    else:
-        print(f"{args.file}: valid")
-        print(topology_summary(topology))
+def _checked(args: argparse.Namespace, load: Callable[[Any], Any],
+             to_data: Callable[[Any], Any], summary: Callable[[Any], str]) -> int:
+    """`topology check` and `scenario check`: the file read back as data, or a summary."""
+    value = load(args.file)
+    print(json.dumps(to_data(value), indent=2) if args.json
+          else f"{args.file}: valid\n{summary(value)}")
     return 0
+
+
+def _topology_check(args: argparse.Namespace) -> int:
+    return _checked(args, load_topology, topology_to_data, topology_summary)
 
 
 def _scenario_check(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.file)
-    if args.json:
-        print(json.dumps(scenario_to_data(scenario), indent=2))
-    else:
-        print(f"{args.file}: valid")
-        print(scenario_summary(scenario))
-    return 0
+    return _checked(args, load_scenario, scenario_to_data, scenario_summary)
 
 
 def _table(rows: list[list[str]]) -> list[str]:
