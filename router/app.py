@@ -181,9 +181,9 @@ def _tokens(data: dict[str, Any], text_key: str) -> torch.Tensor:
     if "tokens" in data:
         toks = data["tokens"]
         if not isinstance(toks, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in toks
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in toks
         ):
-            raise BadRouterInput("tokens must be a list of integers")
+            raise BadRouterInput("tokens must be a list of token ids (integers >= 0)")
         return torch.tensor(toks, dtype=torch.long)
     text = data.get(text_key)
     if not isinstance(text, str):
@@ -201,9 +201,21 @@ def _common(data: dict[str, Any], allowed: set[str]) -> tuple[Any, float | None,
                                or not 0 <= budget <= 1):
         raise BadRouterInput(f"budget is a fraction in 0..1 (0.02 = 2%), got {budget!r}")
     seed = data.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise BadRouterInput(f"seed must be an integer, got {seed!r}")
-    return data.get("policy", "hetroute"), budget, bool(data.get("records", True)), seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise BadRouterInput(f"seed must be an integer in 0..2^63-1, got {_short(seed)}")
+    policy = data.get("policy", "hetroute")
+    if not isinstance(policy, str):
+        raise BadRouterInput(f"policy must be a policy name (a string), got {_short(policy)}")
+    records = data.get("records", True)
+    if not isinstance(records, bool):
+        raise BadRouterInput(f"records must be true or false, got {_short(records)}")
+    return policy, budget, records, seed
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A value for an error message, cut short (a client may send megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 async def _generate(request: web.Request) -> web.Response:
