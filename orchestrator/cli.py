@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "services.commands",
     "router.commands",
     "bench.engine",
+    "bench.restart",
     "netem.commands",
     "orchestrator.commands",
     "orchestrator.mesh_commands",

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-__all__ = ["Endpoint", "NodeLaunch", "Runtime", "RuntimeFailure", "wait_listening"]
+__all__ = ["Endpoint", "NodeLaunch", "Runtime", "RuntimeFailure", "check_launches",
+           "wait_listening"]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 
@@ -77,6 +78,16 @@ class Endpoint:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+def check_launches(nodes: Sequence[NodeLaunch]) -> None:
+    """Refuse an empty list or a name given twice (before anything is created)."""
+    if not nodes:
+        raise ValueError("no nodes to start")
+    names = [n.name for n in nodes]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"node name(s) given twice: {', '.join(dupes)}")
 
 
 class Runtime(abc.ABC):

@@ -1,20 +1,28 @@
-"""The local runtime: real node processes on loopback, killed and revived, and nothing left
-behind after stop, a failed start or a cancelled one (Ctrl-C). Processes are looked for in
-/proc by a marker in their command line, not through the runtime under test."""
+"""The local runtime: real node processes on loopback, exec'd or forked from the template,
+killed and revived, and nothing left behind after stop, a failed start, a cancelled one
+(Ctrl-C) or the owner's death. Processes are looked for in /proc by a marker in their command
+line, not through the runtime under test."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import sys
 import uuid
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from orchestrator.runtimes.base import NodeLaunch, RuntimeFailure
+from orchestrator.runtimes.forkserver import forkable
 from orchestrator.runtimes.local import LocalRuntime, process_alive
+from orchestrator.runtimes.processes import can_renice
 from services.client import ClientSettings, NodeClient
 from services.errors import NodeUnreachable
-from tests.helpers import processes_with, wait_until
+from tests.helpers import ROOT, env, processes_with, wait_gone, wait_until
 
 pytestmark = pytest.mark.slow
 TOKEN = "local-runtime-test"
@@ -28,11 +36,13 @@ def node(name: str, marker: str) -> NodeLaunch:
     return NodeLaunch(name, argv, env={"MOEMESH_TOKEN": TOKEN})
 
 
-async def test_start_kill_revive_stop_leaves_nothing() -> None:
+@pytest.mark.parametrize("fork", [True, False], ids=["fork", "exec"])
+async def test_start_kill_revive_stop_leaves_nothing(fork: bool) -> None:
     marker = f"mm-{uuid.uuid4().hex[:10]}"
     async with NodeClient(ClientSettings(token=TOKEN, control_s=10)) as client:
-        async with LocalRuntime() as rt:
+        async with LocalRuntime(fork_server=fork) as rt:
             eps = await rt.start([node("a", marker), node("b", marker)])
+            assert rt.spawn_mode == ("fork" if fork else "exec")
             assert set(eps) == {"a", "b"} and eps["a"].port != eps["b"].port
             for name, ep in eps.items():
                 assert ep.host == ep.address == "127.0.0.1"
@@ -86,3 +96,66 @@ async def test_bad_launches_are_refused() -> None:
     marker = "unused"
     with pytest.raises(ValueError, match=r"node name\(s\) given twice: a"):
         await rt.start([node("a", marker), node("a", marker)])
+
+
+SERVER = str(ROOT / "tests" / "netem" / "aiohttp_node.py")
+
+
+async def test_a_forked_node_is_a_process_of_its_own(tmp_path: Path) -> None:
+    """Its own pid, session and command line (what ps shows), this process's priority once it
+    listens; a forked process gets its environment and working directory, and its exit code
+    is reported."""
+    marker = f"mm-{uuid.uuid4().hex[:10]}"
+    launch = NodeLaunch("s1", (sys.executable, SERVER, "{name}", "{port}", marker),
+                        env={"MARK": marker})
+    quits = NodeLaunch("q1", (sys.executable, "-c", "import os, sys; print(os.getcwd(), "
+                              "os.environ['MARK']); sys.exit(3)"), env={"MARK": marker})
+    assert forkable(launch.argv) and forkable(quits.argv)
+    async with LocalRuntime(fork_server=True) as rt:
+        eps = await rt.start([launch])
+        assert rt.spawn_mode == "fork"
+        pid = rt.processes()["s1"][0]
+        async with aiohttp.ClientSession() as session, session.get(eps["s1"].url) as resp:
+            assert (await resp.json()) == {"name": "s1", "pid": pid, "netns": None}
+        assert processes_with(marker) == [pid]
+        assert os.getsid(pid) == os.getpgid(pid) == pid != os.getpid()
+        assert os.getppid() != pid and rt.template_pid not in (None, os.getpid(), pid)
+        if can_renice():  # started at low priority, back to ours once it listened
+            mine = os.getpriority(os.PRIO_PROCESS, 0)
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                assert os.getpriority(os.PRIO_PROCESS, int(tid)) == mine
+        proc = await rt._forks.spawn(quits.argv, env={"MARK": marker}, log=tmp_path / "q.log",
+                                     cwd=str(tmp_path))
+        assert await asyncio.wait_for(proc.wait(), 30) == 3
+        assert (tmp_path / "q.log").read_text().split() == [str(tmp_path), marker]
+    assert processes_with(marker) == []
+
+
+async def test_the_owner_killed_takes_template_and_nodes_with_it(tmp_path: Path) -> None:
+    """SIGKILL to the process holding the runtime (no clean-up runs): its template dies
+    with it (parent-death signal), and the forked nodes with the template."""
+    marker = f"mm-{uuid.uuid4().hex[:10]}"
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import asyncio, json, sys\n"
+        "from orchestrator.runtimes.base import NodeLaunch\n"
+        "from orchestrator.runtimes.local import LocalRuntime\n"
+        "async def main():\n"
+        "    async with LocalRuntime() as rt:\n"
+        f"        await rt.start([NodeLaunch(n, (sys.executable, {SERVER!r}, '{{name}}', "
+        f"'{{port}}', {marker!r})) for n in ('h1', 'h2')])\n"
+        "        print(json.dumps([rt.template_pid, *(p for p, _ in "
+        "rt.processes().values())]), flush=True)\n"
+        "        await asyncio.sleep(120)\n"
+        "asyncio.run(main())\n")
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), env=env(),
+                                                stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        pids = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
+        assert len(pids) == 3 and len(processes_with(marker)) == 2
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    assert await asyncio.to_thread(wait_gone, marker) == []
+    assert not any(process_alive(pid, None) for pid in pids)

@@ -1,0 +1,243 @@
+"""What the runtimes that run node processes on this host share (`local`, `netns`): one process
+group per node, started low-priority until it listens, killed and revived by its id, and the
+helpers that find, end and re-prioritise exactly those processes.
+
+A starting node imports and builds a lot; on a small host that CPU comes from the running nodes
+and shows up as their lateness. So a node starts at nice `STARTING_NICE` and is put back to
+the runtime's own priority as soon as it listens, every thread of it (Linux sets priority per
+thread). Raising a priority back needs CAP_SYS_NICE, so without it nodes start at normal
+priority (a node left at low priority would distort the run).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from orchestrator.runtimes.base import (
+    Endpoint,
+    NodeLaunch,
+    Runtime,
+    RuntimeFailure,
+    wait_listening,
+)
+
+__all__ = ["STARTING_NICE", "NodeProcess", "ProcessNode", "ProcessRuntime", "can_renice",
+           "end_process", "preexec", "process_alive", "process_start_ticks",
+           "restore_priority", "starting_nice", "together"]
+
+STARTING_NICE = 10
+_PR_SET_PDEATHSIG = 1
+_CAP_SYS_NICE = 23
+
+
+class NodeProcess(Protocol):
+    """What a runtime uses of a node's process: asyncio's Process or a forked one."""
+
+    pid: int
+    returncode: int | None
+
+    async def wait(self) -> int: ...
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None
+    when it does not exist: with the pid it names one process, never a later reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def process_alive(pid: int, start_ticks: int | None) -> bool:
+    """Is this exact process (pid and start time) still there and not a zombie?"""
+    ticks = process_start_ticks(pid)
+    if ticks is None or (start_ticks is not None and ticks != start_ticks):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().decode(errors="replace")
+    except OSError:
+        return False
+    return state[state.rfind(")") + 2:][:1] != "Z"
+
+
+def can_renice() -> bool:
+    """Whether this process may raise a priority back (CAP_SYS_NICE)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_SYS_NICE & 1)
+    except OSError:
+        pass
+    return os.geteuid() == 0
+
+
+def starting_nice() -> int:
+    """The nice increment a starting node gets here (0 where it could not be undone)."""
+    return STARTING_NICE if can_renice() else 0
+
+
+def restore_priority(pid: int) -> None:
+    """Every thread of `pid` back to this process's own priority (after it listens)."""
+    if not can_renice():
+        return
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that just ended
+            os.setpriority(os.PRIO_PROCESS, int(tid), mine)
+
+
+def preexec(nice: int = 0) -> Callable[[], None] | None:
+    """A preexec function: die with this process (PR_SET_PDEATHSIG=SIGKILL, resolved before
+    the fork) and lower the priority by `nice`."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        prctl = None
+
+    def run() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if nice:
+            os.nice(nice)
+
+    return run
+
+
+async def end_process(proc: NodeProcess | None, grace_s: float) -> None:
+    """SIGTERM the process group, SIGKILL after grace_s; reap it, and whatever else the node
+    started in its group goes with it."""
+    if proc is None or proc.returncode is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if sig == signal.SIGTERM and grace_s <= 0:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            await asyncio.wait_for(proc.wait(), wait_s)
+            break
+        except TimeoutError:
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def together(*aws: Awaitable[object]) -> None:
+    """Run `aws` in one TaskGroup: the first failure cancels the others and is raised as
+    itself (callers and users see the node's RuntimeFailure, not an ExceptionGroup)."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for aw in aws:
+                tg.create_task(aw)
+    except BaseExceptionGroup as group:
+        first = group.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+
+
+@dataclass
+class ProcessNode:
+    """One node of a process runtime: its launch, where it listens, log and process."""
+
+    launch: NodeLaunch
+    address: str
+    port: int
+    log: Path | None = None
+    proc: NodeProcess | None = None
+    start_ticks: int | None = None
+
+
+class ProcessRuntime(Runtime):
+    """Node table, kill / revive / running / logs, readiness and ending, for runtimes whose
+    nodes are processes of this host. Subclasses say how a node is spawned and reached."""
+
+    ready_timeout_s: float
+    stop_grace_s: float
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, ProcessNode] = {}
+
+    @abc.abstractmethod
+    async def _spawn(self, node: ProcessNode) -> None:
+        """Start the node's process (node.proc), not waiting for it to listen."""
+
+    @abc.abstractmethod
+    def endpoints(self) -> dict[str, Endpoint]:
+        """Node → Endpoint of every node."""
+
+    def processes(self) -> dict[str, tuple[int, int | None]]:
+        """Node → (pid, start ticks) of its running process (what a state file records)."""
+        return {name: (n.proc.pid, n.start_ticks) for name, n in self._nodes.items()
+                if n.proc is not None and n.proc.returncode is None}
+
+    async def kill(self, name: str) -> None:
+        """node-down: SIGKILL the node's process group (a crash); `revive` starts it again."""
+        await end_process(self._node(name).proc, grace_s=0.0)
+
+    async def revive(self, name: str) -> Endpoint:
+        """node-up: start the node again where it was and wait until it listens."""
+        node = self._node(name)
+        if node.proc is None or node.proc.returncode is not None:
+            await self._spawn(node)
+            try:
+                await self._ready(node)
+            except BaseException:
+                await end_process(node.proc, grace_s=0.0)
+                raise
+        return self.endpoints()[name]
+
+    async def running(self, name: str) -> bool:
+        proc = self._node(name).proc
+        return proc is not None and proc.returncode is None
+
+    async def logs(self, name: str, lines: int = 30) -> str:
+        self._node(name)
+        return self.log_tail(name, lines)
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        node = self._nodes.get(name)
+        if node is None or node.log is None or not node.log.exists():
+            return ""
+        return "\n".join(node.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def _node(self, name: str) -> ProcessNode:
+        node = self._nodes.get(name)
+        if node is None:
+            known = ", ".join(self._nodes) or "none"
+            raise ValueError(f"unknown node {name!r} (this runtime runs: {known})")
+        return node
+
+    async def _ready(self, node: ProcessNode) -> None:
+        """Wait until the node listens (or its process ends), then give it its priority."""
+        proc = node.proc
+        try:
+            await wait_listening(node.address, node.port, timeout_s=self.ready_timeout_s,
+                                 alive=lambda: proc is not None and proc.returncode is None)
+        except (TimeoutError, RuntimeFailure) as exc:
+            raise RuntimeFailure(
+                f"node {node.launch.name} did not start ({exc}); its log ends with:\n"
+                f"{self.log_tail(node.launch.name)}") from None
+        if proc is not None:
+            restore_priority(proc.pid)
+
+    async def _end_all(self) -> None:
+        await together(*(end_process(n.proc, self.stop_grace_s) for n in self._nodes.values()))
