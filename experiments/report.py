@@ -332,7 +332,7 @@ def _fidelity_lines(meta: Mapping[str, Any]) -> list[str]:
             probe_err or _f(r.get("probe_delay_ms")), _signed(r.get("delay_error_ms")),
             _f(r.get("passive_delay_ms")) + (f" ({r['passive_n']})" if "passive_n" in r else ""),
             _signed(r.get("passive_error_ms")), _f(r.get("configured_rate_mbit"), 4),
-            _f(r.get("probe_rate_mbit"), 4), _signed(r.get("rate_error_pct"), "%"),
+            _f(r.get("probe_rate_mbit"), 4), _signed(r.get("rate_error_pct"), "%", 2),
             "**off**: " + ", ".join(r["off"]) if r["off"] else "ok"])
     lines += _table(["pair", "configured delay ms", "probe delay", "error ms", "run delay (n)",
                      "error ms", "configured Mbit/s", "probe goodput", "error", "verdict"],
@@ -345,8 +345,8 @@ def _fidelity_lines(meta: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _signed(x: float | None, unit: str = "") -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{x:+.3g}{unit}"
+def _signed(x: float | None, unit: str = "", digits: int = 3) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}{unit}"
 
 
 def _results_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats], qset: QualitySet

@@ -115,7 +115,7 @@ def test_every_report_has_the_link_fidelity_table(tmp_path: Path) -> None:
     summary = build_report(folder, plots_too=False)
     text = (folder / "report.md").read_text()
     assert "## Link fidelity" in text
-    assert "| edge1-edge2 | 2 | 2.1 | +0.1 | 2.05 (40) | +0.05 | 100 | 99 | -1% | ok |" in text
+    assert "| edge1-edge2 | 2 | 2.1 | +0.100 | 2.05 (40) | +0.050 | 100 | 99 | -1.00% | ok |" in text
     assert "| edge1-edge3 |" in text and "**off**: probe delay" in text
     assert "1 of 2 pairs off: edge1-edge3." in text
     assert summary["fidelity"]["off"] == ["edge1-edge3"]
