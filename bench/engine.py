@@ -193,7 +193,7 @@ async def run_bench(rounds: int = 5, tokens: int = 48, generations: int = 3, ech
     import moe
     from bench.node import REPLY_HEADER, _post, _stop
     from router.settings import Settings
-    from services.wire import CONTENT_TYPE, make_item, pack_request
+    from services.wire import CONTENT_TYPE, make_group, pack_request
 
     if rounds < 1 or tokens < 2 or generations < 1 or echoes < 1:
         raise ValueError("need rounds >= 1, tokens >= 2, generations >= 1, echoes >= 1")
@@ -214,8 +214,9 @@ async def run_bench(rounds: int = 5, tokens: int = 48, generations: int = 3, ech
             p_url, h_url, echo_url = await _start(Path(tmp), model, env, procs)
             await _configure(token, p_url, h_url, _experts(shape))
             x = torch.randn(1, shape.d_model, generator=torch.Generator().manual_seed(0))
-            hop_body = pack_request(
-                [make_item(0, e, x, dtype=wire) for e in range(shape.top_k)], req="bench")
+            hop_body = pack_request([make_group(  # one token, its top-k on one node
+                0, x, [[(e, "fp16", 1 / shape.top_k) for e in range(shape.top_k)]], wire)],
+                req="bench")
             headers = {"Content-Type": CONTENT_TYPE}
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:
                 async with session.post(p_url + "/v1/forward", data=hop_body,

@@ -142,7 +142,7 @@ async def run_bench(requests: int = 2000, model: str = "tiny-moe",
 
     from services import ClientSettings, NodeClient
     from services.compute import make_compute
-    from services.wire import CONTENT_TYPE, make_item, pack_request
+    from services.wire import CONTENT_TYPE, expert_group, pack_request
 
     shape = make_compute(model, "modeled").shape
     token = secrets.token_hex(8)
@@ -169,7 +169,7 @@ async def run_bench(requests: int = 2000, model: str = "tiny-moe",
             replies: dict[int, int] = {}
             async with aiohttp.ClientSession(connector=connector) as session:
                 for n_items in ITEMS:
-                    items = [make_item(0, e % shape.experts, torch.randn(1, shape.d_model))
+                    items = [expert_group(0, e % shape.experts, torch.randn(1, shape.d_model))
                              for e in range(n_items)]
                     body = pack_request(items, req="bench")
                     headers = {"Content-Type": CONTENT_TYPE}

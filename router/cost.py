@@ -5,6 +5,8 @@ For a token group whose activations sit on node `src` and whose outputs are gath
 item (a replica and the rows it serves) to a node. Per chosen node n:
 
     T_n = tx(src→n, in_n) + wait_n + load_n + compute_n + tx(n→gather, out_n)
+    in_n = out_n = rows sent to n × row_bytes    (each row once, however many experts it runs
+                                                  there: one activation in, one combined answer)
     tx(i→j, B) = delay_ij + B / bw_ij            (zero when i = j)
     load_n     = bytes of CPU-tier replicas not resident on n / host-to-device bandwidth
     compute_n  = FLOPs / throughput of n
@@ -112,23 +114,27 @@ def branch_cost(
     gather: str,
     node: str,
     items: Sequence[tuple[Replica, int]],
+    rows: int | None = None,
 ) -> Breakdown:
-    """T_n for the items (replica, rows) sent to `node` in one batched request."""
+    """T_n for the items (replica, rows) sent to `node` in one batched request. `rows` is how
+    many distinct rows the request carries (each crosses the link once, and comes back as one
+    combined answer); default: the items' largest row count, as when every item serves the
+    same token group."""
     s = est.scales
     n = est.node(node)
-    rows = 0
+    most = 0
     flops = 0.0
     load_bytes = 0
     loaded: set[tuple[int, int, str]] = set()
     for replica, r in items:
         if replica.node != node:
             raise BadRouterInput(f"replica {replica} is not on node {node!r}")
-        rows += r
+        most = max(most, r)
         flops += r * shape.expert_flops
         if replica.tier == "cpu" and replica.key not in n.resident and replica.key not in loaded:
             loaded.add(replica.key)  # one copy serves every row of a batch
             load_bytes += shape.expert_bytes[replica.variant]
-    bytes_in = bytes_out = rows * shape.row_bytes
+    bytes_in = bytes_out = (most if rows is None else rows) * shape.row_bytes
     local_in, local_out = node == src, node == gather
     tx_in = 0.0 if local_in else s.tx * est.link(src, node).tx_ms(bytes_in)
     tx_out = 0.0 if local_out else s.tx * est.link(node, gather).tx_ms(bytes_out)

@@ -1,10 +1,14 @@
 """The dispatcher: one MoE layer of a token group, planned, scattered, gathered, combined.
 
 For each row (token) of the group the policy plans the layer; the rows' choices are grouped
-into ONE batched request per chosen node (items of the same expert and variant stacked), sent
-concurrently (the home node's own items in-process), and the answers are combined with the
-gate weights in the order `moe.combine_experts` uses, so exact plans reproduce the local
-result. When a request fails (timeout, refused, cut link), the node joins the affected rows'
+into ONE request per chosen node (wire version 2: each row's activation once, with the experts
+and gate weights it runs there), sent concurrently (the home node's own rows in-process,
+through the same `Node.forward`), and each node answers one gate-weighted sum per row, so a
+token with two experts on one node moves one activation and one answer. The home node adds the
+nodes' sums per row, in the order of their lowest expert (for top-2 that is the order
+`moe.combine_experts` uses, so exact plans reproduce the local result).
+
+When a request fails (timeout, refused, cut link), the node joins the affected rows'
 exclusions and only their missing slots are planned again, inside the layer's deadline and
 the token's; the node's or link's circuit breaker counts the failure. A row ends failed with
 a reason ("no_replica", "deadline", "replans_exhausted") when nothing more can be done.
@@ -33,7 +37,7 @@ from torch import Tensor
 from moe import MoEModel
 from netem.timing import now as clock_now
 from services.errors import NodeRefused
-from services.wire import DTYPE_BYTES, ForwardResponse, Item, decode_tensor, encode_tensor
+from services.wire import DTYPE_BYTES, ForwardResponse, Group, Work, decode_tensor, encode_tensor
 
 from .breaker import Breakers
 from .cost import branch_cost
@@ -86,10 +90,14 @@ class _Member:
 
 @dataclass
 class _Batch:
-    """Everything one node gets in this round: items keyed by (served expert, variant)."""
+    """Everything one node gets in this round: per row (in the order planned), the expert
+    slots that row runs there."""
 
     node: str
-    groups: dict[tuple[int, str], list[_Member]] = field(default_factory=dict)
+    rows: dict[int, list[_Member]] = field(default_factory=dict)
+
+    def members(self) -> list[_Member]:
+        return [m for ms in self.rows.values() for m in ms]
 
 
 class Dispatcher:
@@ -166,7 +174,7 @@ class Dispatcher:
         pending = {r: list(range(k)) for r in range(n_rows) if not tokens[r].done}
         entered = list(pending)
         excluded: dict[int, set[str]] = {}
-        outputs: dict[tuple[int, int], tuple[int, Tensor, float]] = {}
+        outputs: list[tuple[int, int, Tensor]] = []  # (row, lowest expert, a node's sum)
         rounds = 0
         began = ready = clock.at
         split = _Split()
@@ -184,10 +192,9 @@ class Dispatcher:
             for node, batch in batches.items():
                 res = results[node][0]
                 if isinstance(res, BaseException):
-                    for members in batch.groups.values():
-                        for m in members:
-                            retry.setdefault(m.row, []).append(m.slot)
-                            excluded.setdefault(m.row, set()).add(node)
+                    for m in batch.members():
+                        retry.setdefault(m.row, []).append(m.slot)
+                        excluded.setdefault(m.row, set()).add(node)
                     continue
                 self._gather(node, batch, res, tokens, recs, outputs)
             pending = {r: sorted(s) for r, s in retry.items() if not tokens[r].done}
@@ -240,10 +247,11 @@ class Dispatcher:
     def _plan(self, layer, pending, experts, gate, excluded, tokens, recs, policy, first):
         """Plan every pending row; group the choices into one batch per node.
 
-        Rows are planned one after another against the same view, and each row's work is
-        added to its nodes' fixed cost while the group is planned (restored after), so a
-        later row sees the batch the earlier ones already make there: a branch's cost is
-        that of the whole batched request, as the node will serve it."""
+        Rows are planned one after another against the same view, and each row's work (its
+        one transfer to a node, its experts' compute there) is added to its nodes' fixed cost
+        while the group is planned (restored after), so a later row sees the batch the earlier
+        ones already make there: a branch's cost is that of the whole batched request, as the
+        node will serve it."""
         batches: dict[str, _Batch] = {}
         view = self.view
         saved = view.fixed[:]
@@ -271,14 +279,16 @@ class Dispatcher:
                     r = c.replica
                     i = view.index[r.node]
                     cpu_loaded = r.tier == "cpu" and r.key not in view.resident[i]
+                    batch = batches.setdefault(r.node, _Batch(r.node))
+                    if row not in batch.rows:
+                        view.fixed[i] += view.xfer[i]  # this row's activation and answer
                     view.fixed[i] += view.per_row[i]
                     if cpu_loaded and (r.node, r.key) not in loaded:
                         loaded.add((r.node, r.key))
                         view.fixed[i] += self.shape.expert_bytes[r.variant] * (
                             view.load_per_byte[i])
-                    member = _Member(row, slots[c.slot], c, cpu_loaded)
-                    batch = batches.setdefault(r.node, _Batch(r.node))
-                    batch.groups.setdefault((r.expert, r.variant), []).append(member)
+                    batch.rows.setdefault(row, []).append(
+                        _Member(row, slots[c.slot], c, cpu_loaded))
         finally:
             view.fixed[:] = saved
         return batches
@@ -296,19 +306,11 @@ class Dispatcher:
                     results) -> None:
         s = self.settings
         node = batch.node
-        dtype = s.wire_dtype
-        items = []
-        for (served, variant), members in batch.groups.items():
-            if len(members) == 1:
-                rows = x[members[0].row:members[0].row + 1]
-            else:
-                rows = x[[m.row for m in members]]
-            items.append(Item(layer, served, variant, dtype, len(members),
-                              encode_tensor(rows, dtype)))
-        assignment = [(m.choice.replica, 1) for ms in batch.groups.values() for m in ms]
+        group = self._group(layer, x, batch)
+        assignment = [(m.choice.replica, 1) for m in batch.members()]
         snap = self._snapshot
         predicted = branch_cost(snap.unscaled(), self.shape, self.home, self.home, node,
-                                assignment)
+                                assignment, rows=group.rows)
         expected = predicted.scaled(snap.scales).total_ms
         t0 = now_ms()
         if node == self.home:  # no link to lose: a slow answer here is this host, not a fault
@@ -331,9 +333,9 @@ class Dispatcher:
         done = False
         try:
             res = await self.transport.forward(
-                node, items, f"{node}-{next(self._ids)}", limit / 1e3, ready
+                node, (group,), f"{node}-{next(self._ids)}", limit / 1e3, ready
             )
-            self._check_answer(node, items, res)
+            self._check_answer(node, group, res)
             t1 = now_ms()
             arrived = clock_now() if res.arrived is None else res.arrived
             if node != self.home:
@@ -350,9 +352,9 @@ class Dispatcher:
             self.view.set_up(node, self.breakers.usable(node, t1))
             done = True
             results[node] = (res, arrived)
-            if node != self.home:
-                self.counters.bytes_out += sum(len(i.x) for i in items)
-                self.counters.bytes_in += sum(len(y) for y in res.ys)
+            if node != self.home:  # the HTTP bodies, as sent and received
+                self.counters.bytes_out += res.body_bytes[0]
+                self.counters.bytes_in += res.body_bytes[1]
         except RETRYABLE as exc:
             self.counters.failures += 1
             if node != self.home and isinstance(exc, TimeoutError):  # NodeTimeout too
@@ -374,50 +376,60 @@ class Dispatcher:
         self.late_dev_ms += 0.25 * (abs(late_ms - self.late_ms) - self.late_dev_ms)
         self.late_ms += 0.125 * (late_ms - self.late_ms)
 
-    def _check_answer(self, node: str, items: list[Item], res: ForwardResponse) -> None:
-        """An answer must carry one output of the right size per item (else: a node fault)."""
-        d = self.shape.d_model
-        if len(res.ys) != len(items):
+    def _group(self, layer: int, x: Tensor, batch: _Batch) -> Group:
+        """The node's request: each of its rows once, with the (expert, variant, gate weight)
+        of every slot that row runs there."""
+        dtype = self.settings.wire_dtype
+        rows = list(batch.rows)
+        xs = x[rows[0]:rows[0] + 1] if len(rows) == 1 else x[rows]
+        work = tuple(
+            tuple(Work(m.choice.replica.expert, m.choice.replica.variant, m.choice.weight)
+                  for m in batch.rows[r])
+            for r in rows
+        )
+        return Group(layer, dtype, encode_tensor(xs, dtype), work)
+
+    def _check_answer(self, node: str, group: Group, res: ForwardResponse) -> None:
+        """An answer must carry one sum of the right size per row (else: a node fault)."""
+        if len(res.ys) != 1:
+            raise NodeRefused(node, 200, "bad_answer", f"{len(res.ys)} outputs for 1 group")
+        need = group.rows * self.shape.d_model * DTYPE_BYTES[group.dtype]
+        if len(res.ys[0]) != need:
             raise NodeRefused(node, 200, "bad_answer",
-                              f"{len(res.ys)} outputs for {len(items)} items")
-        for item, y in zip(items, res.ys, strict=True):
-            if len(y) != item.rows * d * DTYPE_BYTES[item.dtype]:
-                raise NodeRefused(node, 200, "bad_answer",
-                                  f"output of {len(y)} bytes for {item.rows} rows of "
-                                  f"expert {item.expert}")
+                              f"output of {len(res.ys[0])} bytes for {group.rows} rows")
 
     def _gather(self, node, batch, res, tokens, recs, outputs) -> None:
-        """Take one node's answer: outputs per (row, slot), quality spent, records."""
+        """Take one node's answer: its sum per row, quality spent, records. A row's bytes
+        count once per node: its activation out, its combined answer back."""
         d = self.shape.d_model
         local = node == self.home
         row_bytes = d * DTYPE_BYTES[self.settings.wire_dtype]
-        for y_bytes, ((served, _variant), members) in zip(res.ys, batch.groups.items(),
-                                                          strict=True):
-            y = decode_tensor(y_bytes, self.settings.wire_dtype, len(members), d).float()
-            for j, m in enumerate(members):
+        y = decode_tensor(res.ys[0], self.settings.wire_dtype, len(batch.rows), d).float()
+        for j, (row, members) in enumerate(batch.rows.items()):
+            tok = tokens[row]
+            outputs.append((row, min(m.choice.replica.expert for m in members), y[j]))
+            for m in members:
                 c = m.choice
-                tok = tokens[m.row]
-                outputs[(m.row, m.slot)] = (served, y[j], c.weight)
                 tok.quality += c.penalty
                 r = c.replica
                 tok.choices.append(ChoiceRecord(
                     r.layer, c.expert, r.expert, r.node, r.variant, c.kind, local, m.cpu_loaded
                 ))
-                rec = recs[m.row]
-                if node not in rec.nodes:
-                    rec.nodes = (*rec.nodes, node)
-                if not local:
-                    rec.bytes_out += row_bytes
-                    rec.bytes_in += row_bytes
+            rec = recs[row]
+            if node not in rec.nodes:
+                rec.nodes = (*rec.nodes, node)
+            if not local:
+                rec.bytes_out += row_bytes
+                rec.bytes_in += row_bytes
 
     def _combine(self, x: Tensor, outputs, tokens) -> Tensor:
-        """Σ gate-weighted outputs per row, experts in ascending order (moe.combine_experts'
-        order, so an exact plan gives the local result). Failed rows stay zero."""
+        """Σ of the nodes' sums per row, in the order of their lowest expert (for top-2,
+        moe.combine_experts' order, so an exact plan gives the local result). Failed rows stay
+        zero."""
         out = torch.zeros_like(x)
-        order = sorted(((served, row, y, w) for (row, _slot), (served, y, w) in outputs.items()
-                        if tokens[row].status != "failed"), key=lambda e: e[0])
-        for _served, row, y, w in order:
-            out[row].add_(y.to(x.dtype), alpha=w)
+        for row, _lowest, y in sorted(outputs, key=lambda e: e[1]):
+            if tokens[row].status != "failed":
+                out[row].add_(y.to(x.dtype))
         return out
 
     def _run_in_process(self, layer, x, idx, weights, tokens, start, clock) -> Tensor:

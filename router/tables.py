@@ -6,13 +6,18 @@ derived from the current `Estimates` (refreshed node by node as answers arrive),
 candidate's cost for one token is a handful of float operations:
 
     fixed[n]       = scale_tx·(delay(src→n) + delay(n→gather)) + scale_wait·wait_n   (0 tx if local)
-    per_row[n]     = scale_tx·row_bytes·(1/bw(src→n) + 1/bw(n→gather)) + scale_compute·flops/thr_n
+    xfer[n]        = scale_tx·row_bytes·(1/bw(src→n) + 1/bw(n→gather))              (0 if local)
+    per_row[n]     = scale_compute·flops/thr_n
     load(c)        = scale_load·expert_bytes(v)/h2d_n   if c is CPU-tier and not resident on n
-    T_n(A)         = fixed[n] + Σ_{items of A on n} (rows·per_row[n] + load(item))
+    T_n(A)         = fixed[n] + rows·xfer[n] + Σ_{items of A on n} (rows·per_row[n] + load(item))
 
-which is `router.cost.branch_cost` term by term (tests check that they agree). The one
-difference: the reference counts one load per distinct replica of a batch, this form one per
-item; within one token two items share a replica only when two slots pick the same substitute.
+which is `router.cost.branch_cost` term by term (tests check that they agree). A token's rows
+cross a link once per node, whatever number of its experts run there (wire version 2: one
+activation in, one combined answer back), so `xfer` belongs to the node's branch, not to each
+item: `base(rows)` is what a used node costs before its items, and is what the searches take
+as `fixed`. The one difference: the reference counts one load per distinct replica of a batch,
+this form one per item; within one token two items share a replica only when two slots pick
+the same substitute.
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ class PlanView:
         self.home_index = self.index[home]
         count = len(names)
         self.fixed: list[float] = [0.0] * count
-        self.per_row: list[float] = [0.0] * count
+        self.xfer: list[float] = [0.0] * count  # one row's activation there and answer back
+        self.per_row: list[float] = [0.0] * count  # one row of one item's compute
         self.load_per_byte: list[float] = [0.0] * count
         self.delay: list[float] = [0.0] * count  # round-trip propagation, for "nearest"
         self.up: list[bool] = [True] * count
@@ -132,18 +138,19 @@ class PlanView:
             n = est.node(name)
             fixed = s.wait * n.wait_ms
             per_row = s.compute * 1e3 * sh.expert_flops / n.flops_per_s
-            delay = 0.0
+            delay = xfer = 0.0
             if name != src:
                 link = est.link(src, name)
                 fixed += s.tx * link.delay_ms
-                per_row += s.tx * sh.row_bytes * link.ms_per_byte
+                xfer += s.tx * sh.row_bytes * link.ms_per_byte
                 delay += link.delay_ms
             if name != gather:
                 link = est.link(name, gather)
                 fixed += s.tx * link.delay_ms
-                per_row += s.tx * sh.row_bytes * link.ms_per_byte
+                xfer += s.tx * sh.row_bytes * link.ms_per_byte
                 delay += link.delay_ms
             self.fixed[i] = fixed
+            self.xfer[i] = xfer
             self.per_row[i] = per_row
             self.load_per_byte[i] = s.load * 1e3 / n.h2d_bytes_per_s
             self.delay[i] = delay
@@ -158,8 +165,14 @@ class PlanView:
             self.up[i] = up
             self.version += 1
 
+    def base(self, rows: int = 1) -> list[float]:
+        """Per node, what its branch costs once used by `rows` rows, before their items: the
+        delays, the wait, and the rows' transfer there and back (once, however many of their
+        experts run there). The searches take this as their `fixed`."""
+        return [f + rows * x for f, x in zip(self.fixed, self.xfer, strict=True)]
+
     def var_ms(self, c: Candidate, rows: int = 1) -> float:
-        """What one item adds to its node's branch: rows' transfer and compute, and a load."""
+        """What one item adds to its node's branch: the rows' compute, and a load."""
         n = c.node
         v = rows * self.per_row[n]
         if c.load_bytes and c.replica.key not in self.resident[n]:
@@ -168,7 +181,7 @@ class PlanView:
 
     def standalone_ms(self, c: Candidate, rows: int = 1) -> float:
         """T_n if this candidate were the only item sent to its node."""
-        return self.fixed[c.node] + self.var_ms(c, rows)
+        return self.fixed[c.node] + rows * self.xfer[c.node] + self.var_ms(c, rows)
 
     # -- OrderMoE's expected future cost ---------------------------------------------------------
     def future(self, horizon: int, min_interval_s: float = 0.1) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from services.client import NodeClient
 from services.errors import NodeRefused, NodeTimeout, NodeUnreachable, ServiceError
-from services.wire import ForwardResponse, Item
+from services.wire import ForwardResponse, Group
 
 __all__ = ["RETRYABLE", "MeshTransport", "Transport", "classify"]
 
@@ -26,11 +26,12 @@ RETRYABLE = (NodeUnreachable, NodeTimeout, NodeRefused, ServiceError, TimeoutErr
 
 class Transport(Protocol):
     async def forward(
-        self, node: str, items: Sequence[Item], req: str, timeout_s: float,
+        self, node: str, groups: Sequence[Group], req: str, timeout_s: float,
         ready: float | None = None,
     ) -> ForwardResponse:
-        """Items to node; `ready`: when they leave on the emulated timeline (default now).
-        The answer's `arrived` is when it is back here on that timeline."""
+        """Groups (rows once, with their experts) to node; `ready`: when they leave on the
+        emulated timeline (default now). The answer's `arrived` is when it is back here on
+        that timeline; its `body_bytes` what crossed the wire (0 in-process)."""
         ...
 
 
@@ -38,7 +39,7 @@ class LocalNode(Protocol):
     """The part of `services.Node` the home node's in-process path uses: the same request
     path as `POST /v1/forward`, without HTTP."""
 
-    async def forward(self, items: Sequence[Item], arrival: float | None = None) -> Any: ...
+    async def forward(self, groups: Sequence[Group], arrival: float | None = None) -> Any: ...
 
 
 def classify(exc: BaseException) -> str:
@@ -73,13 +74,13 @@ class MeshTransport:
         self.local = local
 
     async def forward(
-        self, node: str, items: Sequence[Item], req: str, timeout_s: float,
+        self, node: str, groups: Sequence[Group], req: str, timeout_s: float,
         ready: float | None = None,
     ) -> ForwardResponse:
         if node == self.home and self.local is not None:
             async with asyncio.timeout(timeout_s):
-                ys, timing, done, state = await self.local.forward(items, ready)
-            return ForwardResponse(tuple(ys), timing, state, done)
+                outs, timing, done, state = await self.local.forward(groups, ready)
+            return ForwardResponse(tuple(y for y, _ in outs), timing, state, done)
         return await self.client.forward(
-            self.urls[node], items, req=req, peer=node, timeout_s=timeout_s, ready=ready
+            self.urls[node], groups, req=req, peer=node, timeout_s=timeout_s, ready=ready
         )

@@ -1,9 +1,9 @@
 """The edge node: expert service with emulated GPU/CPU tiers, its wire format, and its client.
 
 Offers `Node` and `NodeSettings` (run a node in-process), `serve` (the `moemesh node` process),
-`NodeClient` and `ClientSettings` (talk to nodes), the wire format (`Item`, `make_item`,
-`ForwardResponse`, ... in `services.wire`), device profiles (`DeviceProfile`, `load_profile`),
-and the errors of `services.errors`.
+`NodeClient` and `ClientSettings` (talk to nodes), the wire format (`Group`, `Work`,
+`expert_group`, `ForwardResponse`, ... in `services.wire`), device profiles (`DeviceProfile`,
+`load_profile`), and the errors of `services.errors`.
 """
 
 from __future__ import annotations
@@ -21,14 +21,23 @@ from .errors import (
 from .node import Node
 from .serve import serve
 from .settings import NodeSettings
-from .wire import ForwardResponse, Item, NodeState, Timing, decode_tensor, encode_tensor, make_item
+from .wire import (
+    ForwardResponse,
+    Group,
+    NodeState,
+    Timing,
+    Work,
+    decode_tensor,
+    encode_tensor,
+    expert_group,
+)
 
 __all__ = [
     "ClientSettings",
     "DeviceProfile",
     "ExpertCompute",
     "ForwardResponse",
-    "Item",
+    "Group",
     "ModeledCompute",
     "Node",
     "NodeClient",
@@ -41,11 +50,12 @@ __all__ = [
     "ServiceError",
     "Timing",
     "TorchCompute",
+    "Work",
     "builtin_profiles",
     "decode_tensor",
     "encode_tensor",
+    "expert_group",
     "load_profile",
     "make_compute",
-    "make_item",
     "serve",
 ]

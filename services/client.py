@@ -27,7 +27,7 @@ from .wire import (
     FORWARD_PATH,
     SELF_HEADER,
     ForwardResponse,
-    Item,
+    Group,
     pack_request,
     unpack_error,
     unpack_response,
@@ -120,12 +120,13 @@ class NodeClient:
                                   url) from None
 
     # -- data plane -----------------------------------------------------------------------
-    async def forward(self, url: str, items: Sequence[Item], *, req: str = "",
+    async def forward(self, url: str, groups: Sequence[Group], *, req: str = "",
                       peer: str | None = None, timeout_s: float | None = None,
-                      ready: float | None = None) -> ForwardResponse:
-        """Send items to the node at url (base URL); `peer` is its name, for link shaping,
-        and `ready` when the items left this node on the emulated timeline (default now)."""
-        body = pack_request(items, req)
+                      ready: float | None = None, parts: bool = False) -> ForwardResponse:
+        """Send groups to the node at url (base URL); `peer` is its name, for link shaping,
+        and `ready` when they left this node on the emulated timeline (default now); `parts`
+        asks for the per-expert outputs too. The answer carries both bodies' sizes."""
+        body = pack_request(groups, req, parts)
         headers = {"Content-Type": CONTENT_TYPE}
         if self.settings.name:
             headers[SELF_HEADER] = self.settings.name
@@ -136,7 +137,8 @@ class NodeClient:
             res = unpack_response(data)
         except ValueError as exc:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
-        return replace(res, arrived=now() if back is None else back)
+        return replace(res, arrived=now() if back is None else back,
+                       body_bytes=(len(body), len(data)))
 
     # -- control plane --------------------------------------------------------------------
     async def _control(self, method: str, url: str, path: str, payload: Any = None) -> Any:

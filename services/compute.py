@@ -1,11 +1,12 @@
 """Expert computation: real torch math on a model's weights, or modeled for paper-scale shapes.
 
-`real` runs `model.expert(layer, e, variant)` on the rows it is sent (fp32 math; f16/bf16 inputs
-are widened and the answer narrowed back), so a node's answer equals what `moe` computes
-locally. `modeled` never touches tensors: it answers zeros of the right shape and dtype, and
-the device worker charges the FLOPs time of the profile; this is how Mixtral-size meshes run
-here. Items of the same (layer, expert, variant) handed over together are computed in one call
-(the batching a real server does).
+`real` runs `model.expert(layer, e, variant)` on the rows that ask for it (fp32 math; f16/bf16
+inputs are widened and the answer narrowed back) and sums each row's outputs with their gate
+weights, experts ascending (`moe.combine_experts`' order), so a node's answer equals what `moe`
+computes locally. `modeled` never touches tensors: it answers zeros of the right shape and
+dtype, and the device worker charges the FLOPs time of the profile; this is how Mixtral-size
+meshes run here. Rows of every group handed over together that need the same (layer, expert,
+variant) are computed in one call (the batching a real server does).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from moe.config import ModelConfig
 from moe.registry import model_dir
 
 from .tiers import ExpertShape
-from .wire import DTYPE_BYTES, Item, Key, decode_tensor, encode_tensor
+from .wire import DTYPE_BYTES, Group, Key, Output, Work, decode_tensor, encode_tensor
 
 __all__ = ["COMPUTE_MODES", "ExpertCompute", "ModeledCompute", "TorchCompute", "make_compute"]
 
@@ -51,9 +52,12 @@ class ExpertCompute:
     def prepare(self, keys: Sequence[Key]) -> None:
         """Get ready to serve these experts (quantize them once, not on the first request)."""
 
-    def run(self, items: Sequence[Item]) -> list[bytes]:
-        """The output bytes of each item, in order."""
-        return [bytes(i.rows * self.shape.d_model * DTYPE_BYTES[i.dtype]) for i in items]
+    def run(self, groups: Sequence[Group], parts: Sequence[bool] = ()) -> list[Output]:
+        """Each group's combined output (and, where `parts[i]`, its per-expert outputs)."""
+        d = self.shape.d_model
+        return [(bytes(g.rows * d * DTYPE_BYTES[g.dtype]),
+                 bytes(g.entries * d * DTYPE_BYTES[g.dtype]) if _wants(parts, i) else None)
+                for i, g in enumerate(groups)]
 
 
 class ModeledCompute(ExpertCompute):
@@ -84,30 +88,66 @@ class TorchCompute(ExpertCompute):
         """Quantize the placed experts and run each once: torch's first call of an op pays
         one-off set-up (tens of ms here) that must not land on a request."""
         d = self.shape.d_model
-        warm = [Item(*key, "f32", 1, bytes(4 * d)) for key in keys]
+
+        def one(key: Key, dtype: str) -> Group:
+            return Group(key[0], dtype, bytes(DTYPE_BYTES[dtype] * d),
+                         ((Work(key[1], key[2], 1.0),),))
+
+        warm = [one(key, "f32") for key in keys]
         if keys:
-            warm += [Item(*keys[0], dt, 1, bytes(DTYPE_BYTES[dt] * d)) for dt in ("f16", "bf16")]
-            warm.append(Item(*keys[0], "f32", 1, bytes(4 * d)))  # a batch of two: torch.cat
-        self.run(warm)
+            warm += [one(keys[0], dt) for dt in ("f16", "bf16")]
+            warm.append(one(keys[0], "f32"))  # a batch of two: torch.cat
+        self.run(warm, [True] * len(warm))
 
     @torch.inference_mode()
-    def run(self, items: Sequence[Item]) -> list[bytes]:
+    def run(self, groups: Sequence[Group], parts: Sequence[bool] = ()) -> list[Output]:
         d = self.shape.d_model
-        groups: dict[Key, list[int]] = {}
-        for n, item in enumerate(items):
-            groups.setdefault(item.key, []).append(n)
-        out: list[bytes] = [b""] * len(items)
-        for (layer, expert, variant), members in groups.items():
-            xs = [decode_tensor(items[n].x, items[n].dtype, items[n].rows, d) for n in members]
-            xs = [x if x.dtype == torch.float32 else x.float() for x in xs]
-            x = xs[0] if len(xs) == 1 else torch.cat(xs)
-            y = self._expert(layer, expert, variant)(x)
-            start = 0
-            for n in members:
-                rows = items[n].rows
-                out[n] = encode_tensor(y[start:start + rows], items[n].dtype)
-                start += rows
-        return out
+        xs = [decode_tensor(g.x, g.dtype, g.rows, d) for g in groups]
+        xs = [x if x.dtype == torch.float32 else x.float() for x in xs]
+        # every use of a key: (group, row, position among the group's entries, weight)
+        uses: dict[Key, list[tuple[int, int, int, float]]] = {}
+        for gi, g in enumerate(groups):
+            at = 0
+            for r, row in enumerate(g.work):
+                for w in row:
+                    uses.setdefault((g.layer, w.expert, w.variant), []).append(
+                        (gi, r, at, w.weight))
+                    at += 1
+        outs = [torch.zeros_like(x) for x in xs]
+        pieces = [torch.empty(g.entries, d) if _wants(parts, i) else None
+                  for i, g in enumerate(groups)]
+        for key in sorted(uses):  # experts ascending: each row sums in combine_experts' order
+            members = uses[key]
+            by_group: dict[int, list[int]] = {}
+            for j, m in enumerate(members):
+                by_group.setdefault(m[0], []).append(j)
+            if len(members) == 1:
+                gi, r = members[0][0], members[0][1]
+                x = xs[gi][r:r + 1]
+            else:
+                x = torch.cat([xs[gi][[members[j][1] for j in js]]
+                               for gi, js in by_group.items()])
+            y = self._expert(*key)(x)
+            at = 0
+            for gi, js in by_group.items():
+                mine = y[at:at + len(js)]
+                at += len(js)
+                rows = [members[j][1] for j in js]
+                w = torch.tensor([members[j][3] for j in js], dtype=torch.float32)
+                if len(js) == 1:
+                    outs[gi][rows[0]].add_(mine[0] * w[0])
+                else:
+                    outs[gi].index_add_(0, torch.tensor(rows), mine * w[:, None])
+                piece = pieces[gi]
+                if piece is not None:
+                    piece[[members[j][2] for j in js]] = mine
+        return [(encode_tensor(out, g.dtype),
+                 None if piece is None else encode_tensor(piece, g.dtype))
+                for out, piece, g in zip(outs, pieces, groups, strict=True)]
+
+
+def _wants(parts: Sequence[bool], i: int) -> bool:
+    return i < len(parts) and parts[i]
 
 
 def _swiglu(module: Any) -> Callable[[Tensor], Tensor]:

@@ -28,7 +28,7 @@ class NodeMetrics:
         self.forward_requests = self.requests.labels("forward")  # the hot path's child
         self.errors = Counter(p + "errors", "error answers by HTTP status and code",
                               ["status", "code"], registry=r)
-        self.items = Counter(p + "items", "expert items computed", registry=r)
+        self.items = Counter(p + "items", "expert executions on one row each", registry=r)
         self.batches = Counter(p + "batches", "device batches run", registry=r)
         self.bytes_in = Counter(p + "bytes_in", "forward request bytes received", registry=r)
         self.bytes_out = Counter(p + "bytes_out", "forward answer bytes sent", registry=r)

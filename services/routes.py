@@ -101,7 +101,7 @@ async def forward(request: web.Request) -> web.Response:
         arrival = now()
     else:  # the request is here when its emulated link says so, not when the host got it
         await sleep_until(arrival)
-    ys, timing, done, state = await node.forward(fwd.items, arrival)
+    ys, timing, done, state = await node.forward(fwd.groups, arrival, fwd.parts)
     out = pack_response(ys, timing, state)
     headers = {}
     peer = request.headers.get(SELF_HEADER)

@@ -1,13 +1,20 @@
-"""The data-plane wire format (docs/contracts.md), shared by the node and its client.
+"""The data-plane wire format, version 2 (docs/contracts.md), shared by the node and its client.
 
-`POST /v1/forward` carries msgpack
-`{"req": str, "items": [{"layer", "expert", "variant", "dtype", "rows", "x": bytes}]}` and is
-answered with `{"items": [{"y": bytes}], "timing": {"queue_ms", "load_ms", "compute_ms",
-"late_ms"},
-"state": {"queue", "busy_ms", "resident"}}`. Activations travel as raw little-endian bytes of a
-row-major [rows, d_model] matrix; the answer's `y` has the item's dtype and shape. Times on the
-wire are wall-clock milliseconds as the node saw them (time dilation included; divide by the TDF
-for scenario time). Decoding checks everything a client could get wrong and names it.
+A forward request sends each row's activation ONCE to a node, with the experts that row must run
+there and their gate weights; the node answers one gate-weighted sum per row, so a token whose
+experts share a node moves one activation and one answer, not one per expert:
+
+    {"v": 2, "req": str, "parts"?: bool,
+     "groups": [{"layer": int, "dtype": str, "x": bytes,           # [rows, d_model]
+                 "work": [[[expert, variant, weight], ...], ...]}]}  # one list per row
+
+answered with `{"v": 2, "groups": [{"y": bytes, "parts"?: bytes}], "timing": {...}, "state":
+{...}}`: `y` is [rows, d_model] (Σ weight · expert(row), experts ascending), `parts` (only when
+the request asked) the unweighted per-expert outputs [entries, d_model], rows in order and each
+row's work in order. Activations travel as raw little-endian bytes, row-major, in the group's
+dtype. Times on the wire are the node's own milliseconds (time dilation included). Decoding
+checks everything a client could get wrong and names it; a version-1 request (`items`, one
+activation per expert) is refused with the version this node speaks.
 """
 
 from __future__ import annotations
@@ -31,14 +38,18 @@ __all__ = [
     "FORWARD_PATH",
     "SELF_HEADER",
     "VARIANTS",
+    "WIRE_VERSION",
     "ForwardRequest",
     "ForwardResponse",
-    "Item",
+    "Group",
     "NodeState",
+    "Output",
     "Timing",
+    "Work",
     "decode_tensor",
     "encode_tensor",
-    "make_item",
+    "expert_group",
+    "make_group",
     "pack_error",
     "pack_request",
     "pack_response",
@@ -47,6 +58,7 @@ __all__ = [
     "unpack_response",
 ]
 
+WIRE_VERSION = 2
 CONTENT_TYPE = "application/msgpack"
 FORWARD_PATH = "/v1/forward"
 SELF_HEADER = "X-Moemesh-From"  # the requester names itself; the answer is shaped toward it
@@ -59,33 +71,56 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 VARIANTS = ("fp16", "int8", "int4")
-ITEM_FIELDS = ("layer", "expert", "variant", "dtype", "rows", "x")
-MAX_ITEMS = 4096
+GROUP_FIELDS = ("layer", "dtype", "x", "work")
+BODY_FIELDS = ("v", "req", "groups", "parts")
+MAX_ROWS = 4096  # rows of one request, all groups together
+MAX_WORK = 64  # experts one row may run on one node
 MAX_REQ_CHARS = 256
+SHAPE = ('{"v": 2, "req": str, "groups": [{"layer", "dtype", "x", '
+         '"work": [[[expert, variant, weight], ...] per row]}]}')
 
 Key = tuple[int, int, str]  # (layer, expert, variant)
 
 
 @dataclass(frozen=True, slots=True)
-class Item:
-    """One expert's work in a forward request: `rows` rows of activations in `dtype`."""
+class Work:
+    """One expert a row runs on the node, and the gate weight its output is summed with."""
 
-    layer: int
     expert: int
     variant: str
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Rows of one layer sent once: `x` [rows, d_model] in `dtype`, and per row the experts
+    it runs here (`work[r]`)."""
+
+    layer: int
     dtype: str
-    rows: int
     x: bytes
+    work: tuple[tuple[Work, ...], ...]
 
     @property
-    def key(self) -> Key:
-        return (self.layer, self.expert, self.variant)
+    def rows(self) -> int:
+        return len(self.work)
+
+    @property
+    def entries(self) -> int:
+        """Expert executions on one row each: what the device computes."""
+        return sum(len(w) for w in self.work)
+
+    def experts(self) -> list[Key]:
+        """The (layer, expert, variant) this group needs, each once, in first-use order."""
+        return list(dict.fromkeys((self.layer, w.expert, w.variant)
+                                  for row in self.work for w in row))
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardRequest:
     req: str
-    items: tuple[Item, ...]
+    groups: tuple[Group, ...]
+    parts: bool = False  # also answer the unweighted per-expert outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +152,20 @@ class NodeState:
     resident: tuple[Key, ...]
 
 
+Output = tuple[bytes, bytes | None]  # one group's combined y, and its parts when asked
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardResponse:
-    ys: tuple[bytes, ...]
+    ys: tuple[bytes, ...]  # per group: the gate-weighted sum [rows, d_model]
     timing: Timing
     state: NodeState
     # When the answer is back at the requester on the emulated timeline (a `netem.timing.now()`
     # value, set by the client or the in-process path); None: when it was received.
     arrived: float | None = None
+    parts: tuple[bytes, ...] | None = None  # per group: [entries, d_model], when asked
+    # (request, answer) HTTP body bytes, as sent and received; (0, 0) in-process
+    body_bytes: tuple[int, int] = (0, 0)
 
 
 # -- tensors ----------------------------------------------------------------------------------
@@ -142,30 +183,44 @@ def decode_tensor(data: bytes, dtype: str, rows: int, d_model: int) -> Tensor:
     return t.reshape(rows, d_model)
 
 
-def make_item(
+def make_group(layer: int, x: Tensor, work: Sequence[Sequence[tuple[int, str, float]]],
+               dtype: str = "f32") -> Group:
+    """A group of the rows of x [rows, d_model]; `work[r]` lists row r's (expert, variant,
+    gate weight)."""
+    if x.dim() != 2 or x.shape[0] != len(work):
+        raise ValueError(f"x must be [rows, d_model] with one work list per row, got shape "
+                         f"{tuple(x.shape)} and {len(work)} lists")
+    rows = tuple(tuple(Work(int(e), v, float(w)) for e, v, w in row) for row in work)
+    return Group(layer, dtype, encode_tensor(x, dtype), rows)
+
+
+def expert_group(
     layer: int, expert: int, x: Tensor, variant: str = "fp16", dtype: str = "f32"
-) -> Item:
-    """An item for expert `expert` of `layer` on the rows of x [rows, d_model]."""
+) -> Group:
+    """A group whose every row of x [rows, d_model] runs one expert at gate weight 1, so its
+    answer is that expert's output (tests, benchmarks)."""
     if x.dim() != 2:
         raise ValueError(f"x must be [rows, d_model], got shape {tuple(x.shape)}")
-    return Item(layer, expert, variant, dtype, int(x.shape[0]), encode_tensor(x, dtype))
+    return make_group(layer, x, [[(expert, variant, 1.0)]] * int(x.shape[0]), dtype)
 
 
 # -- requests ---------------------------------------------------------------------------------
-def pack_request(request: ForwardRequest | Sequence[Item], req: str = "") -> bytes:
+def pack_request(request: ForwardRequest | Sequence[Group], req: str = "",
+                 parts: bool = False) -> bytes:
     if not isinstance(request, ForwardRequest):
-        request = ForwardRequest(req, tuple(request))
-    return msgpack.packb(
-        {
-            "req": request.req,
-            "items": [
-                {"layer": i.layer, "expert": i.expert, "variant": i.variant, "dtype": i.dtype,
-                 "rows": i.rows, "x": i.x}
-                for i in request.items
-            ],
-        },
-        use_bin_type=True,
-    )
+        request = ForwardRequest(req, tuple(request), parts)
+    body: dict[str, Any] = {
+        "v": WIRE_VERSION,
+        "req": request.req,
+        "groups": [
+            {"layer": g.layer, "dtype": g.dtype, "x": g.x,
+             "work": [[[w.expert, w.variant, w.weight] for w in row] for row in g.work]}
+            for g in request.groups
+        ],
+    }
+    if request.parts:
+        body["parts"] = True
+    return msgpack.packb(body, use_bin_type=True)
 
 
 def _loads(body: bytes, what: str) -> Any:
@@ -186,71 +241,119 @@ def _int(where: str, value: Any) -> int:
     return value
 
 
-def _item(i: int, raw: Any, d_model: int) -> Item:
-    where = f"items[{i}]"
+def _work(where: str, raw: Any) -> Work:
+    if not isinstance(raw, list) or len(raw) != 3:
+        raise BadRequest(f"{where} must be [expert, variant, weight], got {_short(raw)}")
+    expert = _int(f"{where}[0] (expert)", raw[0])
+    variant, weight = raw[1], raw[2]
+    if expert < 0:
+        raise BadRequest(f"{where}[0] (expert) must be >= 0, got {expert}")
+    if not isinstance(variant, str) or variant not in VARIANTS:
+        raise BadRequest(f"{where}[1] (variant): unknown variant {_short(variant)}; known: "
+                         f"{', '.join(VARIANTS)}")
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(
+            weight):
+        raise BadRequest(f"{where}[2] (weight) must be a finite number, got {_short(weight)}")
+    return Work(expert, variant, float(weight))
+
+
+def _rows(where: str, raw: Any) -> tuple[tuple[Work, ...], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest(f"{where} must be a non-empty list (one list of work per row), "
+                         f"got {_short(raw)}")
+    if len(raw) > MAX_ROWS:
+        raise BadRequest(f"{where} holds {len(raw)} rows; the limit is {MAX_ROWS}")
+    out = []
+    for r, row in enumerate(raw):
+        if not isinstance(row, list) or not row or len(row) > MAX_WORK:
+            raise BadRequest(f"{where}[{r}] must be a list of 1 to {MAX_WORK} "
+                             f"[expert, variant, weight], got {_short(row)}")
+        out.append(tuple(_work(f"{where}[{r}][{j}]", w) for j, w in enumerate(row)))
+    return tuple(out)
+
+
+def _group(i: int, raw: Any, d_model: int) -> Group:
+    where = f"groups[{i}]"
     if not isinstance(raw, dict):
         raise BadRequest(f"{where} must be a map, got {type(raw).__name__} {_short(raw)}")
-    unknown = [k for k in raw if k not in ITEM_FIELDS]
+    unknown = [k for k in raw if k not in GROUP_FIELDS]
     if unknown:
         raise BadRequest(
-            f"{where}: unknown field {_short(unknown[0])}; known: {', '.join(ITEM_FIELDS)}"
+            f"{where}: unknown field {_short(unknown[0])}; known: {', '.join(GROUP_FIELDS)}"
         )
-    missing = [k for k in ITEM_FIELDS if k not in raw]
+    missing = [k for k in GROUP_FIELDS if k not in raw]
     if missing:
         raise BadRequest(f"{where}: missing field {missing[0]!r}")
     layer = _int(f"{where}.layer", raw["layer"])
-    expert = _int(f"{where}.expert", raw["expert"])
-    rows = _int(f"{where}.rows", raw["rows"])
-    variant, dtype, x = raw["variant"], raw["dtype"], raw["x"]
-    if not isinstance(variant, str) or variant not in VARIANTS:
-        raise BadRequest(f"{where}.variant: unknown variant {_short(variant)}; known: "
-                         f"{', '.join(VARIANTS)}")
+    dtype, x = raw["dtype"], raw["x"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise BadRequest(f"{where}.dtype: unknown dtype {_short(dtype)}; known: "
                          f"{', '.join(DTYPES)}")
     if not isinstance(x, bytes):
         raise BadRequest(f"{where}.x must be bytes (msgpack bin), got {type(x).__name__}")
-    if rows < 1:
-        raise BadRequest(f"{where}.rows must be >= 1, got {rows}")
-    need = rows * d_model * DTYPE_BYTES[dtype]
+    work = _rows(f"{where}.work", raw["work"])
+    need = len(work) * d_model * DTYPE_BYTES[dtype]
     if len(x) != need:
         raise BadRequest(
-            f"{where}: {rows} rows of d_model {d_model} in {dtype} need {need} bytes, "
-            f"x has {len(x)}"
+            f"{where}: {len(work)} rows (one per work list) of d_model {d_model} in {dtype} "
+            f"need {need} bytes, x has {len(x)}"
         )
-    return Item(layer, expert, variant, dtype, rows, x)
+    return Group(layer, dtype, x, work)
+
+
+def _version(data: dict) -> None:
+    """Refuse any other wire version, naming the one this node speaks."""
+    if "v" not in data:
+        old = "a version-1 request ('items': one activation per expert)" if "items" in data \
+            else "a request without 'v'"
+        raise BadRequest(f"{old} is not served: this node speaks wire version {WIRE_VERSION}, "
+                         f"{SHAPE} (docs/contracts.md)")
+    if data["v"] != WIRE_VERSION:
+        raise BadRequest(f"v: wire version {_short(data['v'])} is not served: this node "
+                         f"speaks version {WIRE_VERSION}, {SHAPE}")
 
 
 def unpack_request(body: bytes, d_model: int) -> ForwardRequest:
     """Decode and check a forward request; every problem is a BadRequest naming it."""
     data = _loads(body, "body")
     if not isinstance(data, dict):
-        raise BadRequest(f"body must be a msgpack map with 'req' and 'items', "
-                         f"got {type(data).__name__}")
-    unknown = [k for k in data if k not in ("req", "items")]
+        raise BadRequest(f"body must be a msgpack map {SHAPE}, got {type(data).__name__}")
+    _version(data)
+    unknown = [k for k in data if k not in BODY_FIELDS]
     if unknown:
-        raise BadRequest(f"unknown field {_short(unknown[0])}; known: req, items")
+        raise BadRequest(f"unknown field {_short(unknown[0])}; known: {', '.join(BODY_FIELDS)}")
     req = data.get("req", "")
     if not isinstance(req, str) or len(req) > MAX_REQ_CHARS:
         raise BadRequest(f"req must be a string of at most {MAX_REQ_CHARS} characters, "
                          f"got {_short(req)}")
-    if "items" not in data:
-        raise BadRequest("missing field 'items'")
-    raw_items = data["items"]
-    if not isinstance(raw_items, list):
-        raise BadRequest(f"items must be a list, got {type(raw_items).__name__}")
-    if not raw_items:
-        raise BadRequest("items is empty: a forward request needs at least one item")
-    if len(raw_items) > MAX_ITEMS:
-        raise BadRequest(f"items holds {len(raw_items)} entries; the limit is {MAX_ITEMS}")
-    return ForwardRequest(req, tuple(_item(i, raw, d_model) for i, raw in enumerate(raw_items)))
+    parts = data.get("parts", False)
+    if not isinstance(parts, bool):
+        raise BadRequest(f"parts must be true or false, got {_short(parts)}")
+    if "groups" not in data:
+        raise BadRequest("missing field 'groups'")
+    raw = data["groups"]
+    if not isinstance(raw, list):
+        raise BadRequest(f"groups must be a list, got {type(raw).__name__}")
+    if not raw:
+        raise BadRequest("groups is empty: a forward request needs at least one group")
+    if len(raw) > MAX_ROWS:
+        raise BadRequest(f"groups holds {len(raw)} entries; the limit is {MAX_ROWS}")
+    groups = tuple(_group(i, g, d_model) for i, g in enumerate(raw))
+    rows = sum(g.rows for g in groups)
+    if rows > MAX_ROWS:
+        raise BadRequest(f"groups hold {rows} rows together; the limit is {MAX_ROWS}")
+    return ForwardRequest(req, groups, parts)
 
 
 # -- responses --------------------------------------------------------------------------------
-def pack_response(ys: Iterable[bytes], timing: Timing, state: NodeState) -> bytes:
+def pack_response(outs: Iterable[Output], timing: Timing, state: NodeState) -> bytes:
+    groups = []
+    for y, parts in outs:
+        groups.append({"y": y} if parts is None else {"y": y, "parts": parts})
     return msgpack.packb(
         {
-            "items": [{"y": y} for y in ys],
+            "v": WIRE_VERSION,
+            "groups": groups,
             "timing": {"queue_ms": timing.queue_ms, "load_ms": timing.load_ms,
                        "compute_ms": timing.compute_ms, "late_ms": timing.late_ms},
             "state": {"queue": state.queue, "busy_ms": state.busy_ms,
@@ -264,7 +367,10 @@ def unpack_response(body: bytes) -> ForwardResponse:
     """Decode a node's answer; a malformed one raises ValueError naming what is wrong."""
     try:
         data = msgpack.unpackb(body, raw=False)
-        ys = tuple(item["y"] for item in data["items"])
+        if data.get("v") != WIRE_VERSION:
+            raise ValueError(f"wire version {data.get('v')!r}, expected {WIRE_VERSION}")
+        ys = tuple(g["y"] for g in data["groups"])
+        parts = [g.get("parts") for g in data["groups"]]
         t, s = data["timing"], data["state"]
         timing = Timing(float(t["queue_ms"]), float(t["load_ms"]), float(t["compute_ms"]),
                         float(t.get("late_ms", 0.0)))
@@ -272,13 +378,18 @@ def unpack_response(body: bytes) -> ForwardResponse:
             int(s["queue"]), float(s["busy_ms"]),
             tuple((int(a), int(b), str(c)) for a, b, c in s["resident"]),
         )
-    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as exc:
         raise ValueError(f"malformed forward answer: {type(exc).__name__}: {exc}") from None
     if not all(isinstance(y, bytes) for y in ys) or not all(
         math.isfinite(v) for v in (timing.queue_ms, timing.load_ms, timing.compute_ms)
     ):
-        raise ValueError("malformed forward answer: bad item or timing values")
-    return ForwardResponse(ys, timing, state)
+        raise ValueError("malformed forward answer: bad group or timing values")
+    got = None
+    if any(p is not None for p in parts):
+        if not all(isinstance(p, bytes) for p in parts):
+            raise ValueError("malformed forward answer: parts missing from some groups")
+        got = tuple(parts)
+    return ForwardResponse(ys, timing, state, parts=got)
 
 
 def pack_error(code: str, detail: str) -> bytes:

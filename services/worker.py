@@ -1,8 +1,9 @@
 """The emulated device: one worker serving a FIFO queue of forward requests.
 
 Each request becomes a job. The worker takes the job at the head of the queue together with the
-jobs waiting right behind it (up to `max_batch_rows` rows): items of the same expert among them
-are computed in one call, and the jobs finish together, as a batch step of a real server does.
+jobs waiting right behind it (up to `max_batch_rows` rows): the rows among them that need the
+same (layer, expert, variant) are computed in one call, and the jobs finish together, as a batch
+step of a real server does.
 A batch costs
 
     load    = bytes of CPU-tier experts not in the GPU cache / h2d bandwidth       (x TDF)
@@ -34,25 +35,26 @@ from .errors import NotPlaced, ServiceError, Unavailable
 from .faults import Faults
 from .metrics import NodeMetrics
 from .tiers import Tiers
-from .wire import Item, NodeState, Timing
+from .wire import Group, NodeState, Output, Timing
 
 __all__ = ["Device", "Job"]
 
 log = logging.getLogger(__name__)
 
-Result = tuple[list[bytes], Timing, float]  # outputs, timing, emulated end (a `now()` value)
+Result = tuple[list[Output], Timing, float]  # per group, timing, emulated end (a `now()` value)
 
 
 @dataclass(slots=True)
 class Job:
-    items: tuple[Item, ...]
+    groups: tuple[Group, ...]
     future: asyncio.Future[Result]
     enqueued: float  # emulated arrival (a `now()` value)
     estimate_s: float
+    parts: bool = False  # answer the per-expert outputs too
     rows: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.rows = sum(i.rows for i in self.items)
+        self.rows = sum(g.rows for g in self.groups)
 
 
 class Device:
@@ -101,57 +103,63 @@ class Device:
     def queue_depth(self) -> int:
         return len(self._waiting)
 
-    def _estimate_s(self, items: Sequence[Item]) -> float:
+    def _flops(self, groups: Sequence[Group]) -> float:
+        return sum(self.compute.flops(g.entries) for g in groups)
+
+    def _check(self, groups: Sequence[Group]) -> None:
+        """NotPlaced unless every expert the groups need is here."""
+        for g in groups:
+            for key in g.experts():
+                self.tiers.tier_of(key)
+
+    def _estimate_s(self, groups: Sequence[Group]) -> float:
         tdf, prof = self.time_dilation, self.profile
-        flops = sum(self.compute.flops(i.rows) for i in items)
-        compute = prof.compute_s(flops) * tdf
+        compute = prof.compute_s(self._flops(groups)) * tdf
         load = 0
-        for key in {i.key for i in items}:
+        for key in {k for g in groups for k in g.experts()}:
             if not self.tiers.is_resident(key):
                 load += self.tiers.shape.expert_bytes(key[2])
         return compute * self.faults.slow + prof.load_s(load) * tdf
 
-    def submit(self, items: Sequence[Item], arrival: float | None = None
-               ) -> asyncio.Future[Result]:
+    def submit(self, groups: Sequence[Group], arrival: float | None = None,
+               parts: bool = False) -> asyncio.Future[Result]:
         """Queue a request that arrived at `arrival` on the emulated timeline (default now);
         NotPlaced / Unavailable are raised here, before it waits."""
         if self._closing:
             raise Unavailable("node is shutting down", code="shutting_down")
-        for item in items:
-            self.tiers.tier_of(item.key)
+        self._check(groups)
         if len(self._waiting) >= self.max_queue:
             raise Unavailable(f"{len(self._waiting)} requests wait for the device "
                               f"(limit {self.max_queue})")
-        job = Job(tuple(items), asyncio.get_running_loop().create_future(),
-                  now() if arrival is None else arrival, self._estimate_s(items))
+        job = Job(tuple(groups), asyncio.get_running_loop().create_future(),
+                  now() if arrival is None else arrival, self._estimate_s(groups), parts)
         self._waiting.append(job)
         self._backlog_s += job.estimate_s
         self._idle.clear()
         self._wake.set()
         return job.future
 
-    async def serve(self, items: Sequence[Item], arrival: float | None = None) -> Result:
+    async def serve(self, groups: Sequence[Group], arrival: float | None = None,
+                    parts: bool = False) -> Result:
         """Serve a request that arrived at `arrival` (default now): at once on this task when
         nothing waits and the batch is small (no queue, no worker wake-up: the same emulated
         times), else through the queue (`submit`). Raises as `submit` does."""
         if self._waiting or self.in_service or self._closing:
-            return await self.submit(items, arrival)
-        tiers = self.tiers
-        for item in items:
-            tiers.tier_of(item.key)
-        flops = sum(self.compute.flops(i.rows) for i in items)
+            return await self.submit(groups, arrival, parts)
+        self._check(groups)
+        flops = self._flops(groups)
         if self._off_loop(flops):
-            return await self.submit(items, arrival)
+            return await self.submit(groups, arrival, parts)
         arrived = now() if arrival is None else arrival
-        start, load_s, compute_s, end = self._begin(list(items), arrived, flops)
+        start, load_s, compute_s, end = self._begin(list(groups), arrived, flops)
         self.in_service = 1  # what arrives meanwhile queues and is batched by the worker
         try:
-            ys, late = await self._compute_until(items, flops, end)
+            ys, late = await self._compute_until(groups, [parts] * len(groups), flops, end)
         finally:
             self.in_service = 0
             if self._waiting:
                 self._wake.set()
-        self._account(1, len(ys), load_s, compute_s)
+        self._account(1, sum(g.entries for g in groups), load_s, compute_s)
         self.metrics.queue_seconds.observe(start - arrived)
         return ys, Timing((start - arrived) * 1e3, load_s * 1e3, compute_s * 1e3,
                           late * 1e3), end
@@ -203,45 +211,44 @@ class Device:
         return batch
 
     async def _serve(self, batch: list[Job]) -> None:
-        tiers = self.tiers
         ready: list[Job] = []
         for job in batch:  # the placement may have changed while the job waited
             try:
-                for item in job.items:
-                    tiers.tier_of(item.key)
+                self._check(job.groups)
             except NotPlaced as exc:
                 job.future.set_exception(exc)
                 continue
             ready.append(job)
         if not ready:
             return
-        items = [i for job in ready for i in job.items]
-        flops = sum(self.compute.flops(i.rows) for i in items)
+        groups = [g for job in ready for g in job.groups]
+        parts = [job.parts for job in ready for _ in job.groups]
+        flops = self._flops(groups)
         start, load_s, compute_s, end = self._begin(
-            items, max(job.enqueued for job in ready), flops)
-        ys, late = await self._compute_until(items, flops, end)
+            groups, max(job.enqueued for job in ready), flops)
+        ys, late = await self._compute_until(groups, parts, flops, end)
         self._finish(ready, ys, start, load_s, compute_s, end, late)
 
     def _off_loop(self, flops: float) -> bool:
         """Real batches this large run on the device thread, so the loop keeps serving."""
         return self.compute.real and flops > self.thread_flops
 
-    async def _compute_until(self, items: Sequence[Item], flops: float, end: float
-                             ) -> tuple[list[bytes], float]:
+    async def _compute_until(self, groups: Sequence[Group], parts: Sequence[bool],
+                             flops: float, end: float) -> tuple[list[Output], float]:
         """The real outputs, released at the batch's emulated `end`; (outputs, how far the
         host ran past it)."""
         if self._off_loop(flops):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="device")
             loop = asyncio.get_running_loop()
-            ys = await loop.run_in_executor(self._pool, self.compute.run, items)
+            ys = await loop.run_in_executor(self._pool, self.compute.run, groups, parts)
         else:
-            ys = self.compute.run(items)
+            ys = self.compute.run(groups, parts)
         late = await sleep_until(end)
         self.late_total_s += late
         return ys, late
 
-    def _begin(self, items: list[Item], arrived: float, flops: float
+    def _begin(self, groups: list[Group], arrived: float, flops: float
                ) -> tuple[float, float, float, float]:
         """Take a batch on the emulated timeline: it starts once the device is free and its
         last job has arrived; its CPU-tier experts are loaded into the GPU cache. Returns
@@ -250,7 +257,7 @@ class Device:
         start = max(self._free_at, arrived)
         load_bytes = 0
         hits, misses = tiers.hits, tiers.misses
-        for key in dict.fromkeys(i.key for i in items):
+        for key in dict.fromkeys(k for g in groups for k in g.experts()):
             load_bytes += tiers.acquire(key)
         if tiers.hits != hits:
             self.metrics.cache_hits.inc(tiers.hits - hits)
@@ -262,7 +269,7 @@ class Device:
         self._free_at = end
         return start, load_s, compute_s, end
 
-    def _account(self, jobs: int, items: int, load_s: float, compute_s: float) -> None:
+    def _account(self, jobs: int, entries: int, load_s: float, compute_s: float) -> None:
         m = self.metrics
         m.batches.inc()
         m.load_seconds.observe(load_s)
@@ -270,16 +277,17 @@ class Device:
         self.batches += 1
         self.busy_total_s += load_s + compute_s
         self.jobs_done += jobs
-        m.items.inc(items)
+        m.items.inc(entries)  # expert executions, one row each
         for _ in range(jobs):
             m.service_seconds.observe(load_s + compute_s)
 
-    def _finish(self, jobs: list[Job], ys: list[bytes], start: float, load_s: float,
+    def _finish(self, jobs: list[Job], ys: list[Output], start: float, load_s: float,
                 compute_s: float, end: float, late: float) -> None:
-        self._account(len(jobs), len(ys), load_s, compute_s)
+        self._account(len(jobs), sum(g.entries for job in jobs for g in job.groups), load_s,
+                      compute_s)
         at = 0
         for job in jobs:
-            n = len(job.items)
+            n = len(job.groups)
             queue_s = start - job.enqueued
             self.metrics.queue_seconds.observe(queue_s)
             if not job.future.done():

@@ -19,7 +19,7 @@ class Exact(Policy):
     def plan(self, view: PlanView, req: PlanRequest) -> Plan:
         home = view.home_index
         choices = []
-        lat = view.fixed[home]
+        lat = view.base(req.rows)[home]
         for slot, e in enumerate(req.experts):
             r = Replica(req.layer, e, view.home, "fp16", "gpu")
             lat += view.var_ms(Candidate(r, home, e, 0.0, 0, "exact"), req.rows)

@@ -19,10 +19,11 @@ class Greedy(Policy):
         lam = self.settings.quality_ms
         skip = excluded(view, req)
         opts, extras = hetroute_options(view, req, lam, skip)
-        picks = greedy(view.fixed, opts, req.budget_left)
+        base = view.base(req.rows)
+        picks = greedy(base, opts, req.budget_left)
         if picks is None:
             add_fallbacks(view, req, opts, lam, skip, extras)
-            picks = greedy(view.fixed, opts, req.budget_left)
+            picks = greedy(base, opts, req.budget_left)
             if picks is None:
                 raise infeasible(view, req, skip)
-        return build_plan(view, req, picks)
+        return build_plan(view, req, picks, base)

@@ -40,10 +40,11 @@ class HetRoute(Policy):
             lookahead_weight=s.lookahead_weight if self.lookahead else 0.0,
         )
         args = (s.exhaustive_limit, s.beam_width, s.swap_passes)
-        picks = joint(view.fixed, opts, req.budget_left, *args)
+        base = view.base(req.rows)  # a node's rows cross its link once: sharing it pays
+        picks = joint(base, opts, req.budget_left, *args)
         if picks is None:
             add_fallbacks(view, req, opts, lam, skip, extras)
-            picks = joint(view.fixed, opts, req.budget_left, *args)
+            picks = joint(base, opts, req.budget_left, *args)
             if picks is None:
                 raise infeasible(view, req, skip)
-        return build_plan(view, req, picks)
+        return build_plan(view, req, picks, base)

@@ -32,7 +32,8 @@ class LocalFirst(Policy):
                 fits, key=lambda x: (x[0] != home, delay[x[0]], x[2], x[4].load_bytes > 0, x[0])
             )
 
-        picks = sequential(view.fixed, opts, req.budget_left, nearest)
+        base = view.base(req.rows)
+        picks = sequential(base, opts, req.budget_left, nearest)
         if picks is None:
             raise infeasible(view, req, skip)
-        return build_plan(view, req, picks)
+        return build_plan(view, req, picks, base)

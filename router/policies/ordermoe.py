@@ -34,7 +34,7 @@ class OrderMoE(Policy):
         skip = excluded(view, req)
         future = view.future(s.lookahead)[req.layer]
         la = s.lookahead_weight
-        fixed = view.fixed
+        fixed = view.base(req.rows)
         opts = []
         for slot, e in enumerate(req.experts):
             extra = la * req.weights[slot] * future[e]
@@ -51,4 +51,4 @@ class OrderMoE(Policy):
         picks = sequential(fixed, opts, req.budget_left, cheapest)
         if picks is None:
             raise infeasible(view, req, skip)
-        return build_plan(view, req, picks)
+        return build_plan(view, req, picks, fixed)

@@ -33,7 +33,8 @@ class RandomPolicy(Policy):
         def draw(fits: list[Option]) -> Option:
             return fits[self.rng.randrange(len(fits))]
 
-        picks = sequential(view.fixed, opts, req.budget_left, draw)
+        base = view.base(req.rows)
+        picks = sequential(base, opts, req.budget_left, draw)
         if picks is None:
             raise infeasible(view, req, skip)
-        return build_plan(view, req, picks)
+        return build_plan(view, req, picks, base)

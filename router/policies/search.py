@@ -7,6 +7,9 @@ objective besides latency (quality priced in ms, plus any lookahead term), and w
 wants back. For a pick of one option per slot:
 
     L = max over used nodes n of fixed[n] + Σ var of the options on n      (the bottleneck)
+
+`fixed[n]` is what a node costs once used (`PlanView.base`: delays, wait and the token's one
+transfer there and back), so options that share a node share it.
     J = L + Σ add,  feasible when Σ penalty ≤ budget
 """
 

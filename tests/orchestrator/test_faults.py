@@ -28,7 +28,7 @@ from orchestrator.placement import place, problem_from_scenario
 from orchestrator.runtimes.local import LocalRuntime, process_alive
 from orchestrator.yamlio import InputError, Loc
 from services.client import ClientSettings, NodeClient
-from services.wire import Item
+from services.wire import Group, Work
 from tests.helpers import wait_until
 
 TOKEN = "faults-test"
@@ -176,8 +176,8 @@ async def test_faults_on_a_live_local_mesh(tmp_path: Path) -> None:
 
             # the degraded link reaches the data plane: a's answer to "b" waits 250 ms
             held = result.by_node()["a"][0]
-            item = Item(held["layer"], held["expert"], held["variant"], "f32", 1,
-                        bytes(4 * stats["d_model"]))
+            item = Group(held["layer"], "f32", bytes(4 * stats["d_model"]),
+                         ((Work(held["expert"], held["variant"], 1.0),),))
             t0 = time.monotonic()
             await client.forward(urls["a"], [item])
             assert time.monotonic() - t0 >= 0.25

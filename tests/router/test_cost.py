@@ -34,14 +34,27 @@ H_GPU = Replica(0, 3, "h", "fp16", "gpu")
 def test_branch_by_hand() -> None:
     est = Estimates(NODES, LINKS)
     b = branch_cost(est, SHAPE, "h", "h", "a", [(A_GPU, 2), (A_CPU, 1)])
-    # 3 rows: 1200 bytes each way.
-    assert b.tx_in_ms == pytest.approx(5 + 1200 * 0.001)  # 6.2
+    # The group's 2 rows cross once each way (800 bytes), whatever experts they run there.
+    assert b.tx_in_ms == pytest.approx(5 + 800 * 0.001)  # 5.8
     assert b.wait_ms == pytest.approx(3.0)
     assert b.load_ms == pytest.approx(500_000 / 1e8 * 1e3)  # int8 copy: 5 ms
-    assert b.compute_ms == pytest.approx(3 * 2e6 / 2e9 * 1e3)  # 3 ms
-    assert b.tx_out_ms == pytest.approx(2 + 1200 * 0.0005)  # 2.6
-    assert b.total_ms == pytest.approx(19.8)
-    assert (b.bytes_in, b.bytes_out) == (1200, 1200)
+    assert b.compute_ms == pytest.approx(3 * 2e6 / 2e9 * 1e3)  # 3 row-experts: 3 ms
+    assert b.tx_out_ms == pytest.approx(2 + 800 * 0.0005)  # 2.4
+    assert b.total_ms == pytest.approx(19.2)
+    assert (b.bytes_in, b.bytes_out) == (800, 800)
+    three = branch_cost(est, SHAPE, "h", "h", "a", [(A_GPU, 2), (A_CPU, 1)], rows=3)
+    assert (three.bytes_in, three.bytes_out) == (1200, 1200)  # a batch of 3 distinct rows
+    assert three.total_ms == pytest.approx(19.2 + 400 * 0.001 + 400 * 0.0005)
+
+
+def test_a_tokens_experts_on_one_node_cross_the_link_once() -> None:
+    """One token, two experts: together on a it moves one row each way, apart two."""
+    nodes = {**NODES, "b": NODES["a"]}
+    links = {**LINKS, ("h", "b"): LINKS[("h", "a")], ("b", "h"): LINKS[("a", "h")]}
+    est = Estimates(nodes, links)
+    together = layer_cost(est, SHAPE, "h", "h", [(A_GPU, 1), (A_CPU, 1)])
+    apart = layer_cost(est, SHAPE, "h", "h", [(A_GPU, 1), (Replica(0, 2, "b", "int8", "cpu"), 1)])
+    assert together.bytes_total == 800 and apart.bytes_total == 1600
 
 
 def test_layer_is_the_slowest_branch() -> None:
@@ -50,21 +63,21 @@ def test_layer_is_the_slowest_branch() -> None:
     assert cost.branches["h"].total_ms == pytest.approx(2.0)  # local: compute only
     assert cost.branches["h"].bytes_in == 0
     assert cost.bottleneck == "a"
-    assert cost.latency_ms == pytest.approx(19.8)
-    assert cost.bytes_total == 2400
+    assert cost.latency_ms == pytest.approx(19.2)
+    assert cost.bytes_total == 1600
 
 
 def test_scales_multiply_their_terms() -> None:
     est = Estimates(NODES, LINKS, Scales(tx=2.0, wait=1.0, load=0.5, compute=1.0))
     b = branch_cost(est, SHAPE, "h", "h", "a", [(A_GPU, 2), (A_CPU, 1)])
-    assert b.total_ms == pytest.approx(12.4 + 3 + 2.5 + 3 + 5.2)
+    assert b.total_ms == pytest.approx(11.6 + 3 + 2.5 + 3 + 4.8)
 
 
 def test_resident_cpu_replica_costs_no_load_and_one_copy_serves_a_batch() -> None:
     resident = {**NODES, "a": NodeEstimate(2e9, 1e8, wait_ms=3.0, resident=frozenset({A_CPU.key}))}
     b = branch_cost(Estimates(resident, LINKS), SHAPE, "h", "h", "a", [(A_GPU, 2), (A_CPU, 1)])
     assert b.load_ms == 0.0
-    assert b.total_ms == pytest.approx(14.8)
+    assert b.total_ms == pytest.approx(14.2)
     twice = branch_cost(Estimates(NODES, LINKS), SHAPE, "h", "h", "a", [(A_CPU, 1), (A_CPU, 1)])
     assert twice.load_ms == pytest.approx(5.0)
 
@@ -90,9 +103,13 @@ def test_plan_view_coefficients_match_by_hand() -> None:
     view.refresh(Estimates(NODES, LINKS))
     a = view.index["a"]
     assert view.fixed[a] == pytest.approx(5 + 2 + 3)
-    assert view.per_row[a] == pytest.approx(400 * 0.001 + 400 * 0.0005 + 1.0)
+    assert view.xfer[a] == pytest.approx(400 * 0.001 + 400 * 0.0005)  # once per row
+    assert view.per_row[a] == pytest.approx(1.0)  # per row of each expert
+    assert view.base(2)[a] == pytest.approx(10 + 2 * 0.6)
+    assert view.xfer[view.index["h"]] == 0.0
     (cpu,) = view.exact(0, 2)
     assert view.var_ms(cpu) == pytest.approx(view.per_row[a] + 5.0)
+    assert view.standalone_ms(cpu) == pytest.approx(10 + 0.6 + 1.0 + 5.0)
     assert cpu.kind == "quantized" and cpu.penalty == pytest.approx(0.001)
 
 
@@ -107,7 +124,8 @@ def test_compiled_form_agrees_with_reference(seed: int) -> None:
         acc: dict[int, float] = {}
         for c in cands:
             acc[c.node] = acc.get(c.node, 0.0) + view.var_ms(c)
-        fast = max(view.fixed[n] + v for n, v in acc.items())
+        base = view.base(1)
+        fast = max(base[n] + v for n, v in acc.items())
         ref = layer_cost(mesh.estimates, mesh.shape, mesh.home, mesh.home,
                          [(c.replica, 1) for c in cands])
         assert fast == pytest.approx(ref.latency_ms, rel=1e-9)

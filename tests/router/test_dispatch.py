@@ -9,6 +9,15 @@ import pytest
 import torch
 
 from router.policies import make_policy
+from router.records import TokenRecord
+from services.wire import (
+    NodeState,
+    Timing,
+    expert_group,
+    make_group,
+    pack_request,
+    pack_response,
+)
 from tests.helpers import wait_until
 from tests.router.conftest import TOKEN, experts, mesh_body, start_inproc_mesh
 
@@ -170,3 +179,46 @@ async def test_a_layer_deadline_too_short_fails_tokens_with_a_reason(
     # nobody's fault: the breakers stay closed
     assert all(s["link"] == "closed" for n, s in
                engine.dispatcher.breakers.states().items() if n != "h")
+
+
+async def test_a_token_with_both_experts_on_one_remote_node_moves_one_activation_and_one_answer(
+    stack, router_compute, small_model
+) -> None:
+    """Wire version 2 end to end: the home node holds no expert, a holds them all; one token
+    row's two experts go to a as ONE row out and ONE combined answer back. Counted three ways:
+    the token record (activation bytes), the dispatcher's HTTP body counters and node a's own
+    metrics of the bodies it received and sent (which must agree with the dispatcher's)."""
+    mesh = await start_inproc_mesh(stack, router_compute,
+                                   {"h": [], "a": experts(2, range(8))},
+                                   {("h", "a"): 2.0, ("a", "h"): 2.0})
+    dispatcher = mesh.router.engine().dispatcher
+    d = small_model.config.d_model
+    row = d * 4  # f32 on the wire
+    x = torch.randn(1, d)
+    idx, w = torch.tensor([[1, 5]]), torch.tensor([[0.7, 0.3]])
+    a = mesh.nodes["a"].metrics
+    before = (a.bytes_in._value.get(), a.bytes_out._value.get(), a.items._value.get())
+    token = TokenRecord(0, 0.0)
+    out = await dispatcher.run_layer(0, x, idx, w, [token], make_policy("hetroute"), 1e18)
+    (layer,) = token.layers
+    assert layer.nodes == ("a",) and token.status == "running"
+    assert (layer.bytes_out, layer.bytes_in) == (row, row) and token.bytes == 2 * row
+    got_in = a.bytes_in._value.get() - before[0]
+    got_out = a.bytes_out._value.get() - before[1]
+    assert a.items._value.get() - before[2] == 2  # both experts ran there, on one row
+    assert (got_in, got_out) == (dispatcher.counters.bytes_out, dispatcher.counters.bytes_in)
+    assert dispatcher.counters.requests == 1
+    # The exact bodies of one row out and one answer back (msgpack sizes are deterministic
+    # here: one request "a-0", float64 weights and times, queue 0, layer 0's 8 experts
+    # resident); version 1's way, one activation per expert, is a row more each way.
+    one = [make_group(0, x, [[(1, "fp16", 0.7), (5, "fp16", 0.3)]])]
+    resident = tuple((0, e, "fp16") for e in range(8))
+    answer = [(bytes(row), None)]
+    assert got_in == len(pack_request(one, req="a-0"))
+    assert got_out == len(pack_response(answer, Timing(0.0, 0.0, 0.0), NodeState(0, 0.0,
+                                                                                  resident)))
+    apart = [expert_group(0, 1, x), expert_group(0, 5, x)]
+    assert len(pack_request(apart, req="a-0")) - got_in > row
+    with torch.inference_mode():
+        want = small_model.run_experts(0, x, idx, w)
+    assert torch.equal(out, want)  # and the one answer is the exact combined output

@@ -19,7 +19,7 @@ from services import (
     make_compute,
 )
 from services.tiers import parse_placement
-from services.wire import make_item
+from services.wire import expert_group
 from tests.helpers import free_port
 
 
@@ -27,7 +27,7 @@ async def test_a_closed_port_is_node_unreachable() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     async with NodeClient(ClientSettings(token="t")) as client:
         with pytest.raises(NodeUnreachable) as info:
-            await client.forward(url, [make_item(0, 0, torch.zeros(1, 4))])
+            await client.forward(url, [expert_group(0, 0, torch.zeros(1, 4))])
         with pytest.raises(ConnectionError):  # NodeUnreachable is a ConnectionError too
             await client.health(url)
     assert info.value.url == url
@@ -44,7 +44,7 @@ async def test_a_slow_node_is_node_timeout_and_the_client_goes_on(
     ):
         node.set_placement(parse_placement({"experts": [
             {"layer": 0, "expert": 0, "variant": "fp16", "tier": "gpu"}]}, node.shape))
-        item = make_item(0, 0, torch.randn(1, node.shape.d_model))
+        item = expert_group(0, 0, torch.randn(1, node.shape.d_model))
         with pytest.raises(NodeTimeout, match=r"no answer within 0\.1 s"):
             await client.forward(node.url, [item])
         assert (await client.health(node.url))["status"] == "ok"
@@ -67,7 +67,7 @@ async def test_requests_to_a_named_peer_wait_for_the_link(node: Node) -> None:
     """The app shaper in the client's path: A→B is shaped in A, before the request leaves."""
     links = node.links
     await links.put({"backend": "app", "links": {"far": {"delay_ms": 30.0}}})
-    item = make_item(0, 0, torch.randn(1, node.shape.d_model))
+    item = expert_group(0, 0, torch.randn(1, node.shape.d_model))
     async with NodeClient(ClientSettings(name="me"), links=links) as client:
         await client.forward(node.url, [item])  # a connection, warm
         t0 = time.perf_counter()

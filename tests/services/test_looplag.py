@@ -21,7 +21,7 @@ from moe import MoEModel
 from netem.timing import now
 from services import Node, NodeClient, TorchCompute
 from services.looplag import LoopLag, lag_summary
-from services.wire import make_item
+from services.wire import expert_group
 
 TOKEN = "test-token"
 BLOCK_S = 0.3  # what the injected blocking work takes
@@ -102,7 +102,7 @@ async def _stream(client: NodeClient, url: str, d: int, stop: asyncio.Event) -> 
     took = []
     while not stop.is_set():
         t = now()
-        await client.forward(url, [make_item(0, 1, torch.randn(1, d))])
+        await client.forward(url, [expert_group(0, 1, torch.randn(1, d))])
         took.append((now() - t) * 1e3)
     return took
 

@@ -14,7 +14,7 @@ from services.wire import (
     ARRIVE_HEADER,
     CONTENT_TYPE,
     SELF_HEADER,
-    make_item,
+    expert_group,
     pack_request,
     unpack_error,
 )
@@ -47,7 +47,7 @@ async def test_control_calls_without_the_token_get_401_and_change_nothing(
     for key in ("placement", "faults", "links"):
         assert after[key] == before[key]
     x = torch.randn(1, node.shape.d_model)
-    await client.forward(node.url, [make_item(0, 0, x)])  # the data plane needs no token
+    await client.forward(node.url, [expert_group(0, 0, x)])  # the data plane needs no token
 
 
 async def test_a_node_without_a_token_refuses_every_control_call(
@@ -84,21 +84,21 @@ async def test_placement_holds_exactly_the_listed_set(node: Node, client: NodeCl
     stats = await client.stats(node.url)
     assert sorted(stats["placement"], key=lambda p: p["layer"]) == [entries[1], entries[0]]
     with pytest.raises(NodeRefused) as info:
-        await client.forward(node.url, [make_item(0, 0, torch.randn(1, node.shape.d_model))])
+        await client.forward(node.url, [expert_group(0, 0, torch.randn(1, node.shape.d_model))])
     assert info.value.status == 404
     assert info.value.detail == "expert 0 not on this node; layer 0 holds 7"
 
 
 async def test_metrics_appear_at_metrics(node: Node, client: NodeClient) -> None:
     x = torch.randn(2, node.shape.d_model)
-    await client.forward(node.url, [make_item(0, 0, x), make_item(1, 1, x, "int8")])
+    await client.forward(node.url, [expert_group(0, 0, x), expert_group(1, 1, x, "int8")])
     with pytest.raises(NodeRefused):
-        await client.forward(node.url, [make_item(5, 0, x)])
+        await client.forward(node.url, [expert_group(5, 0, x)])
     text = await client.metrics(node.url)
     for line in (
         'moemesh_node_requests_total{endpoint="forward"} 2.0',
         'moemesh_node_errors_total{code="not_placed",status="404"} 1.0',
-        "moemesh_node_items_total 2.0",
+        "moemesh_node_items_total 4.0",  # expert executions: 2 groups x 2 rows
         "moemesh_node_queue_depth 0.0",
         "moemesh_node_queue_seconds_count 1.0",
         "moemesh_node_load_seconds_count 1.0",
@@ -123,7 +123,7 @@ async def test_links_are_validated_applied_and_shape_answers(
                                  backend="app")
     assert out["applied"]["backend"] == "app"
     assert out["applied"]["links"]["n2"]["delay_ms"] == 40.0
-    body = pack_request([make_item(0, 0, torch.randn(1, node.shape.d_model))])
+    body = pack_request([expert_group(0, 0, torch.randn(1, node.shape.d_model))])
     async with aiohttp.ClientSession() as s:
         due = {}
         for who in ("n2", "n3"):  # n3 has no link: its answers are not shaped

@@ -26,7 +26,7 @@ from services.tiers import parse_placement
 from services.wire import (
     DTYPE_BYTES,
     decode_tensor,
-    make_item,
+    expert_group,
     pack_request,
     unpack_error,
     unpack_response,
@@ -119,7 +119,7 @@ def assert_healthy(t: ThreadedNode, baseline: int) -> None:
     assert t.tasks() == baseline, "a task was left behind"
     d = t.node.shape.d_model
     x = torch.randn(2, d)
-    status, _, body = t.request("POST", "/v1/forward", pack_request([make_item(0, 1, x)]))
+    status, _, body = t.request("POST", "/v1/forward", pack_request([expert_group(0, 1, x)]))
     assert status == 200
     y = decode_tensor(unpack_response(body).ys[0], "f32", 2, d)
     with torch.inference_mode():
@@ -150,46 +150,65 @@ wrong = (scalars | st.lists(ints, max_size=2)
 D = 32  # the small model's d_model (checked in the test)
 
 
-FLAWS = (None, None, "layer", "expert", "variant", "dtype", "rows", "x", "drop", "wrong", "extra")
+FLAWS = (None, None, "layer", "expert", "variant", "weight", "entry", "dtype", "rows", "x",
+         "drop", "wrong", "extra")
+
+
+def _flaw(draw: st.DrawFn, group: dict[Any, Any], rows: int) -> None:
+    """Break one thing of a valid group, or nothing."""
+    flaw = draw(st.sampled_from(FLAWS))
+    entry = group["work"][0][0]
+    if flaw == "layer":
+        group["layer"] = draw(st.sampled_from([2, -1, 2**40]))  # not held: 404
+    elif flaw == "expert":
+        entry[0] = draw(st.sampled_from([3, 8, -1]))  # 3 is not placed: 404
+    elif flaw == "variant":
+        entry[1] = draw(st.sampled_from(["fp8", "FP16", ""]))
+    elif flaw == "weight":
+        entry[2] = draw(st.sampled_from([float("nan"), float("inf"), "1", None]))
+    elif flaw == "entry":
+        group["work"][0][0] = draw(wrong)
+    elif flaw == "dtype":
+        group["dtype"] = draw(st.sampled_from(["f64", "F32", ""]))
+    elif flaw == "rows":  # one work list too many or too few for x
+        group["work"] = group["work"][:-1] if rows > 1 else group["work"] * 2
+    elif flaw == "x":
+        group["x"] = group["x"][: draw(st.integers(0, len(group["x"]) - 1))]
+    elif flaw == "drop":
+        del group[draw(st.sampled_from(sorted(group)))]
+    elif flaw == "wrong":
+        group[draw(st.sampled_from(sorted(group)))] = draw(wrong)
+    elif flaw == "extra":
+        group[draw(st.text(min_size=1, max_size=5))] = draw(wrong)
 
 
 @st.composite
 def near_valid(draw: st.DrawFn) -> bytes:
-    """Forward requests of up to three items, each valid or broken in one way (a bad value,
-    a missing or extra field, a wrong type): the hard cases for a parser. Valid requests
-    are common enough to get 200s beside the 400s and 404s."""
-    items = []
+    """Forward requests (wire version 2) of up to three groups of up to three rows, each row
+    running one to three experts, each group valid or broken in one way (a bad value, a
+    missing or extra field, a wrong type), sometimes in version 1's shape: the hard cases for
+    a parser. Valid requests are common enough to get 200s beside the 400s and 404s."""
+    groups = []
     for _ in range(draw(st.integers(1, 3))):
         dtype = draw(st.sampled_from(["f32", "f16", "bf16"]))
         rows = draw(st.integers(1, 3))
-        item: dict[Any, Any] = {
-            "layer": draw(st.integers(0, 1)), "expert": draw(st.sampled_from([0, 1, 2, 4, 7])),
-            "variant": draw(st.sampled_from(["fp16", "int8", "int4"])), "dtype": dtype,
-            "rows": rows, "x": bytes([draw(st.integers(0, 255))]) * rows * D * DTYPE_BYTES[dtype],
+        work = [[[draw(st.sampled_from([0, 1, 2, 4, 7])),
+                  draw(st.sampled_from(["fp16", "int8", "int4"])),
+                  draw(st.floats(-2, 2))] for _ in range(draw(st.integers(1, 3)))]
+                for _ in range(rows)]
+        group: dict[Any, Any] = {
+            "layer": draw(st.integers(0, 1)), "dtype": dtype, "work": work,
+            "x": bytes([draw(st.integers(0, 255))]) * rows * D * DTYPE_BYTES[dtype],
         }
-        flaw = draw(st.sampled_from(FLAWS))
-        if flaw == "layer":
-            item["layer"] = draw(st.sampled_from([2, -1, 2**40]))  # not held: 404
-        elif flaw == "expert":
-            item["expert"] = draw(st.sampled_from([3, 8, -1]))  # 3 is not placed: 404
-        elif flaw == "variant":
-            item["variant"] = draw(st.sampled_from(["fp8", "FP16", ""]))
-        elif flaw == "dtype":
-            item["dtype"] = draw(st.sampled_from(["f64", "F32", ""]))
-        elif flaw == "rows":
-            item["rows"] = draw(st.sampled_from([0, -1, rows + 1]))
-        elif flaw == "x":
-            item["x"] = item["x"][: draw(st.integers(0, len(item["x"]) - 1))]
-        elif flaw == "drop":
-            del item[draw(st.sampled_from(sorted(item)))]
-        elif flaw == "wrong":
-            item[draw(st.sampled_from(sorted(item)))] = draw(wrong)
-        elif flaw == "extra":
-            item[draw(st.text(min_size=1, max_size=5))] = draw(wrong)
-        items.append(item)
-    top: dict[Any, Any] = {"req": draw(st.text(max_size=8)), "items": items}
+        _flaw(draw, group, rows)
+        groups.append(group)
+    top: dict[Any, Any] = {"v": 2, "req": draw(st.text(max_size=8)), "groups": groups}
+    if draw(st.booleans()):
+        top["parts"] = True
     if draw(st.integers(0, 9)) == 0:
-        top[draw(st.sampled_from(["req", "items"]))] = draw(wrong)
+        top[draw(st.sampled_from(["v", "req", "groups", "parts"]))] = draw(wrong)
+    if draw(st.integers(0, 19)) == 0:  # version 1's shape: refused, 400
+        top = {"req": top["req"], "items": groups}
     return msgpack.packb(top, use_bin_type=True)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from moe import load
 from services import ClientSettings, NodeClient, NodeRefused
-from services.wire import decode_tensor, make_item
+from services.wire import decode_tensor, expert_group
 from tests.helpers import ROOT, env, node_process, wait_until
 
 TOKEN = "process-token"
@@ -37,7 +37,7 @@ async def test_sigterm_drains_requests_in_flight_then_exits_0(
     ) as node, NodeClient(ClientSettings(token=TOKEN, forward_s=60)) as client:
         url, proc = node.url, node.proc
         xs = [torch.randn(1, model.config.d_model) for _ in range(5)]
-        tasks = [asyncio.create_task(client.forward(url, [make_item(0, 2, x, "int8")]))
+        tasks = [asyncio.create_task(client.forward(url, [expert_group(0, 2, x, "int8")]))
                  for x in xs]
 
         async def queued(n: int) -> bool:
@@ -51,7 +51,7 @@ async def test_sigterm_drains_requests_in_flight_then_exits_0(
 
         await wait_until(draining, "the node draining", every_s=0.01)
         with pytest.raises(NodeRefused) as late:  # arrives while draining
-            await client.forward(url, [make_item(0, 2, xs[0], "int8")])
+            await client.forward(url, [expert_group(0, 2, xs[0], "int8")])
         answers = await asyncio.gather(*tasks)
         async with asyncio.timeout(60):
             code = await proc.wait()

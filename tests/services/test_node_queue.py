@@ -13,7 +13,7 @@ import torch
 
 from services import DeviceProfile, Node, NodeClient, NodeRefused, TorchCompute
 from services.tiers import parse_placement
-from services.wire import make_item
+from services.wire import expert_group
 from tests.helpers import wait_until
 
 
@@ -39,9 +39,9 @@ async def test_cpu_tier_expert_pays_load_time_once_then_is_cached(
     async with Node(make_settings(profile=prof, time_dilation=3.0), compute=compute) as node:
         _place(node, (0, 4, "fp16", "cpu"), (0, 5, "fp16", "gpu"))
         x = torch.randn(1, node.shape.d_model)
-        first = await client.forward(node.url, [make_item(0, 4, x)])
-        second = await client.forward(node.url, [make_item(0, 4, x)])
-        gpu = await client.forward(node.url, [make_item(0, 5, x)])
+        first = await client.forward(node.url, [expert_group(0, 4, x)])
+        second = await client.forward(node.url, [expert_group(0, 4, x)])
+        gpu = await client.forward(node.url, [expert_group(0, 5, x)])
         metrics = await client.metrics(node.url)
     assert first.timing.load_ms >= 60.0  # 20 ms x time dilation 3
     assert first.timing.load_ms < 1000.0
@@ -60,7 +60,7 @@ async def test_a_long_queue_shows_in_state_and_queue_time(
     async with Node(make_settings(profile=prof, max_batch_rows=1), compute=compute) as node:
         _place(node, (0, 0, "fp16", "gpu"))
         x = torch.randn(1, node.shape.d_model)
-        tasks = [asyncio.create_task(client.forward(node.url, [make_item(0, 0, x)]))
+        tasks = [asyncio.create_task(client.forward(node.url, [expert_group(0, 0, x)]))
                  for _ in range(10)]
         await wait_until(lambda: node.device.queue_depth >= 6 or all(t.done() for t in tasks),
                          "six requests waiting")
@@ -82,7 +82,7 @@ async def test_slow_fault_stretches_compute_and_fail_fault_refuses(
     prof = _profile(compute, compute_s=0.01)
     async with Node(make_settings(profile=prof), compute=compute) as node:
         _place(node, (0, 0, "fp16", "gpu"))
-        item = make_item(0, 0, torch.randn(1, node.shape.d_model))
+        item = expert_group(0, 0, torch.randn(1, node.shape.d_model))
         assert await client.post_faults(node.url, {"slow": 4}) == {"slow": 4.0, "fail": 0.0}
         slowed = await client.forward(node.url, [item])
         await client.post_faults(node.url, {"fail": 1.0})
@@ -105,7 +105,7 @@ async def test_a_full_queue_answers_503_overloaded_and_keeps_serving(
     async with Node(make_settings(profile=prof, max_queue=2, max_batch_rows=1),
                     compute=compute) as node:
         _place(node, (0, 0, "fp16", "gpu"))
-        item = make_item(0, 0, torch.randn(1, node.shape.d_model))
+        item = expert_group(0, 0, torch.randn(1, node.shape.d_model))
         results = await asyncio.gather(*(client.forward(node.url, [item]) for _ in range(8)),
                                        return_exceptions=True)
         refused = [r for r in results if isinstance(r, NodeRefused)]
@@ -122,9 +122,9 @@ async def test_an_expert_dropped_while_queued_is_answered_404(
     async with Node(make_settings(profile=prof, max_batch_rows=1), compute=compute) as node:
         _place(node, (0, 0, "fp16", "gpu"), (0, 1, "fp16", "gpu"))
         x = torch.randn(1, node.shape.d_model)
-        busy = asyncio.create_task(client.forward(node.url, [make_item(0, 0, x)]))
+        busy = asyncio.create_task(client.forward(node.url, [expert_group(0, 0, x)]))
         await wait_until(lambda: node.device.in_service == 1, "the first request in service")
-        queued = asyncio.create_task(client.forward(node.url, [make_item(0, 1, x)]))
+        queued = asyncio.create_task(client.forward(node.url, [expert_group(0, 1, x)]))
         await wait_until(lambda: node.device.queue_depth == 1, "the second request queued")
         assert node.device.in_service == 1 and not busy.done()
         _place(node, (0, 0, "fp16", "gpu"))
