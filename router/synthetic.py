@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 
 from moe import profiles
+from moe.vocab import QUANT_VARIANTS
 
 from .cost import Estimates
 from .quality import QualityTable
@@ -78,7 +79,7 @@ def random_mesh(
             for i, node in enumerate(holders):
                 variant = "fp16"
                 if i > 0 and rng.random() < quantized_share:
-                    variant = rng.choice(("int8", "int4"))
+                    variant = rng.choice(QUANT_VARIANTS)
                 tier = "cpu" if rng.random() < cpu_share else "gpu"
                 reps.append(Replica(layer, e, node, variant, tier))
     return SyntheticMesh(
