@@ -1,18 +1,26 @@
 """A Docker Compose file for any topology: one service per edge node, plus the controller.
 
 `compose_text(topology, ...)` writes the file that `moemesh compose SCENARIO > FILE` prints and
-that `compose.yaml` (the default ten-node mesh) is made from. The file reads the same in
-`docker compose` (v2) and Debian's `docker-compose -f FILE` (v1, 1.29): only the Compose
-Specification's common ground, YAML merge keys (`<<: *node`) for what every node shares, and
-`${VAR:-default}` interpolation.
+that `compose.yaml` (the default ten-node mesh) is made from. One file for three engines, unchanged:
+`docker compose` (v2), Debian's `docker-compose -f FILE` (v1, 1.29) and `docker stack deploy -c
+FILE` (Swarm). So it holds only their common ground (docs/docker.md has the table of which engine
+reads which key): YAML merge keys (`<<: *node`) for what every node shares, `${VAR:-default}`
+interpolation, `depends_on` as a plain list (the controller waits for every node's health
+itself, with the token), a network with no driver (each engine takes its default: a bridge
+under Compose, an overlay under Swarm), and `deploy:` beside `restart:` (Swarm reads the first,
+Compose the second).
 
 What each node service gets (docker/README.md): the one image, `cap_add: [NET_ADMIN]` and root (tc
-shaping of its own egress needs both; the node falls back to the `app` shaper where the kernel
-lacks sch_netem), the mesh token from an env file, a health check on /v1/health, a private
-network (`internal`: no way out of the host), and a state folder so a restarted container
-re-applies its links. The controller waits for every node to be healthy, runs the scenario with
-the docker runtime attached to these containers (it kills and restarts them through the Docker
-socket for node-down faults) and writes its report to `./results`.
+shaping of its own egress needs both; Swarm honours cap_add from Engine and CLI 20.10 on; the node
+falls back to the `app` shaper where the kernel lacks sch_netem or the capability), the mesh token
+from an env file, a health check on /v1/health, a private network (`internal`: no way out of the
+host), a state folder so a restarted container re-applies its links, and under Swarm DNS
+round-robin names (`endpoint_mode: dnsrr`: `edge1` and `tasks.edge1` are the task's own address;
+no virtual IP, which needs the kernel's IPVS) and optional host pins (`pins`: node -> the value
+of the host label `moemesh.host`). The controller runs the scenario attached to these nodes (the
+docker runtime under Compose, the swarm runtime under a stack: `MOEMESH_SWARM_SERVICE` is
+filled in by Swarm only), kills and revives nodes through the Docker socket, and writes its
+report to `./results`; under Swarm it runs on a manager (the service API is there).
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -44,6 +53,12 @@ DEFAULT_IMAGE = "moemesh/moemesh:latest"
 DEFAULT_BASE = "python:3.11-slim"
 SCENARIOS_MOUNT = "/scenarios"
 RESULTS_MOUNT = "/results"
+HOST_LABEL = "moemesh.host"  # the Swarm node label a pinned node's constraint matches
+# Swarm expands Go templates in a service's environment; Compose leaves the text as it is, so
+# the controller tells a stack from a compose project by whether this came back expanded.
+SWARM_SERVICE_ENV = "MOEMESH_SWARM_SERVICE"
+SWARM_SERVICE_TEMPLATE = "{{.Service.Name}}"
+_NO_RESTART = {"condition": "none"}  # a crashed node stays down until a node-up fault
 _ENV_FILE = re.compile(r"^[A-Za-z0-9._/-]+$")
 
 
@@ -59,6 +74,7 @@ class ComposeOptions:
     scenario_dir: str | None = None  # host folder mounted at /scenarios (the scenario's own)
     scenario_file: str | None = None  # the scenario's file name inside scenario_dir
     shaper: str | None = None  # passed to `moemesh run --shaper`; None: the scenario's own
+    pins: Mapping[str, str] = field(default_factory=dict)  # node -> host label (Swarm)
 
     def __post_init__(self) -> None:
         if not _ENV_FILE.match(self.env_file):
@@ -71,6 +87,10 @@ class ComposeOptions:
             raise ValueError(f"image {self.image!r}: give a name like moemesh/moemesh:latest")
         if (self.scenario_dir is None) != (self.scenario_file is None):
             raise ValueError("scenario_dir and scenario_file go together")
+        for node, host in self.pins.items():
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", host):
+                raise ValueError(f"pin {node}={host!r}: the host label must be letters, digits, "
+                                 "'_', '.', '-'")
 
 
 def _profile_args(node: Node) -> tuple[list[str], str | None]:
@@ -118,12 +138,22 @@ def _node_template(opts: ComposeOptions) -> dict[str, Any]:
         "environment": {"MOEMESH_HOST": "0.0.0.0", "MOEMESH_PORT": str(NODE_PORT),
                         "MOEMESH_STATE_DIR": "/var/lib/moemesh"},
         "networks": [opts.network],
+        # Swarm stops an unhealthy task for good (restart_policy none): ten nodes starting on
+        # two cores made 4-s checks time out 3 times in a row, so the margins are wide.
         "healthcheck": {"test": ["CMD", "/opt/moemesh/bin/python", "/opt/moemesh/healthcheck.py"],
-                        "interval": "5s", "timeout": "4s", "retries": 3, "start_period": "180s"},
-        "restart": "no",
+                        "interval": "5s", "timeout": "20s", "retries": 6, "start_period": "180s"},
+        "restart": "no",  # Compose; Swarm reads deploy.restart_policy
         "stop_grace_period": "10s",
+        "deploy": {"endpoint_mode": "dnsrr", "restart_policy": dict(_NO_RESTART)},
     })
     return template
+
+
+def _pinned(template: Mapping[str, Any], host: str) -> dict[str, Any]:
+    """The node's own `deploy:` with a placement constraint (a merge key copies whole values,
+    so a pinned node repeats the template's deploy keys)."""
+    return {**template["deploy"],
+            "placement": {"constraints": [f"node.labels.{HOST_LABEL} == {host}"]}}
 
 
 def compose_data(topology: Topology, scenario: Scenario | None = None,
@@ -137,10 +167,16 @@ def compose_data(topology: Topology, scenario: Scenario | None = None,
     if CONTROLLER in topology.names:
         raise ValueError(f"node name {CONTROLLER!r} is taken by the controller service: rename "
                          "the node")
+    unknown = sorted(set(opts.pins) - set(topology.names))
+    if unknown:
+        raise ValueError(f"pins name unknown node(s) {', '.join(unknown)} (nodes: "
+                         f"{', '.join(topology.names)})")
     template = _node_template(opts)
     services: dict[str, Any] = {}
     for node in topology.nodes:
         services[node.name] = {"<<": template, "command": node_command(node, scenario)}
+        if node.name in opts.pins:
+            services[node.name]["deploy"] = _pinned(template, opts.pins[node.name])
     if opts.scenario_file is not None:
         command = ["moemesh", "run", str(PurePosixPath(SCENARIOS_MOUNT, opts.scenario_file)),
                    "--runtime", "docker", "--out", RESULTS_MOUNT]
@@ -152,22 +188,26 @@ def compose_data(topology: Topology, scenario: Scenario | None = None,
         controller.update({
             "user": "root",  # writes ./results and talks to the Docker socket
             "env_file": [opts.env_file],
-            "environment": {"MOEMESH_DOCKER_ATTACH": "1", "MOEMESH_DOCKER_NETWORK": opts.network},
+            "environment": {"MOEMESH_DOCKER_ATTACH": "1", "MOEMESH_DOCKER_NETWORK": opts.network,
+                            SWARM_SERVICE_ENV: SWARM_SERVICE_TEMPLATE},
             "command": command,
             "volumes": [f"{opts.results}:{RESULTS_MOUNT}",
                         f"{opts.scenario_dir}:{SCENARIOS_MOUNT}:ro",
                         "${MOEMESH_DOCKER_SOCK:-/var/run/docker.sock}:/var/run/docker.sock"],
             "networks": [opts.network],
-            "depends_on": {n: {"condition": "service_healthy"} for n in topology.names},
+            "depends_on": list(topology.names),  # start order only: the run waits for health
             "healthcheck": {"disable": True},
             "restart": "no",
+            "deploy": {"restart_policy": dict(_NO_RESTART),
+                       "placement": {"constraints": ["node.role == manager"]}},
         })
         services[CONTROLLER] = controller
     return {
         "x-moemesh-node": template,
         "services": services,
-        # internal: the mesh reaches nothing outside this host (the host still reaches it)
-        "networks": {opts.network: {"driver": "bridge", "internal": True}},
+        # No driver: Compose makes a bridge, Swarm an overlay. internal: the mesh reaches
+        # nothing outside (the host still reaches a bridge).
+        "networks": {opts.network: {"internal": True}},
     }
 
 
@@ -200,18 +240,22 @@ def compose_text(topology: Topology, scenario: Scenario | None = None,
         f"# moemesh: {what}, {len(topology.nodes)} edge nodes"
         + (" and a controller" if CONTROLLER in data["services"] else "")
         + (f" (from {source})" if source else ""),
-        "# Generated by `moemesh compose`; valid for `docker compose` (v2) and `docker-compose -f`",
-        "# (v1). Needs the image (docker/README.md) and the token file:",
+        "# Generated by `moemesh compose`; the same file for `docker compose` (v2),",
+        "# `docker-compose -f` (v1) and `docker stack deploy -c` (Swarm). Needs the image",
+        "# (docker/README.md), the token file and the results folder (Swarm makes no bind source):",
         f"#   printf 'MOEMESH_TOKEN=%s\\n' \"$(openssl rand -hex 16)\" > {opts.env_file}",
     ]
     if CONTROLLER in data["services"]:
-        head += [f"#   docker compose -f {file_name} up -d      # the controller starts once all "
-                 f"nodes are healthy; report in {opts.results}",
+        head += [f"#   mkdir -p {opts.results}",
+                 f"#   docker compose -f {file_name} up -d      # the controller waits until "
+                 f"every node is healthy; report in {opts.results}",
                  f"#   docker compose -f {file_name} logs -f controller",
-                 f"#   docker compose -f {file_name} down -v"]
+                 f"#   docker compose -f {file_name} down -v",
+                 f"#   docker stack deploy -c {file_name} mm   # Swarm: docker service logs -f "
+                 "mm_controller; docker stack rm mm"]
     else:
         head += [f"#   docker compose -f {file_name} up -d; ...; docker compose -f {file_name} "
-                 "down -v"]
+                 "down -v", f"#   docker stack deploy -c {file_name} mm; ...; docker stack rm mm"]
     head += ["# Link shaping is applied at run time through each node's control plane (one-way "
              "links);", "# nodes shape with tc where the kernel has sch_netem, else `app`."]
     out = ["\n".join(head), "", "x-moemesh-node: &node", _dump(data["x-moemesh-node"], 2).rstrip(),

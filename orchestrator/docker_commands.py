@@ -2,6 +2,7 @@
 
     moemesh compose experiments/scenarios/quickstart.yaml > quickstart.compose.yaml
     docker compose -f quickstart.compose.yaml up -d    # then: logs -f controller; down -v
+    docker stack deploy -c quickstart.compose.yaml qs  # Swarm, the same file
 
 A scenario gives nodes and a controller that runs it; a bare topology gives nodes only (attach
 to them with the docker runtime). Paths in the file (build context, the scenario's folder,
@@ -54,7 +55,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "exist already")
     p.add_argument("--shaper", choices=SHAPERS, help="override the scenario's link shaper "
                    "(default: the scenario's own)")
+    p.add_argument("--pin", action="append", default=[], metavar="NODE=HOST",
+                   help="Swarm: run NODE only on hosts labelled moemesh.host=HOST (docker node "
+                   "update --label-add moemesh.host=HOST NAME); repeat per node")
     p.set_defaults(handler=_compose)
+
+
+def _pins(given: list[str]) -> dict[str, str]:
+    pins = {}
+    for item in given:
+        node, sep, host = item.partition("=")
+        if not sep or not node or not host:
+            raise ValueError(f"--pin {item!r}: write NODE=HOST, e.g. --pin edge1=hosta")
+        pins[node] = host
+    return pins
 
 
 def _relative(target: Path, base: Path) -> str:
@@ -93,7 +107,8 @@ def _compose(args: argparse.Namespace) -> int:
         context = None
     opts = ComposeOptions(image=args.image, env_file=args.env_file, build_context=context,
                           results=args.results, scenario_dir=scenario_dir,
-                          scenario_file=scenario_file, shaper=args.shaper)
+                          scenario_file=scenario_file, shaper=args.shaper,
+                          pins=_pins(args.pin))
     text = compose_text(topology, scenario, opts, source=str(path),
                         file_name=args.output.name if args.output else "FILE")
     if args.output is None:

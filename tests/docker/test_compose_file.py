@@ -65,13 +65,39 @@ def test_every_node_is_a_service_with_net_admin_health_and_the_token_file() -> N
         assert s["environment"]["MOEMESH_HOST"] == "0.0.0.0"
         assert s["command"][:4] == ["moemesh", "node", "--name", name]
     ctl = services[CONTROLLER]
-    assert ctl["depends_on"] == {n: {"condition": "service_healthy"}
-                                 for n in ("edge1", "edge2", "edge3")}
+    assert ctl["depends_on"] == ["edge1", "edge2", "edge3"]  # the short form Swarm accepts
     assert ctl["command"] == ["moemesh", "run", "/scenarios/s.yaml", "--runtime", "docker",
                               "--out", "/results"]
     assert "./results:/results" in ctl["volumes"] and "./sc:/scenarios:ro" in ctl["volumes"]
     assert ctl["environment"]["MOEMESH_DOCKER_ATTACH"] == "1"
-    assert data["networks"] == {"mesh": {"driver": "bridge", "internal": True}}
+    assert data["networks"] == {"mesh": {"internal": True}}  # each engine's default driver
+
+
+def test_swarm_reads_what_compose_reads_elsewhere() -> None:
+    """Keys Swarm ignores (restart) have their deploy twin; no node is pinned by default."""
+    opts = ComposeOptions(scenario_dir="./sc", scenario_file="s.yaml")
+    services = resolved(compose_text(topo("edge1", "edge2"), opts=opts))["services"]
+    for name in ("edge1", "edge2", CONTROLLER):
+        assert services[name]["restart"] == "no"
+        assert services[name]["deploy"]["restart_policy"] == {"condition": "none"}
+    assert services["edge1"]["deploy"]["endpoint_mode"] == "dnsrr"  # no IPVS needed
+    assert "placement" not in services["edge1"]["deploy"]
+    ctl = services[CONTROLLER]
+    assert ctl["deploy"]["placement"]["constraints"] == ["node.role == manager"]
+    assert ctl["environment"]["MOEMESH_SWARM_SERVICE"] == "{{.Service.Name}}"
+
+
+def test_a_pinned_node_gets_a_host_label_constraint_and_keeps_the_rest() -> None:
+    opts = ComposeOptions(pins={"edge2": "hostb"})
+    services = resolved(compose_text(topo("edge1", "edge2"), opts=opts))["services"]
+    assert services["edge2"]["deploy"] == {
+        "endpoint_mode": "dnsrr", "restart_policy": {"condition": "none"},
+        "placement": {"constraints": ["node.labels.moemesh.host == hostb"]}}
+    assert "placement" not in services["edge1"]["deploy"]
+    with pytest.raises(ValueError, match="unknown node.*edge9"):
+        compose_data(topo("edge1"), opts=ComposeOptions(pins={"edge9": "a"}))
+    with pytest.raises(ValueError, match="host label"):
+        ComposeOptions(pins={"edge1": "a b"})
 
 
 def test_text_and_data_agree_once_merge_keys_are_resolved() -> None:
