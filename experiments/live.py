@@ -30,23 +30,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def make_runtime(name: str, token: str) -> Runtime:
-    """The runtime by name; local and netns node processes can import this checkout even
-    when it is not installed."""
+    """The runtime by name (orchestrator.runtimes); local and netns node processes can import
+    this checkout even when it is not installed."""
+    from orchestrator.runtimes import make_runtime as by_name
+
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
                                          if p)}
-    if name == "local":
-        from orchestrator.runtimes.local import LocalRuntime
-
-        return LocalRuntime(env=env)
-    if name == "netns":
-        from orchestrator.runtimes.netns import NetnsRuntime
-
-        return NetnsRuntime(env=env)
-    if name == "docker":
-        from orchestrator.runtimes.docker import DockerRuntime
-
-        return DockerRuntime(token=token)
-    raise ValueError(f"unknown runtime {name!r} (local, netns, docker)")
+    return by_name(name, token, **({"env": env} if name in ("local", "netns") else {}))
 
 
 @contextlib.asynccontextmanager

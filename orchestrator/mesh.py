@@ -249,10 +249,11 @@ class LiveMesh:
                 "settings": {"budget": self.scenario.quality_budget_pct / 100.0,
                              **self.router_settings}}
 
-    async def _push_router_mesh(self) -> None:
+    async def _push_router_mesh(self, names: Sequence[str] | None = None) -> None:
+        """PUT /v1/mesh on `names` (default: every node that is up)."""
         body = self.router_mesh()
         mounted = []
-        for ep in self.endpoints.values():
+        for ep in (self.endpoints[n] for n in (names or self.endpoints) if n not in self.down):
             try:
                 await self.client.put_mesh(ep.url, body)
                 mounted.append(True)
@@ -316,6 +317,9 @@ class LiveMesh:
         moved = self.endpoints[name].address != old.address
         await _together(*(self._push_links(n) for n in (self.endpoints if moved
                                                               else [name])))
+        # A new container (Swarm starts a new task) holds no router view, and when it moved
+        # every other router must learn its new address.
+        await self._push_router_mesh(None if moved else [name])
         if self.slow.get(name, 1.0) != 1.0:
             await self.client.post_faults(self.endpoints[name].url, {"slow": self.slow[name]})
         return {"node": name, "state": "up", "restarted": True}

@@ -161,21 +161,12 @@ async def _main(folder: Path, args: argparse.Namespace) -> int:
 
 
 def make_runtime(name: str, log_dir: Path, token: str) -> Any:
-    """The runtime object of a scenario's `runtime:` (docker and netns are imported on use);
-    `token` is the mesh token (the docker runtime writes it into the containers itself)."""
-    if name == "local":
-        from orchestrator.runtimes.local import LocalRuntime
+    """The runtime object of a scenario's `runtime:` (orchestrator.runtimes); `token` is the
+    mesh token (the container runtimes write it into the nodes themselves)."""
+    from orchestrator.runtimes import make_runtime as by_name
 
-        return LocalRuntime(log_dir=log_dir)
-    if name == "netns":
-        from orchestrator.runtimes.netns import NetnsRuntime
-
-        return NetnsRuntime(keep_logs=False)
-    if name == "docker":
-        from orchestrator.runtimes.docker import DockerRuntime
-
-        return DockerRuntime(token=token)
-    raise ValueError(f"unknown runtime {name!r} (local, netns, docker)")
+    options = {"local": {"log_dir": log_dir}, "netns": {"keep_logs": False}}.get(name, {})
+    return by_name(name, token, **options)
 
 
 async def _serve(sup: Supervisor, reader: asyncio.StreamReader,

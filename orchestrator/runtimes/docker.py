@@ -33,7 +33,7 @@ from typing import Any
 from netem.spec import LinkSpec
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure, wait_listening
 
-__all__ = ["DEFAULT_IMAGE", "LABEL_RUN", "DockerRuntime"]
+__all__ = ["DEFAULT_IMAGE", "LABEL_RUN", "DockerRuntime", "open_engine", "status_of"]
 
 DEFAULT_IMAGE = "moemesh/moemesh:latest"
 LABEL_RUN = "io.moemesh.run"  # on every container and network the start mode creates
@@ -102,22 +102,7 @@ class DockerRuntime(Runtime):
     # -- engine --------------------------------------------------------------------------
     async def _engine(self) -> Any:
         if self._docker is None:
-            try:
-                import aiodocker
-            except ImportError:
-                raise RuntimeFailure("the docker runtime needs the aiodocker package "
-                                     "(pip install aiodocker)") from None
-            where = self.docker_url or os.environ.get("DOCKER_HOST") or "the default socket"
-            docker = None
-            try:
-                docker = aiodocker.Docker(url=self.docker_url)
-                await docker.version()
-            except Exception as exc:
-                if docker is not None:
-                    await docker.close()
-                raise RuntimeFailure(f"cannot reach the Docker engine at {where}: {exc} "
-                                     "(start it: docker/start-dockerd.sh)") from None
-            self._docker = docker
+            self._docker = await open_engine(self.docker_url)
         return self._docker
 
     # -- public --------------------------------------------------------------------------
@@ -157,7 +142,7 @@ class DockerRuntime(Runtime):
         try:
             await container.kill(signal="SIGKILL")
         except Exception as exc:
-            if _status(exc) != 409:  # 409: not running already
+            if status_of(exc) != 409:  # 409: not running already
                 raise RuntimeFailure(f"node {name}: kill failed: {exc}") from None
 
     async def revive(self, name: str) -> Endpoint:
@@ -167,7 +152,7 @@ class DockerRuntime(Runtime):
         try:
             await container.start()
         except Exception as exc:
-            if _status(exc) != 304:  # 304: running already
+            if status_of(exc) != 304:  # 304: running already
                 raise RuntimeFailure(f"node {name}: start failed: {exc}") from None
         node.address = await self._address(container)
         await self._ready(node)
@@ -237,14 +222,14 @@ class DockerRuntime(Runtime):
                 try:
                     await docker.containers.container(cid).delete(force=True, v=True)
                 except Exception as exc:
-                    if _status(exc) != 404:
+                    if status_of(exc) != 404:
                         errors.append(f"container {cid[:12]}: {exc}")
                 self._created.remove(cid)
             if self._network_id is not None:
                 try:
                     await (await docker.networks.get(self._network_id)).delete()
                 except Exception as exc:
-                    if _status(exc) != 404:
+                    if status_of(exc) != 404:
                         errors.append(f"network {self._network_name}: {exc}")
                 self._network_id = None
             self._docker = None
@@ -259,7 +244,7 @@ class DockerRuntime(Runtime):
         try:
             await docker.images.inspect(self.image)
         except Exception as exc:
-            if _status(exc) == 404:
+            if status_of(exc) == 404:
                 raise RuntimeFailure(f"image {self.image!r} not found: build it first "
                                      "(docker/README.md: docker/build-image.sh)") from None
             raise
@@ -391,6 +376,31 @@ class DockerRuntime(Runtime):
                         f"within {self.ready_timeout_s:g} s") from None
 
 
-def _status(exc: BaseException) -> int | None:
+def status_of(exc: BaseException) -> int | None:
     """The HTTP status of an aiodocker DockerError (None for other errors)."""
     return getattr(exc, "status", None)
+
+
+ENGINE_TIMEOUT_S = 5.0  # a socket nobody serves fails at once; this bounds a hung engine
+
+
+async def open_engine(url: str | None = None) -> Any:
+    """An aiodocker client whose engine has answered; RuntimeFailure with the one-line fix
+    otherwise (no package, no socket, an engine that does not answer)."""
+    try:
+        import aiodocker
+    except ImportError:
+        raise RuntimeFailure("the docker runtimes need the aiodocker package "
+                             "(pip install aiodocker)") from None
+    where = url or os.environ.get("DOCKER_HOST") or "the default socket"
+    docker = None
+    try:
+        docker = aiodocker.Docker(url=url)
+        await asyncio.wait_for(docker.version(), ENGINE_TIMEOUT_S)
+    except Exception as exc:
+        if docker is not None:
+            await docker.close()
+        why = f"no answer in {ENGINE_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError) else exc
+        raise RuntimeFailure(f"cannot reach the Docker engine at {where}: {why} "
+                             "(start it: docker/start-dockerd.sh)") from None
+    return docker
