@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -95,18 +96,22 @@ async def test_a_node_that_fails_to_start_is_reported_and_everything_is_undone(
 
 @pytest.mark.netns
 async def test_cancelling_start_cleans_up_like_ctrl_c(kernel: SimpleNamespace) -> None:
+    """Cancelled while its node runs and is waited for: the node and namespace go. Every
+    step is a bounded command, so a start that cannot proceed ends the wait with its error
+    (task.result() raises it) instead of hanging."""
     slow = NodeLaunch("slow", (sys.executable, "-c", "import time; time.sleep(60)"))
     rt = NetnsRuntime(ready_timeout_s=60)
     task = asyncio.ensure_future(rt.start([slow]))
-    # a start that fails before the namespace exists ends the wait with its own error
-    await wait_until(lambda: bool(rt.namespaces) or task.done(), "the node's namespace")
+    await wait_until(lambda: "slow" in rt.processes() or task.done(), "the node's process")
     if task.done():
         task.result()
-    await asyncio.sleep(0.5)  # the process is running and being waited for
+    (pid, _), = rt.processes().values()
+    assert f"mm-{rt.id}-slow" in kernel.netns_list()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await asyncio.wait_for(task, 30)
     assert not rt.namespaces and f"mm-{rt.id}-slow" not in kernel.netns_list()
+    assert not _alive(pid)
 
 
 @pytest.mark.netns
@@ -158,3 +163,25 @@ async def test_duplicate_names_are_refused_before_anything_is_made() -> None:
     with pytest.raises(ValueError, match="node name\\(s\\) given twice: n1"):
         await rt.start([aiohttp_node("n1"), aiohttp_node("n1")])
     assert not rt.namespaces
+
+
+def test_missing_prerequisites_fail_at_once_and_create_nothing(tmp_path: Path) -> None:
+    """Without `ip` (PATH has none) start() fails within a second, before anything exists,
+    with the part and its fix on one line; no root needed to see it."""
+    script = ("import asyncio, sys, time\n"
+              "from orchestrator.runtimes.base import NodeLaunch, RuntimeFailure\n"
+              "from orchestrator.runtimes.netns import NetnsRuntime\n"
+              "rt = NetnsRuntime()\n"
+              "t = time.monotonic()\n"
+              "try:\n"
+              "    asyncio.run(rt.start([NodeLaunch('n1', ('true',))]))\n"
+              "except RuntimeFailure as exc:\n"
+              "    print(f'{time.monotonic() - t:.3f}', exc, rt.namespaces, rt.log_dir)\n")
+    done = subprocess.run([sys.executable, "-c", script], env=env(PATH=str(tmp_path)),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    seconds, message = done.stdout.split(" ", 1)
+    assert float(seconds) < 1.0
+    assert "the netns runtime cannot run here" in message and "ip (iproute2)" in message
+    assert "fix: apt-get install -y iproute2" in message
+    assert message.strip().endswith("[] None") and "\n" not in message.strip()
