@@ -35,8 +35,8 @@ import aiohttp
 
 from orchestrator.topology import Topology
 
-__all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "link_samples", "pair_rows", "passive",
-           "probe_mesh", "summary_of"]
+__all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "base_rows", "link_samples", "pair_rows",
+           "passive", "probe_base", "probe_mesh", "summary_of"]
 
 SMALL = 20  # one-row messages per pair
 LARGE = 4  # large messages per pair
@@ -132,6 +132,40 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int
         for a, b in pairs_of(topology):
             tg.create_task(one(session, a, b))
     return {k: out[k] for k in sorted(out)}
+
+
+async def probe_base(mesh: Any, topology: Topology, row_bytes: int
+                     ) -> dict[str, dict[str, Any]]:
+    """The real network under the emulated links: the same probe with every link at zero
+    delay and unlimited rate (`zero_links`), in wall-clock ms (no dilation), links restored
+    afterwards. The emulated delay is ADDED to this base (a shaper cannot take it away): a
+    pair's round trip is about 2 x its base delay + the configured delays (each / TDF)."""
+    from .target import zero_links
+
+    await mesh.use_links(zero_links(topology))
+    try:
+        return await probe_mesh(mesh, topology, 1.0, row_bytes)
+    finally:
+        await mesh.use_links(None)
+
+
+def base_rows(fidelity: Mapping[str, Any] | None, tdf: float) -> list[dict[str, Any]]:
+    """Per pair: the measured base round trip and goodput (wall ms, Mbit/s), the base's
+    share in scenario time (÷ TDF) and the configured round trip it is added to."""
+    rows = []
+    for key, conf in (fidelity or {}).get("configured", {}).items():
+        base = (fidelity or {}).get("base", {}).get(key)
+        if base is None:
+            continue
+        row: dict[str, Any] = {"pair": key, "configured_rtt_ms": 2 * conf["delay_ms"],
+                               "error": base.get("error")}
+        if "error" not in base:
+            rtt = 2 * base["delay_ms"]
+            row.update(base_rtt_ms=rtt, base_goodput_mbit=base["rate_mbit"],
+                       base_scenario_rtt_ms=rtt / tdf,
+                       expected_rtt_ms=2 * conf["delay_ms"] + rtt / tdf)
+        rows.append(row)
+    return rows
 
 
 # -- passive: from the run's own transfers --------------------------------------------------

@@ -25,7 +25,16 @@ from router.records import MIX_KEYS
 
 from . import plots
 from .faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT, assess, loop_lag_of
-from .fidelity import DELAY_ABS_MS, DELAY_REL, LARGE, RATE_REL, SMALL, pair_rows, summary_of
+from .fidelity import (
+    DELAY_ABS_MS,
+    DELAY_REL,
+    LARGE,
+    RATE_REL,
+    SMALL,
+    base_rows,
+    pair_rows,
+    summary_of,
+)
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
 from .paired import METRICS, paired_compare
 from .quality import QualitySet, identical_set
@@ -345,6 +354,29 @@ def _fidelity_lines(meta: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _base_lines(meta: Mapping[str, Any]) -> list[str]:
+    """The real network under the emulated links, per pair (experiments.fidelity.probe_base)."""
+    tdf = float(meta.get("time_dilation") or 1.0)
+    rows = base_rows(meta.get("fidelity"), tdf)
+    if not rows:
+        return []
+    lines = ["## Base network", "",
+             f"Measured at the start on the {meta.get('runtime', '?')} runtime with every link "
+             "at zero delay and unlimited rate (the same probe, wall-clock). The emulated delay "
+             "is **added** to this base, never the base subtracted: a pair's round trip is its "
+             f"configured one plus the base ÷ {tdf:g} (time dilation).", ""]
+    table = []
+    for r in rows:
+        measured = ([r["error"], "–", "–"] if r.get("error") else
+                    [_f(r["base_rtt_ms"]), _f(r["base_goodput_mbit"], 4),
+                     _f(r["base_scenario_rtt_ms"])])
+        table.append([r["pair"], *measured, _f(r["configured_rtt_ms"]),
+                      _f(r.get("expected_rtt_ms"))])
+    lines += _table(["pair", "base RTT ms (wall)", "base goodput Mbit/s", "base RTT ÷ TDF",
+                     "configured RTT ms", "expected RTT ms"], table)
+    return [*lines, ""]
+
+
 def _signed(x: float | None, unit: str = "", digits: int = 3) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}{unit}"
 
@@ -457,6 +489,7 @@ def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
     lines = _header_lines(meta, faithful)
     lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
     lines += _fidelity_lines(meta)
+    lines += _base_lines(meta)
     lines += _results_lines(meta, stats, qset)
     lines += ["", *_split_lines(stats)]
     lines += _repeat_lines(meta, stats)

@@ -1,0 +1,36 @@
+"""The base network beside the emulated links (experiments.fidelity.base_rows and the report's
+"Base network" section): measured wall-clock base, its share in scenario time, and the
+configured round trip it is added to."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.fidelity import base_rows
+from experiments.report import _base_lines
+
+
+def fidelity() -> dict:
+    return {"configured": {"a-b": {"delay_ms": 4.0}, "a-c": {"delay_ms": 10.0}},
+            "base": {"a-b": {"delay_ms": 0.25, "rate_mbit": 900.0},
+                     "a-c": {"error": "TimeoutError: no answer"}},
+            "combine": "added"}
+
+
+def test_base_is_added_to_the_configured_round_trip_in_scenario_time() -> None:
+    ab, ac = base_rows(fidelity(), tdf=4.0)
+    assert ab["base_rtt_ms"] == pytest.approx(0.5)  # two one-way halves, wall ms
+    assert ab["base_scenario_rtt_ms"] == pytest.approx(0.125)  # ÷ TDF
+    assert ab["expected_rtt_ms"] == pytest.approx(8.0 + 0.125)
+    assert ab["base_goodput_mbit"] == 900.0
+    assert ac["error"].startswith("TimeoutError") and "base_rtt_ms" not in ac
+    assert base_rows(None, 1.0) == [] and base_rows({"configured": {}}, 1.0) == []
+
+
+def test_the_report_states_the_runtime_and_that_the_delay_is_added() -> None:
+    text = "\n".join(_base_lines({"runtime": "swarm", "time_dilation": 4.0,
+                                  "fidelity": fidelity()}))
+    assert "## Base network" in text and "swarm runtime" in text and "**added**" in text
+    assert "| a-b | 0.5 | 900 | 0.125 | 8 | 8.12 |" in text
+    assert "TimeoutError" in text
+    assert _base_lines({"fidelity": None}) == []  # a run without the probe: no section
