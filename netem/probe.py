@@ -4,25 +4,35 @@ The tc verdict comes from trying, not guessing: in the target namespace a throw-
 gets an htb root and a netem leaf, then is deleted (deleting one end removes both). The failure
 is translated: EPERM means no NET_ADMIN, ENOENT on netem means the kernel has no sch_netem.
 The app backend works everywhere; the probe reports its measured timer precision.
+
+`probe_tc` runs the tc probe in a child process of its own, killed (with whatever it started)
+after PROBE_TIMEOUT_S: pyroute2 forks to enter a namespace, and a fork from a process that runs
+threads can hang for ever (it once hung `moemesh doctor`). `python -m netem.probe --tc
+[--netns NS]` is that child: it prints the verdict as one JSON line.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import concurrent.futures
 import contextlib
 import errno
+import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from netem.errors import BadLinkInput
 
 __all__ = ["ProbeReport", "Verdict", "probe", "probe_tc", "probe_tc_async"]
 
 CAP_NET_ADMIN = 12
+PROBE_TIMEOUT_S = 20.0  # the probe itself takes well under a second; this is for a hang
 
 
 @dataclass(frozen=True)
@@ -91,12 +101,16 @@ async def probe_tc_async(netns: str | None = None) -> Verdict:
 def _scratch_netns() -> str | None:
     from pyroute2 import netns as pr_netns
 
-    name = f"moemesh-probe-{os.getpid()}"
+    name = _scratch_name(os.getpid())
     try:
         pr_netns.create(name)
     except OSError:
         return None
     return name
+
+
+def _scratch_name(pid: int) -> str:
+    return f"moemesh-probe-{pid}"
 
 
 def _remove_netns(name: str) -> None:
@@ -160,10 +174,31 @@ async def _probe_in(netns: str | None) -> Verdict:
         ipr.close()
 
 
-def probe_tc(netns: str | None = None) -> Verdict:
-    """Synchronous probe (safe to call from inside a running event loop: uses a thread)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, probe_tc_async(netns)).result()
+def probe_tc(netns: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> Verdict:
+    """The tc verdict, probed in a child process that is killed after timeout_s (see the
+    module docstring); safe to call from anywhere, a running event loop's thread included."""
+    argv = [sys.executable, "-m", "netem.probe", "--tc", *(["--netns", netns] if netns else [])]
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # and what it forked
+            proc.communicate()
+            _remove_netns(_scratch_name(proc.pid))
+            return Verdict(False, f"the tc probe did not finish within {timeout_s:g} s "
+                                  "(netlink hung); tc untested")
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+        return Verdict(bool(data["ok"]), str(data["reason"]))
+    except (IndexError, ValueError, KeyError, TypeError):
+        tail = " ".join((err or out).split())[-300:]
+        return Verdict(False, f"the tc probe failed (exit {proc.returncode}): {tail}")
 
 
 async def timer_error_us(waits: int = 50, wait_s: float = 0.002) -> tuple[float, float]:
@@ -191,3 +226,19 @@ async def probe(netns: str | None = None) -> ProbeReport:
     app = Verdict(True, f"in-process emulation; deadline timer lateness p50 {p50:.0f} us, "
                         f"p99 {p99:.0f} us on this host now")
     return ProbeReport(tc=tc, app=app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child `probe_tc` runs: one JSON line with the tc verdict."""
+    parser = argparse.ArgumentParser(prog="python -m netem.probe")
+    parser.add_argument("--tc", action="store_true", help="probe tc and print the verdict")
+    parser.add_argument("--netns", help="namespace to probe in (default: a scratch one)")
+    args = parser.parse_args(argv)
+    if not args.tc:
+        parser.error("say what to probe: --tc")
+    print(json.dumps(asdict(asyncio.run(probe_tc_async(args.netns)))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
