@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "orchestrator.docker_commands",
     "orchestrator.doctor",
     "experiments.commands",
+    "experiments.chaos_command",
 )
 
 
