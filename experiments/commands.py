@@ -91,7 +91,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "summary.json, report.md and plots into --out.")
     _add_run_flags(run)
     run.add_argument("--out", type=Path, metavar="DIR",
-                     help="results folder, e.g. results/quickstart (default: results/NAME)")
+                     help="results folder, e.g. results/quickstart (default: results/NAME, "
+                          "results/NAME-capacity with --capacity)")
+    run.add_argument("--capacity", action="store_true",
+                     help="find each policy's highest offered load within the SLO: the arms "
+                          "(not exact, not budget/redundancy variants unless named in "
+                          "--policies) at each load of a ladder, --requests N requests per load "
+                          "(default 16); writes capacity.json, capacity.md and capacity.png")
+    run.add_argument("--loads", metavar="LIST",
+                     help="with --capacity: the offered loads, req/s (open loop) or users "
+                          "(closed loop), e.g. 10,20,40,80 (default: the scenario's load "
+                          "x 5, 10, 20, 40)")
+    run.add_argument("--slo-target", type=float, default=0.9, metavar="SHARE",
+                     help="with --capacity: the share of requests within the SLO a load must "
+                          "reach, e.g. 0.9")
     run.set_defaults(handler=_run)
 
     rep = sub.add_parser("report", help="redraw a run's summary, report and plots from its "
@@ -221,6 +234,10 @@ def _run(args: argparse.Namespace) -> int:
     from .live import open_live
     from .runner import run_experiment
 
+    if args.capacity:
+        return _capacity(args)
+    if args.loads:
+        raise ValueError("--loads: only with --capacity")
     scenario, arms, notes = _prepare(args)
     options = _options(args, scenario)
     out = args.out or Path("results") / scenario.name
@@ -229,6 +246,46 @@ def _run(args: argparse.Namespace) -> int:
     print(f"moemesh run: {scenario.name} done in {time.monotonic() - t0:.0f} s: "
           f"{out / 'report.md'}, {out / 'summary.json'}")
     warn_unfaithful(out)
+    return 0
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: not a comma-separated list of numbers: {text!r}") from None
+    if not values:
+        raise ValueError(f"{flag}: give at least one value")
+    return values
+
+
+def _capacity(args: argparse.Namespace) -> int:
+    """`moemesh run --capacity` (experiments.capacity)."""
+    from dataclasses import replace
+
+    from .capacity import CAPACITY_REQUESTS, capacity_arms, capacity_lines, run_capacity
+    from .live import open_live
+
+    if args.duration is not None:
+        raise ValueError("--duration: not with --capacity (every load sends --requests N)")
+    requests = CAPACITY_REQUESTS if args.requests is None else args.requests
+    if requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {requests}")
+    scenario, arms, notes = _prepare(argparse.Namespace(**{**vars(args), "requests": None}))
+    options = replace(_options(args, scenario), quality_windows=0)
+    loads = _numbers(args.loads, "--loads") if args.loads else None
+    out = args.out or Path("results") / f"{scenario.name}-capacity"
+    arms = capacity_arms(arms, scenario, chosen=bool(args.policies))
+    data = asyncio.run(run_capacity(scenario, arms, open_live, out, options,
+                                    loads=loads, target=args.slo_target, requests=requests,
+                                    notes=[*notes, "capacity mode: no quality scoring"]))
+    print(f"moemesh run --capacity: {scenario.name} done in {data['wall_s']:.0f} s; max "
+          f"throughput at SLO ({options.slo_ms:g} ms, {args.slo_target:.0%} of requests):")
+    for line in capacity_lines(data):
+        print("  " + line)
+    print(f"  {out / 'capacity.md'}, {out / 'capacity.png'}")
+    for point in data["points"]:
+        warn_unfaithful(out / point["folder"], "moemesh run --capacity")
     return 0
 
 
@@ -260,15 +317,9 @@ def _sweep(args: argparse.Namespace) -> int:
     scenario, arms, notes = _prepare(args)
     options = _options(args, scenario)
     if args.values:
-        try:
-            values = [float(v) for v in args.values.split(",") if v.strip()]
-        except ValueError:
-            raise ValueError(f"--values: not a comma-separated list of numbers: "
-                             f"{args.values!r}") from None
+        values = _numbers(args.values, "--values")
     else:
         values = [float(v) for v in DEFAULT_VALUES[args.knob]]
-    if not values:
-        raise ValueError("--values: give at least one value")
     points = [(v, apply_knob(scenario, args.knob, v)) for v in values]  # check all first
     out = args.out or Path("results") / f"{scenario.name}-sweep-{args.knob}"
     out.mkdir(parents=True, exist_ok=True)
@@ -279,6 +330,6 @@ def _sweep(args: argparse.Namespace) -> int:
                                    notes=[*notes, f"sweep point {args.knob}={value:g}"]))
         done.append((value, json.loads((folder / "summary.json").read_text())))
         warn_unfaithful(folder, "moemesh sweep")
-    plot = write_sweep(out, args.knob, done)
+    plot = write_sweep(out, args.knob, done, slo_ms=options.slo_ms)
     print(f"moemesh sweep: {out / 'sweep.md'}, {plot}")
     return 0

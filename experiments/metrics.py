@@ -159,6 +159,7 @@ class PolicyStats:
             "rerouted_tokens": self.rerouted_tokens,
             "latency_ms": _clean(self.latency), "ttft_ms": _clean(self.ttft),
             "throughput_tok_s": _num(self.throughput_tok_s),
+            "slo_share": _num(self.slo_share),
             "traffic_bytes": self.traffic_bytes,
             "quality_delta_pct": _num(self.quality_delta_pct),
             "mix": {k: _num(self.mix[k]) for k in MIX_KEYS},

@@ -24,7 +24,7 @@ from router.records import MIX_KEYS
 from .metrics import LatencyHist, PolicyStats
 from .rows import TokenRow
 
-__all__ = ["bars", "latency_cdf", "latency_over_time", "mix_bars", "sweep_plot"]
+__all__ = ["bars", "latency_cdf", "latency_over_time", "load_curves", "mix_bars", "sweep_plot"]
 
 MIX_COLOURS = {"local_exact": "#2b8a3e", "remote_exact": "#1971c2", "cpu_loaded": "#f08c00",
                "substitute": "#9c36b5", "fallback": "#c92a2a"}
@@ -203,4 +203,36 @@ def sweep_plot(param: str, points: Sequence[float], series: Mapping[str, Sequenc
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or f"{ylabel} vs {param}")
+    return _save(fig, path)
+
+
+def load_curves(xlabel: str, by_policy: Mapping[str, Sequence[Any]], target: float,
+                slo_ms: float, path: Path, *, title: str = "") -> Path:
+    """SLO attainment, mean and p99 token latency against the offered load, one line per
+    policy. Each point has `load`, `slo_share`, `mean_ms`, `p99_ms` and `faithful`; a point the
+    host distorted is drawn hollow (its figures describe the host as much as the mesh)."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    panels = (("slo_share", 100.0, f"requests within {slo_ms:g} ms (%)"),
+              ("mean_ms", 1.0, "mean token latency (ms)"),
+              ("p99_ms", 1.0, "p99 token latency (ms)"))
+    for i, (name, points) in enumerate(by_policy.items()):
+        pts = sorted(points, key=lambda p: p.load)
+        colour = f"C{i % 10}"
+        xs = [p.load for p in pts]
+        for ax, (key, scale, _) in zip(axes, panels, strict=True):
+            ys = [scale * getattr(p, key) for p in pts]
+            ax.plot(xs, ys, color=colour, lw=1.4, label=name)
+            ax.scatter(xs, ys, color=colour, s=22, zorder=3,
+                       facecolors=[colour if p.faithful else "none" for p in pts])
+    axes[0].axhline(100.0 * target, color="0.4", ls="--", lw=1, label=f"target {target:.0%}")
+    axes[0].set_ylim(0, 102)
+    for ax, (_, _, ylabel) in zip(axes, panels, strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle((title or "SLO attainment and latency vs offered load")
+                 + " (hollow: host-distorted point)", fontsize=10)
     return _save(fig, path)

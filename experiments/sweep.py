@@ -1,13 +1,18 @@
 """Sweeps: one scenario run again with one knob changed, one plot per sweep.
 
-Knobs (docs/papers.md's sweeps): `rate` (arrival rate, req/s, open loop), `redundancy` (the
+Knobs (docs/papers.md's sweeps): `rate` (arrival rate, req/s, open loop), `concurrency`
+(closed-loop users), `redundancy` (the
 placement's memory ratio, 1.0-3.0), `budget` (the per-token quality budget in %, 0.5-3.0),
 `nodes` (node count, 4-16: the scenario's topology cut to its first N nodes, or grown by
 copying its nodes in order, each copy with its original's device, users and links, and a
 LAN-like link to its original). Every point is a full run in `OUT/<knob>=<value>/`; the
 sweep writes `sweep.json` (per point and policy: mean and p99 latency, traffic per token,
-throughput, quality change), `sweep.md` and `sweep_<knob>.png`. Faults are left out of
-sweeps (they measure steady state).
+throughput, SLO attainment, quality change), `sweep.md` and `sweep_<knob>.png`. Faults are
+left out of sweeps (they measure steady state). A load sweep (`rate`, `concurrency`) runs each
+point at a time dilation scaled with the load, as `moemesh run --capacity` does
+(experiments.capacity: the host keeps the scenario's wall-clock load, the emulated mesh takes
+the scenario-time load), and also draws `sweep_<knob>_slo.png`: SLO attainment, mean and p99
+latency against the load, host-distorted points hollow.
 """
 
 from __future__ import annotations
@@ -23,16 +28,19 @@ from netem.spec import LinkSpec
 from orchestrator.scenario import Scenario
 from orchestrator.topology import Node, Topology
 
-__all__ = ["KNOBS", "apply_knob", "grow_topology", "sweep_rows", "write_sweep"]
+__all__ = ["KNOBS", "LOAD_KNOBS", "apply_knob", "grow_topology", "sweep_rows", "write_sweep"]
 
 KNOBS = {
     "rate": "arrival rate (req/s)",
+    "concurrency": "closed-loop users",
     "redundancy": "memory redundancy ratio",
     "budget": "quality budget (%)",
     "nodes": "nodes",
 }
+LOAD_KNOBS = ("rate", "concurrency")
 DEFAULT_VALUES = {
     "rate": (0.5, 1.0, 2.0, 4.0),
+    "concurrency": (1, 2, 4, 8, 16),
     "redundancy": (1.0, 1.5, 2.0, 2.5, 3.0),
     "budget": (0.5, 1.0, 2.0, 3.0),
     "nodes": (4, 8, 12, 16),
@@ -68,10 +76,15 @@ def grow_topology(topology: Topology, n: int) -> Topology:
 def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
     """The scenario with one knob set (faults dropped; see the module docstring)."""
     base = replace(scenario, faults=())
-    if knob == "rate":
-        if scenario.workload.arrival != "poisson":
-            raise ValueError("sweep rate: needs an open-loop (poisson) workload")
-        return replace(base, workload=replace(scenario.workload, rate_rps=float(value)))
+    if knob in LOAD_KNOBS:
+        from .capacity import at_load, load_knob, load_of
+
+        if load_knob(scenario) != knob:
+            raise ValueError(f"sweep {knob}: needs an "
+                             f"{'open-loop (poisson)' if knob == 'rate' else 'closed'} workload")
+        point = at_load(scenario, float(value), base_load=load_of(scenario),
+                        base_tdf=scenario.time_dilation)
+        return replace(point, auto_dilation=scenario.auto_dilation)
     if knob == "redundancy":
         return replace(base, placement=replace(scenario.placement, redundancy=float(value)))
     if knob == "budget":
@@ -98,13 +111,29 @@ def sweep_rows(points: Sequence[tuple[float, dict[str, Any]]]) -> list[dict[str,
                 "p99_ms": p["latency_ms"]["p99"], "throughput_tok_s": p["throughput_tok_s"],
                 "traffic_kb_per_token": (p["traffic_bytes"] / tokens / 1e3) if tokens else None,
                 "quality_delta_pct": p["quality_delta_pct"], "tokens": tokens,
+                "slo_share": p.get("slo_share"),
                 "failed_tokens": p["failed_tokens"],
             })
     return rows
 
 
-def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any]]]) -> Path:
-    """sweep.json, sweep.md and sweep_<knob>.png in `out`; returns the plot's path."""
+def _load_plot(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any]]],
+               slo_ms: float) -> Path:
+    from . import plots
+    from .capacity import SLO_TARGET, figures_of
+
+    by: dict[str, list[Any]] = {}
+    for value, summary in points:
+        for name, fig in figures_of(value, summary.get("time_dilation", 1.0), summary).items():
+            by.setdefault(name, []).append(fig)
+    return plots.load_curves(KNOBS[knob], by, SLO_TARGET, slo_ms, out / f"sweep_{knob}_slo.png",
+                             title=f"SLO attainment and latency vs {KNOBS[knob]}")
+
+
+def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any]]],
+                slo_ms: float = 300.0) -> Path:
+    """sweep.json, sweep.md and sweep_<knob>.png in `out` (and, for a load knob,
+    sweep_<knob>_slo.png); returns the first plot's path."""
     from . import plots  # matplotlib loads here, not when the CLI is built
 
     rows = sweep_rows(points)
@@ -121,10 +150,14 @@ def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, An
                             title=f"Mean token latency vs {KNOBS[knob]}")
     plots.sweep_plot(KNOBS[knob], values, series("p99_ms"), "p99 token latency (ms)",
                      out / f"sweep_{knob}_p99.png", title=f"p99 token latency vs {KNOBS[knob]}")
+    extra = []
+    if knob in LOAD_KNOBS:
+        slo = _load_plot(out, knob, points, slo_ms)
+        extra = [f"![SLO attainment]({slo.name})"]
     head = ["value", "policy", "mean ms", "p99 ms", "tok/s", "kB/token", "quality Δ %",
-            "tokens ok/failed"]
+            "within SLO", "tokens ok/failed"]
     lines = [f"# Sweep of {KNOBS[knob]}", "", f"![mean]({path.name})",
-             f"![p99](sweep_{knob}_p99.png)", "",
+             f"![p99](sweep_{knob}_p99.png)", *extra, "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r['value']:g}", r["policy"]]
@@ -132,6 +165,8 @@ def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, An
                     "quality_delta_pct"):
             v = r[key]
             cells.append("–" if v is None else f"{v:.3g}")
+        slo = r["slo_share"]
+        cells.append("–" if slo is None else f"{100 * slo:.0f}%")
         cells.append(f"{r['tokens']}/{r['failed_tokens']}")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Each point is a full run (its own report in the folder named after the "

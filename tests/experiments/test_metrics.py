@@ -16,7 +16,8 @@ POLICY_KEYS = {"tokens", "failed_tokens", "rerouted_tokens", "latency_ms", "ttft
                "throughput_tok_s", "traffic_bytes", "quality_delta_pct", "mix",
                # the latency split, loop lag, scoring failures, repetitions (issue 11)
                "overhead_share", "emulated_ms", "latency_split_ms", "loop_lag_ms",
-               "scoring_failed_tokens", "repeats"}
+               "scoring_failed_tokens", "repeats",
+               "slo_share"}  # requests within the SLO (issue 13: capacity mode)
 
 
 def test_hdr_percentiles_match_the_data_within_its_precision() -> None:

@@ -32,6 +32,20 @@ def test_each_knob_changes_one_thing_and_drops_faults() -> None:
     closed = small_scenario(arrival="closed", rate_rps=None, concurrency=2)
     with pytest.raises(ValueError, match="open-loop"):
         apply_knob(closed, "rate", 2)
+    with pytest.raises(ValueError, match="closed"):
+        apply_knob(sc, "concurrency", 4)
+    assert apply_knob(closed, "concurrency", 8).workload.concurrency == 8
+
+
+def test_a_load_sweep_scales_the_dilation_with_the_load() -> None:
+    sc = replace(small_scenario(), time_dilation=2.0)  # 5 req/s at factor 2
+    assert apply_knob(sc, "rate", 20).time_dilation == 8.0  # the same wall-clock rate
+    assert apply_knob(sc, "rate", 2).time_dilation == 2.0  # never below the scenario's
+    auto = replace(sc, auto_dilation=True)
+    assert apply_knob(auto, "rate", 20).auto_dilation  # measured at the point instead
+    closed = replace(small_scenario(arrival="closed", rate_rps=None, concurrency=2),
+                     time_dilation=1.0)
+    assert apply_knob(closed, "concurrency", 8).time_dilation == 4.0
 
 
 def test_grown_nodes_copy_their_originals_and_cut_keeps_the_first() -> None:
@@ -60,6 +74,22 @@ def test_sweep_rows_and_files(tmp_path: Path) -> None:
     plot = write_sweep(tmp_path, "redundancy", points)
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert "| 2 | greedy | 26 |" in (tmp_path / "sweep.md").read_text()
+    assert not (tmp_path / "sweep_redundancy_slo.png").exists()  # not a load knob
+
+
+def test_a_load_sweep_draws_attainment_against_the_load(tmp_path: Path) -> None:
+    def summary(rate: float, share: float) -> dict:
+        pol = {"tokens": 100, "failed_tokens": 3, "latency_ms": {"mean": 9 * rate, "p99": 30.0},
+               "throughput_tok_s": 16 * rate, "traffic_bytes": 50_000,
+               "quality_delta_pct": None, "slo_share": share, "overhead_share": 0.01}
+        return {"time_dilation": rate, "policies": {"hetroute": pol}}
+
+    points = [(10.0, summary(10, 1.0)), (40.0, summary(40, 0.25))]
+    assert [r["slo_share"] for r in sweep_rows(points)] == [1.0, 0.25]
+    write_sweep(tmp_path, "rate", points, slo_ms=200.0)
+    assert (tmp_path / "sweep_rate_slo.png").read_bytes()[:4] == b"\x89PNG"
+    md = (tmp_path / "sweep.md").read_text()
+    assert "![SLO attainment](sweep_rate_slo.png)" in md and "| 25% | 100/3 |" in md
 
 
 def test_shipped_paper_topologies_are_what_the_generators_make() -> None:

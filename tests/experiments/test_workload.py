@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
+from aiohttp import web
 
+from experiments.driver import Driver
 from experiments.workload import heldout_text, plan_workload
+from orchestrator.arms import Arm
 from orchestrator.scenario import IntRange
 from tests.experiments.conftest import TEXT, small_scenario
 
@@ -96,3 +101,62 @@ def test_prompts_come_from_the_heldout_split() -> None:
     assert len(text) > 100_000
     assert text == corpus_bytes("heldout", limit=len(text))
     assert text[:1000] not in corpus_bytes("train", limit=4_000_000)
+
+
+class _SlowHome:
+    """A real HTTP server standing in for the home nodes' /v1/generate (the test needs only
+    the arrival pattern, not a mesh): each answer comes after `delay_s`, and it counts the
+    requests in flight."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.in_flight = 0
+        self.most = 0
+        self.seeds: list[int] = []
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.seeds.append(int(body["seed"]))
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
+        records = [{"index": i, "status": "ok", "latency_ms": 1.0}
+                   for i in range(int(body["max_tokens"]))]
+        return web.json_response({"records": records, "failed": None, "ttft_ms": 1.0})
+
+
+async def test_a_closed_loop_keeps_exactly_its_users_in_flight() -> None:
+    home = _SlowHome(0.03)
+    app = web.Application()
+    app.router.add_post("/v1/generate", home.generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        sc = small_scenario(arrival="closed", rate_rps=None, concurrency=3, duration_s=None,
+                            requests=12, warmup_s=0.0)
+        plan = plan_workload(sc, TEXT)
+        urls = {n: f"http://127.0.0.1:{port}" for n in ("edge1", "edge2", "edge3")}
+        result = await Driver(plan, Arm("hetroute", "hetroute"), urls).run()
+    finally:
+        await runner.cleanup()
+    assert home.most == 3 and len(result.requests) == 12 == len(home.seeds)
+    by_user: dict[int, list] = {}
+    for r in sorted(result.requests, key=lambda r: r.sent_s):
+        by_user.setdefault(r.user, []).append(r)
+    assert set(by_user) == {0, 1, 2}
+    expected_seeds = set()
+    for user, rows in by_user.items():
+        # a user sends its next request only once the last one is answered ...
+        assert all(b.sent_s >= a.done_s for a, b in pairwise(rows))
+        # ... and what it sends is its seeded sequence, whenever it is sent
+        want = [plan.users[user].request(k, 0, 0.0) for k in range(len(rows))]
+        assert [r.prompt_tokens for r in rows] == [len(w.prompt) for w in want]
+        assert [r.gen_tokens for r in rows] == [w.gen_tokens for w in want]
+        expected_seeds |= {w.seed for w in want}
+    assert set(home.seeds) == expected_seeds

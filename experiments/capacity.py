@@ -1,0 +1,357 @@
+"""Capacity: each policy's highest offered load within the SLO, and its throughput there.
+
+`moemesh run SCENARIO --capacity` runs the scenario's arms (not the `exact` reference: it uses
+no network, so its capacity is not the mesh's; not the sensitivity variants either, unless
+named with --policies, see `capacity_arms`) at each load of a fixed ladder, lowest first: the
+arrival rate (req/s, open loop) or the number of users (closed loop). At every load the arms
+run side by side on one mesh with the same seeded requests (one `run_experiment` per load, in
+`OUT/<knob>=<load>/`). Choices, and why:
+
+* **A fixed ladder, not bisection**: every policy is measured at the same loads, so the curves
+  can be compared point by point, and one mesh per load serves all policies. The default
+  ladder is the scenario's own load times `LOAD_FACTORS` (hetroute-paper's 2 req/s: 10, 20,
+  40, 80 req/s, the paper's sweep); `--loads` gives another.
+* **Capacity** of a policy: the highest ladder load with SLO attainment (the share of measured
+  requests whose mean token latency is within the SLO, every token completed) >= the target
+  (90% by default), every lower load passing too; its **max throughput at SLO** is the
+  completed tokens per scenario second at that load. Between the last load that passed and
+  the first that failed, the load where attainment crosses the target is interpolated
+  linearly (`crossing`), a finer figure than the ladder's step. The climb stops after the
+  first load at which every policy missed the target on faithful figures.
+* **The host must not be what saturates.** Loads are scenario time; each load runs at the time
+  dilation `base_tdf x max(1, load / base_load)`, so the host sees the same wall-clock
+  request rate at every load (the scenario's own, or the first load's when the factor is
+  calibrated there with `--tdf auto`), and what queues is the emulated devices and links. A
+  point where a policy was not faithful (experiments.faithful: host overhead share above 5%,
+  event-loop lag) cannot be judged: it is skipped (listed as `skipped`), neither a pass nor a
+  miss, and when the loads above the policy's last pass were all distorted its capacity is
+  reported as limited by the host, not as a figure of the mesh.
+* **Requests per load** (`--requests`, default `CAPACITY_REQUESTS`): a fixed count, so every
+  load takes the same wall time; the first `WARMUP_SHARE` of the span is warm-up (caches and
+  queues fill). A closed loop keeps the scenario's warm-up.
+
+Files: `capacity.json` (docs/contracts.md), `capacity.md`, `capacity.png` (SLO attainment,
+mean and p99 token latency against the offered load).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.arms import Arm
+from orchestrator.scenario import Scenario
+
+from .faithful import LAG_SHARE, OVERHEAD_LIMIT
+
+__all__ = ["CAPACITY_REQUESTS", "LOAD_FACTORS", "SLO_TARGET", "WARMUP_SHARE", "Capacity",
+           "Figure", "at_load", "capacity_arms", "capacity_of", "default_loads", "figures_of",
+           "load_knob", "load_of", "run_capacity", "should_stop", "write_capacity"]
+
+CAPACITY_REQUESTS = 16
+LOAD_FACTORS = (5.0, 10.0, 20.0, 40.0)
+SLO_TARGET = 0.9
+WARMUP_SHARE = 0.2
+UNITS = {"rate": "req/s", "concurrency": "users"}
+
+
+def load_knob(scenario: Scenario) -> str:
+    """`rate` for an open-loop workload, `concurrency` for a closed loop."""
+    return "concurrency" if scenario.workload.arrival == "closed" else "rate"
+
+
+def load_of(scenario: Scenario) -> float:
+    w = scenario.workload
+    return float(w.concurrency if w.arrival == "closed" else w.rate_rps)  # type: ignore[arg-type]
+
+
+def default_loads(scenario: Scenario) -> list[float]:
+    base = load_of(scenario)
+    loads = [base * f for f in LOAD_FACTORS]
+    if load_knob(scenario) == "concurrency":
+        loads = sorted({float(max(1, round(x))) for x in loads})
+    return loads
+
+
+def at_load(scenario: Scenario, load: float, *, base_load: float, base_tdf: float,
+            requests: int | None = None) -> Scenario:
+    """The scenario at one offered load (faults dropped; see the module docstring for the
+    time dilation and, with `requests`, the request count and warm-up)."""
+    if not (math.isfinite(load) and load > 0):
+        raise ValueError(f"load: must be > 0, got {load!r}")
+    w = scenario.workload
+    if w.arrival == "closed":
+        if float(load) != int(load):
+            raise ValueError(f"concurrency: a number of users must be whole, got {load!r}")
+        w = replace(w, concurrency=int(load))
+        if requests is not None:
+            w = replace(w, requests=requests, duration_s=None)
+    else:
+        w = replace(w, rate_rps=float(load))
+        if requests is not None:
+            w = replace(w, requests=requests, duration_s=None,
+                        warmup_s=round(WARMUP_SHARE * requests / load, 6))
+    tdf = base_tdf * max(1.0, load / base_load)
+    return replace(scenario, workload=w, faults=(), time_dilation=tdf, auto_dilation=False)
+
+
+def capacity_arms(arms: Sequence[Arm], scenario: Scenario, *, chosen: bool = False
+                  ) -> tuple[Arm, ...]:
+    """The arms a capacity run measures: never the in-process `exact` reference; unless the
+    arms were `chosen` (--policies), only the first arm of each (router, placement) pair:
+    an arm that differs from an earlier one only in redundancy, budget or settings is a
+    sensitivity variant, and each costs a full arm at every load."""
+    kept, seen = [], set()
+    for a in arms:
+        pair = (a.policy, a.placement_of(scenario))
+        if a.policy == "exact" or (not chosen and pair in seen):
+            continue
+        seen.add(pair)
+        kept.append(a)
+    if not kept:
+        raise ValueError("--capacity: no arm with a network policy to measure (only exact)")
+    return tuple(kept)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One policy at one load (scenario time)."""
+
+    load: float
+    time_dilation: float
+    slo_share: float  # nan when no measured request
+    throughput_tok_s: float
+    mean_ms: float
+    p99_ms: float
+    overhead_share: float
+    tokens: int
+    failed_tokens: int
+    faithful: bool
+    reasons: tuple[str, ...] = ()
+
+    def passes(self, target: float) -> bool:
+        return self.faithful and math.isfinite(self.slo_share) and self.slo_share >= target
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["reasons"] = list(self.reasons)
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in out.items()}
+
+
+def _f(x: Any) -> float:
+    return math.nan if x is None else float(x)
+
+
+def figures_of(load: float, tdf: float, summary: Mapping[str, Any]) -> dict[str, Figure]:
+    """Each policy's figure from one load's summary.json; a policy is faithful here when its
+    own overhead share and its nodes' loop lag are within experiments.faithful's limits."""
+    out = {}
+    for name, p in summary["policies"].items():
+        reasons = []
+        share = _f(p.get("overhead_share"))
+        if not p.get("tokens"):
+            reasons.append("no token completed")
+        if math.isfinite(share) and share > OVERHEAD_LIMIT:
+            reasons.append(f"host overhead {100 * share:.1f}% of the token latency "
+                           f"(limit {100 * OVERHEAD_LIMIT:g}%)")
+        elif not math.isfinite(share) and p.get("tokens"):
+            reasons.append("no latency split")
+        lag = _f((p.get("loop_lag_ms") or {}).get("over_5ms_frac"))
+        if math.isfinite(lag) and lag > LAG_SHARE:
+            reasons.append(f"event loop lagged > 5 ms for {100 * lag:.1f}% of the time")
+        out[name] = Figure(load, tdf, _f(p.get("slo_share")), _f(p["throughput_tok_s"]),
+                           _f(p["latency_ms"]["mean"]), _f(p["latency_ms"]["p99"]), share,
+                           int(p["tokens"]), int(p["failed_tokens"]), not reasons,
+                           tuple(reasons))
+    return out
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A policy's capacity (see the module docstring). `limit`: what ended the climb: `slo`
+    (a load missed the target), `host` (the loads above the last one that passed were all
+    distorted by the host), `ladder` (every load passed: the capacity is at least the last)."""
+
+    policy: str
+    load: float | None  # highest passing ladder load (None: the first load judged failed)
+    throughput_tok_s: float | None
+    crossing: float | None  # interpolated load at which attainment crosses the target
+    limit: str
+    limit_load: float | None = None  # the load that ended the climb
+    skipped: tuple[float, ...] = ()  # loads the host distorted: not judged
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["skipped"] = list(self.skipped)
+        return out
+
+
+def capacity_of(policy: str, figures: Sequence[Figure], target: float = SLO_TARGET
+                ) -> Capacity:
+    """Walk the loads upwards until a faithful one misses the target; a load the host
+    distorted is skipped (not judged either way: the dilation grows with the load, so a
+    higher load may well be faithful again)."""
+    last: Figure | None = None
+    best = None
+    skipped: list[float] = []
+    for fig in sorted(figures, key=lambda f: f.load):
+        if not fig.faithful:
+            skipped.append(fig.load)
+            continue
+        if not fig.passes(target):
+            crossing = None
+            if last is not None and math.isfinite(fig.slo_share):
+                drop = last.slo_share - fig.slo_share
+                frac = (last.slo_share - target) / drop if drop > 0 else 0.0
+                crossing = last.load + frac * (fig.load - last.load)
+            return Capacity(policy, last and last.load, best, crossing, "slo", fig.load,
+                            tuple(skipped))
+        last = fig
+        best = max(best or 0.0, fig.throughput_tok_s)
+    top = max((f.load for f in figures), default=None)
+    if skipped and (last is None or skipped[-1] > last.load):
+        return Capacity(policy, last and last.load, best, None, "host", top, tuple(skipped))
+    return Capacity(policy, last and last.load, best, None, "ladder", None, tuple(skipped))
+
+
+def should_stop(point: Mapping[str, Figure], target: float = SLO_TARGET) -> bool:
+    """True when every policy missed the target at this load on faithful figures (higher
+    loads would only miss more); a load the host distorted does not stop the climb."""
+    return all(f.faithful and not f.passes(target) for f in point.values())
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Callable[..., Any],
+                       out: Path, options: Any, *, loads: Sequence[float] | None = None,
+                       target: float = SLO_TARGET, requests: int = CAPACITY_REQUESTS,
+                       notes: Sequence[str] = (), say: Callable[[str], None] = print
+                       ) -> dict[str, Any]:
+    """Climb the ladder (see the module docstring); returns capacity.json's content."""
+    from .runner import run_experiment
+
+    if not 0 < target <= 1:
+        raise ValueError(f"--slo-target must be in (0, 1], got {target:g}")
+    loads = sorted(loads or default_loads(scenario))
+    knob = load_knob(scenario)
+    points = [at_load(scenario, v, base_load=load_of(scenario),
+                      base_tdf=scenario.time_dilation, requests=requests)
+              for v in loads]  # checks every load before anything starts
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    base_load, base_tdf = load_of(scenario), scenario.time_dilation
+    auto = scenario.auto_dilation
+    done: list[dict[str, Any]] = []
+    for i, load in enumerate(loads):
+        point = (replace(points[i], auto_dilation=True) if auto else
+                 at_load(scenario, load, base_load=base_load, base_tdf=base_tdf,
+                         requests=requests))
+        folder = out / f"{knob}={load:g}"
+        say(f"moemesh run --capacity: {knob} {load:g} {UNITS[knob]} at time dilation "
+            f"{'auto' if auto else f'{point.time_dilation:g}'} -> {folder}")
+        t = time.monotonic()
+        meta = await run_experiment(point, arms, open_mesh, folder, options,
+                                    notes=[*notes, f"capacity point {knob}={load:g}"])
+        if auto:  # calibrated at the first load: later loads keep its wall-clock rate
+            auto, base_load, base_tdf = False, load, float(meta["time_dilation"])
+        summary = json.loads((folder / "summary.json").read_text())
+        figs = figures_of(load, float(meta["time_dilation"]), summary)
+        done.append({"load": load, "time_dilation": float(meta["time_dilation"]),
+                     "folder": folder.name, "wall_s": round(time.monotonic() - t, 1),
+                     "faithful": bool(summary.get("faithful", True)),
+                     "policies": {k: f.to_json() for k, f in figs.items()}})
+        if should_stop(figs, target) and i + 1 < len(loads):
+            say(f"moemesh run --capacity: every policy missed {target:.0%} at {load:g} "
+                f"{UNITS[knob]}; higher loads skipped")
+            break
+    data = capacity_data(scenario, knob, done, target, options.slo_ms,
+                         {"load": base_load, "time_dilation": base_tdf}, requests)
+    data["wall_s"] = round(time.monotonic() - t0, 1)
+    write_capacity(out, data)
+    return data
+
+
+def _figures(points: Sequence[Mapping[str, Any]]) -> dict[str, list[Figure]]:
+    by: dict[str, list[Figure]] = {}
+    for pt in points:
+        for name, f in pt["policies"].items():
+            by.setdefault(name, []).append(Figure(**{
+                **f, "reasons": tuple(f["reasons"]),
+                **{k: math.nan for k, v in f.items() if v is None}}))
+    return by
+
+
+def capacity_data(scenario: Scenario, knob: str, points: Sequence[Mapping[str, Any]],
+                  target: float, slo_ms: float, base: Mapping[str, float], requests: int
+                  ) -> dict[str, Any]:
+    """capacity.json (docs/contracts.md) from the points measured."""
+    caps = {name: capacity_of(name, figs, target).to_json()
+            for name, figs in _figures(points).items()}
+    return {"format": 1, "scenario": scenario.name, "knob": knob, "unit": UNITS[knob],
+            "slo_ms": slo_ms, "target": target, "requests_per_load": requests,
+            "base": dict(base), "points": list(points), "capacity": caps}
+
+
+def _cell(x: float | None, fmt: str = ".3g") -> str:
+    return "–" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def capacity_lines(data: Mapping[str, Any]) -> list[str]:
+    """The per-policy capacity table (capacity.md, and what the CLI prints)."""
+    unit = data["unit"]
+    head = ["policy", f"capacity ({unit})", "max tok/s at SLO", f"crossing ({unit})",
+            "ended by"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    why = {"slo": "missed the SLO target at {}",
+           "host": "host distorted the loads above (up to {}): rerun with a larger --tdf",
+           "ladder": "every load passed (capacity is at least the last)"}
+    for name, c in data["capacity"].items():
+        ended = why[c["limit"]].format(_cell(c["limit_load"], "g"))
+        if c.get("skipped"):
+            ended += "; not judged (host): " + ", ".join(f"{x:g}" for x in c["skipped"])
+        first = data["points"][0]["load"]
+        load = _cell(c["load"], "g") if c["load"] is not None else f"< {first:g}"
+        lines.append(f"| {name} | {load} | {_cell(c['throughput_tok_s'])} | "
+                     f"{_cell(c['crossing'])} | {ended} |")
+    return lines
+
+
+def write_capacity(out: Path, data: Mapping[str, Any]) -> Path:
+    """capacity.json, capacity.md and capacity.png in `out`; returns the plot's path."""
+    from . import plots  # matplotlib loads here, not when the CLI is built
+
+    (out / "capacity.json").write_text(json.dumps(data, indent=1) + "\n")
+    figs = _figures(data["points"])
+    path = plots.load_curves(f"offered load ({data['unit']})", figs, data["target"],
+                             data["slo_ms"], out / "capacity.png",
+                             title=f"{data['scenario']}: SLO attainment and latency vs load")
+    unit = data["unit"]
+    lines = [f"# Capacity of {data['scenario']}", "",
+             f"SLO: a request's mean token latency ≤ {data['slo_ms']:g} ms (scenario time); "
+             f"target: {data['target']:.0%} of the measured requests within it. "
+             f"{data['requests_per_load']} requests per load; each load at the time dilation "
+             f"that keeps the host's wall-clock load at that of {data['base']['load']:g} "
+             f"{unit} at factor {data['base']['time_dilation']:g}.", "",
+             *capacity_lines(data), "", f"![capacity]({path.name})", "",
+             "| load | policy | within SLO | tok/s | mean ms | p99 ms | host share | "
+             "tokens ok/failed | faithful |", "|---|---|---|---|---|---|---|---|---|"]
+    for pt in data["points"]:
+        for name, f in pt["policies"].items():
+            share = "–" if f["slo_share"] is None else f"{100 * f['slo_share']:.0f}%"
+            host = "–" if f["overhead_share"] is None else f"{100 * f['overhead_share']:.1f}%"
+            ok = "yes" if f["faithful"] else "NO: " + "; ".join(f["reasons"])
+            lines.append(f"| {pt['load']:g} | {name} | {share} | "
+                         f"{_cell(f['throughput_tok_s'])} | {_cell(f['mean_ms'])} | "
+                         f"{_cell(f['p99_ms'])} | {host} | {f['tokens']}/{f['failed_tokens']}"
+                         f" | {ok} |")
+    lines += ["", "Each load is a full run with its own report in the folder named after it "
+                  f"(`{data['knob']}=LOAD/`); wall time {data.get('wall_s', math.nan):g} s."]
+    (out / "capacity.md").write_text("\n".join(lines) + "\n")
+    return path

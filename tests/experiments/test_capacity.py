@@ -1,0 +1,161 @@
+"""Capacity mode (experiments.capacity) on given figures: the climb, the points, the files.
+
+No mesh here: the search runs on attainment figures written down in the test, and the files
+are drawn from a capacity.json made of them. The live run is test_capacity_live.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from experiments.capacity import (
+    Figure,
+    at_load,
+    capacity_arms,
+    capacity_data,
+    capacity_of,
+    default_loads,
+    figures_of,
+    should_stop,
+    write_capacity,
+)
+from orchestrator.arms import Arm
+from orchestrator.faults import Fault
+from tests.experiments.conftest import small_scenario
+from tests.helpers import moemesh
+
+
+def fig(load: float, share: float, *, faithful: bool = True, tok_s: float | None = None
+        ) -> Figure:
+    return Figure(load, 2.0 * load, share, 16.0 * load if tok_s is None else tok_s, 20.0 * load,
+                  40.0 * load, 0.01, 100, 0, faithful, () if faithful else ("host",))
+
+
+def test_capacity_is_the_last_load_before_the_first_miss() -> None:
+    figs = [fig(40, 0.5), fig(10, 1.0), fig(20, 0.95)]  # any order: sorted by load
+    cap = capacity_of("hetroute", figs, 0.9)
+    assert (cap.load, cap.limit, cap.limit_load) == (20, "slo", 40)
+    assert cap.throughput_tok_s == 16.0 * 20
+    # 0.95 at 20 and 0.5 at 40: 0.9 is crossed a ninth of the way, at 20 + 20 / 9
+    assert cap.crossing == pytest.approx(20 + 20 / 9)
+
+
+def test_a_pass_above_a_miss_does_not_count() -> None:
+    cap = capacity_of("greedy", [fig(10, 0.95), fig(20, 0.6), fig(40, 0.92)], 0.9)
+    assert cap.load == 10 and cap.limit == "slo" and cap.limit_load == 20
+
+
+def test_a_host_distorted_point_is_skipped_not_judged() -> None:
+    figs = [fig(10, 1.0), fig(20, 0.1, faithful=False), fig(40, 0.95)]
+    cap = capacity_of("prism", figs, 0.9)
+    assert (cap.load, cap.limit, cap.skipped) == (40, "ladder", (20,))
+    # nothing faithful above the last pass: the host, not the mesh, ended the climb
+    top = capacity_of("prism", figs[:2], 0.9)
+    assert (top.load, top.limit, top.limit_load, top.crossing) == (10, "host", 20, None)
+
+
+def test_every_load_passing_and_the_first_failing() -> None:
+    top = capacity_of("a", [fig(10, 1.0), fig(20, 0.9)], 0.9)  # the target itself passes
+    assert (top.load, top.limit, top.limit_load) == (20, "ladder", None)
+    low = capacity_of("b", [fig(10, 0.4), fig(20, 0.1)], 0.9)
+    assert (low.load, low.throughput_tok_s, low.crossing, low.limit) == (None, None, None, "slo")
+    nan = capacity_of("c", [fig(10, math.nan)], 0.9)  # no measured request: not a pass
+    assert nan.load is None and nan.limit == "slo"
+
+
+def test_the_climb_stops_when_no_policy_meets_the_target() -> None:
+    assert not should_stop({"a": fig(10, 0.95), "b": fig(10, 0.2)}, 0.9)
+    assert should_stop({"a": fig(40, 0.85), "b": fig(40, 0.2)}, 0.9)
+    assert not should_stop({"a": fig(40, 0.2, faithful=False), "b": fig(40, 0.2)}, 0.9)
+
+
+def test_a_load_point_scales_the_dilation_and_counts_requests() -> None:
+    sc = replace(small_scenario(), time_dilation=2.0, auto_dilation=True,
+                 faults=(Fault(1.0, "link-down", ("edge1", "edge2")),))
+    base = sc.workload.rate_rps
+    hi = at_load(sc, 4 * base, base_load=base, base_tdf=2.0, requests=20)
+    assert hi.workload.rate_rps == 4 * base and hi.time_dilation == 8.0
+    assert hi.workload.requests == 20 and hi.workload.duration_s is None
+    # the warm-up is the first fifth of the span: 20 requests at 20 req/s take 1 s
+    assert hi.workload.warmup_s == pytest.approx(0.2 * 20 / (4 * base))
+    assert hi.faults == () and not hi.auto_dilation
+    low = at_load(sc, base / 2, base_load=base, base_tdf=2.0)
+    assert low.time_dilation == 2.0 and low.workload.duration_s == sc.workload.duration_s
+    with pytest.raises(ValueError, match="load"):
+        at_load(sc, 0, base_load=base, base_tdf=2.0)
+
+
+def test_a_closed_loop_point_sets_whole_users() -> None:
+    sc = small_scenario(arrival="closed", rate_rps=None, concurrency=2)
+    pt = at_load(sc, 8, base_load=2, base_tdf=1.0, requests=12)
+    assert pt.workload.concurrency == 8 and pt.time_dilation == 4.0
+    assert pt.workload.requests == 12 and pt.workload.warmup_s == sc.workload.warmup_s
+    with pytest.raises(ValueError, match="concurrency"):
+        at_load(sc, 2.5, base_load=2, base_tdf=1.0)
+    assert default_loads(sc) == [10.0, 20.0, 40.0, 80.0]
+    assert default_loads(small_scenario()) == [25.0, 50.0, 100.0, 200.0]
+
+
+def test_exact_and_sensitivity_variants_are_not_measured() -> None:
+    sc = small_scenario()
+    arms = (Arm("exact", "exact"), Arm("hetroute", "hetroute"),
+            Arm("edgeshard", "greedy", placement="layer-shard"), Arm("greedy", "greedy"),
+            Arm("hetroute-budget-3", "hetroute", budget_pct=3.0),
+            Arm("hetroute-r1", "hetroute", redundancy=1.0))
+    assert [a.label for a in capacity_arms(arms, sc)] == ["hetroute", "edgeshard", "greedy"]
+    chosen = capacity_arms(arms, sc, chosen=True)  # named with --policies: all but exact
+    assert [a.label for a in chosen] == [a.label for a in arms[1:]]
+    with pytest.raises(ValueError, match="only exact"):
+        capacity_arms(arms[:1], sc)
+
+
+def _summary(share: float, overhead: float = 0.01, lag: float = 0.0) -> dict:
+    return {"policies": {"hetroute": {
+        "tokens": 90, "failed_tokens": 2, "latency_ms": {"mean": 30.0, "p99": 90.0},
+        "throughput_tok_s": 320.0, "slo_share": share, "overhead_share": overhead,
+        "loop_lag_ms": {"p99": 1.0, "max": 7.0, "over_5ms_frac": lag}}}}
+
+
+def test_a_policy_the_host_distorted_is_not_faithful_at_that_load() -> None:
+    ok = figures_of(20, 40.0, _summary(0.95))["hetroute"]
+    assert ok.faithful and ok.passes(0.9) and ok.time_dilation == 40.0
+    busy = figures_of(20, 40.0, _summary(0.95, overhead=0.08))["hetroute"]
+    assert not busy.faithful and not busy.passes(0.9) and "8.0%" in busy.reasons[0]
+    lagged = figures_of(20, 40.0, _summary(0.95, lag=0.03))["hetroute"]
+    assert not lagged.faithful and "event loop" in lagged.reasons[0]
+
+
+def test_capacity_files(tmp_path: Path) -> None:
+    sc = small_scenario()
+    points = []
+    for load, a, b in ((10, 1.0, 0.95), (20, 0.92, 0.6), (40, 0.3, 0.1)):
+        figs = {"hetroute": fig(load, a), "greedy": fig(load, b, faithful=load < 40)}
+        points.append({"load": load, "time_dilation": 2.0 * load, "folder": f"rate={load}",
+                       "wall_s": 1.0, "faithful": True,
+                       "policies": {k: f.to_json() for k, f in figs.items()}})
+    data = capacity_data(sc, "rate", points, 0.9, 300.0, {"load": 5.0, "time_dilation": 1.0}, 16)
+    data["wall_s"] = 3.0
+    plot = write_capacity(tmp_path, data)
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    back = json.loads((tmp_path / "capacity.json").read_text())
+    assert back["capacity"]["hetroute"]["load"] == 20
+    assert back["capacity"]["greedy"]["load"] == 10
+    assert back["capacity"]["greedy"]["limit"] == "slo"
+    md = (tmp_path / "capacity.md").read_text()
+    assert "| hetroute | 20 | 320 |" in md and "missed the SLO target at 40" in md
+    assert "| 40 | greedy | 10% |" in md and "NO: host" in md
+
+
+def test_capacity_flags_are_checked_before_anything_runs(tmp_path: Path) -> None:
+    scenario = Path(__file__).resolve().parents[2] / "experiments/scenarios/quickstart.yaml"
+    assert moemesh("run", str(scenario), "--loads", "1,2") == 2
+    assert moemesh("run", str(scenario), "--capacity", "--duration", "5s") == 2
+    assert moemesh("run", str(scenario), "--capacity", "--loads", "1,x",
+                   "--out", str(tmp_path)) == 2
+    assert moemesh("run", str(scenario), "--capacity", "--slo-target", "1.5",
+                   "--out", str(tmp_path)) == 2
