@@ -1,11 +1,13 @@
 """Check the summary of the CI compose run (docker/ci.sh): the run happened the way it should.
 
-    python3 docker/check_summary.py RESULTS_DIR --expect-shaper app|tc
+    python3 docker/check_summary.py RESULTS_DIR --expect-shaper app|tc [--expect-runtime swarm]
 
-Checks: the run used the docker runtime and says which shaper it used (the expected one: `app`
+Checks: the run used the expected runtime (docker, or swarm for a stack) and says which shaper
+it used (the expected one: `app`
 on a kernel without sch_netem); every policy's tokens are accounted for (served + failed is
 the number of rows of tokens.csv for that policy, and some were served); both faults of
-docker/scenarios/ci4.yaml (a link-down and a node-down) are recorded in the report.
+docker/scenarios/ci4.yaml (a link-down and a node-down) are recorded in the report; the report
+states the measured base network (its "Base network" section, when the run probed it).
 Prints what it checked; exit 1 naming the first failed check.
 
 The fields read are docs/contracts.md's summary.json; `faults` (a list with an "action" each) and
@@ -23,17 +25,18 @@ from collections import Counter
 from pathlib import Path
 
 
-def check(results: Path, expect_shaper: str) -> list[str]:
+def check(results: Path, expect_shaper: str, expect_runtime: str = "docker") -> list[str]:
     summary_path = results / "summary.json"
     if not summary_path.is_file():
         raise AssertionError(f"{summary_path}: missing (did the controller run?)")
     summary = json.loads(summary_path.read_text())
     done = []
-    if summary.get("runtime") != "docker":
-        raise AssertionError(f"runtime is {summary.get('runtime')!r}, expected 'docker'")
+    if summary.get("runtime") != expect_runtime:
+        raise AssertionError(f"runtime is {summary.get('runtime')!r}, expected "
+                             f"{expect_runtime!r}")
     if summary.get("shaper") != expect_shaper:
         raise AssertionError(f"shaper is {summary.get('shaper')!r}, expected {expect_shaper!r}")
-    done.append(f"runtime docker, shaper {expect_shaper}")
+    done.append(f"runtime {expect_runtime}, shaper {expect_shaper}")
     rows: Counter[str] = Counter()
     with (results / "tokens.csv").open(newline="") as fh:
         for row in csv.DictReader(fh):
@@ -52,6 +55,9 @@ def check(results: Path, expect_shaper: str) -> list[str]:
         if action not in actions and action not in report:
             raise AssertionError(f"fault {action} is not recorded in summary.json or report.md")
     done.append("faults recorded: link-down, node-down")
+    if "## Base network" not in report:
+        raise AssertionError("report.md does not state the measured base network")
+    done.append("base network stated")
     return done
 
 
@@ -59,9 +65,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="check_summary.py")
     parser.add_argument("results", type=Path)
     parser.add_argument("--expect-shaper", choices=["app", "tc"], required=True)
+    parser.add_argument("--expect-runtime", choices=["docker", "swarm"], default="docker")
     args = parser.parse_args(argv)
     try:
-        for line in check(args.results, args.expect_shaper):
+        for line in check(args.results, args.expect_shaper, args.expect_runtime):
             print(f"check_summary: ok: {line}")
     except (AssertionError, KeyError, ValueError, OSError) as exc:
         print(f"check_summary: FAILED: {exc}", file=sys.stderr)

@@ -14,7 +14,10 @@
 # 5 pytest -m docker tests/docker: compose up/health/kill/down with v1 and v2, the runtime's
 #   own containers, clean-up on failure and on Ctrl-C                      ~2.5 min
 # 6 the compose experiment: docker/scenarios/ci4.yaml (4 nodes, a link-down and a node-down)
-#   run by the controller, summary checked (docker/check_summary.py), `down -v`, nothing left
+#   run by the controller, summary checked (docker/check_summary.py), `down -v`, nothing left;
+#   then the same file as a Swarm stack (docker/swarm.sh: init when this engine is in no swarm,
+#   `stack rm` + `swarm leave` after, nothing left), skipped with the reason where the engine
+#   cannot (docker/swarm.sh supported)
 # The engine is left running for later steps; stop it with docker/stop-dockerd.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,15 +62,21 @@ if [ "$tests" = 1 ]; then
     MOEMESH_DOCKER_REQUIRED=1 python3 -m pytest -m docker tests/docker -q  # no skip: set up above
 fi
 
-if [ "$experiment" = 1 ]; then
-    step "compose experiment (ci4: link-down + node-down)"
+# The ci4 scenario's compose file, token and results folder in a fresh work folder ($work).
+prepare() {
     work=$(mktemp -d /tmp/moemesh-ci.XXXXXX)
-    project=moemeshci$$
     file=$work/ci4.compose.yaml
     python3 -m orchestrator.cli compose docker/scenarios/ci4.yaml -o "$file" --no-build
     printf 'MOEMESH_TOKEN=%s\n' "$(python3 -c 'import secrets; print(secrets.token_hex(16))')" \
         >"$work/moemesh.env"
     mkdir -p "$work/results"
+}
+expect_shaper() { python3 -c 'from netem.probe import probe_tc; print("tc" if probe_tc().ok else "app")'; }
+
+if [ "$experiment" = 1 ]; then
+    step "compose experiment (ci4: link-down + node-down)"
+    prepare
+    project=moemeshci$$
     down() {
         docker-compose -p "$project" -f "$file" down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
     }
@@ -88,8 +97,7 @@ if [ "$experiment" = 1 ]; then
         exit 1
     fi
     tail -n 5 "$work/controller.log"
-    expect=$(python3 -c 'from netem.probe import probe_tc; print("tc" if probe_tc().ok else "app")')
-    python3 docker/check_summary.py "$work/results" --expect-shaper "$expect"
+    python3 docker/check_summary.py "$work/results" --expect-shaper "$(expect_shaper)"
     down
     trap - EXIT
     left=$(docker ps -aq --filter "label=com.docker.compose.project=$project")
@@ -97,6 +105,41 @@ if [ "$experiment" = 1 ]; then
     left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$project")
     [ -z "$left" ] || { echo "ci.sh: left behind after down -v: $left" >&2; exit 1; }
     rm -rf "$work"
+
+    step "the same file on Swarm (docker stack deploy)"
+    if ! why=$(docker/swarm.sh supported 2>&1); then
+        echo "ci.sh: SKIPPED the Swarm run: $why"
+    else
+        prepare
+        stack=mmci$$
+        made=$(docker/swarm.sh init)
+        unstack() {
+            docker/swarm.sh rm "$stack" || true
+            [ "$made" != created ] || docker/swarm.sh leave
+        }
+        trap unstack EXIT
+        docker stack deploy -c "$file" "$stack" >"$work/deploy.log" 2>&1 \
+            || { cat "$work/deploy.log" >&2; exit 1; }
+        state=""
+        for _ in $(seq 450); do  # <= 15 min
+            state=$(docker service ps --format '{{.CurrentState}}' "${stack}_controller" | head -n1)
+            case $state in Complete*|Failed*|Rejected*) break ;; esac
+            sleep 2
+        done
+        docker service logs --raw "${stack}_controller" >"$work/controller.log" 2>&1 || true
+        case $state in
+            Complete*) tail -n 5 "$work/controller.log" ;;
+            *) tail -n 60 "$work/controller.log" >&2
+               echo "ci.sh: the Swarm experiment did not complete: controller '$state'" >&2
+               exit 1 ;;
+        esac
+        python3 docker/check_summary.py "$work/results" --expect-shaper "$(expect_shaper)" \
+            --expect-runtime swarm
+        trap - EXIT
+        docker/swarm.sh rm "$stack"  # exit 1 naming any container, network or volume left
+        [ "$made" != created ] || docker/swarm.sh leave
+        rm -rf "$work"
+    fi
 fi
 
 step "done"

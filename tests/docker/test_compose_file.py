@@ -94,7 +94,7 @@ def test_a_pinned_node_gets_a_host_label_constraint_and_keeps_the_rest() -> None
         "endpoint_mode": "dnsrr", "restart_policy": {"condition": "none"},
         "placement": {"constraints": ["node.labels.moemesh.host == hostb"]}}
     assert "placement" not in services["edge1"]["deploy"]
-    with pytest.raises(ValueError, match="unknown node.*edge9"):
+    with pytest.raises(ValueError, match=r"unknown node.*edge9"):
         compose_data(topo("edge1"), opts=ComposeOptions(pins={"edge9": "a"}))
     with pytest.raises(ValueError, match="host label"):
         ComposeOptions(pins={"edge1": "a b"})
