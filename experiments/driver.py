@@ -226,7 +226,9 @@ class Driver:
                 return
             if w.requests is not None and self._sent >= w.requests:
                 return
-            req = user.request(k, self._sent, t)
+            # the id is the user's k-th request's, not the send order's: the same id is the
+            # same prompt under every policy, so comparisons pair like with like
+            req = user.request(k, k * len(self.plan.users) + user.index, t)
             self._sent += 1
             k += 1
             await self._send(session, req, t)

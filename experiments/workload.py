@@ -10,8 +10,10 @@ of a run sees the SAME requests, and a rerun with the same seed sees them again:
   with `requests: N` the first N arrivals are kept.
 * **Closed loop** (`arrival: closed`): `concurrency` users, each homed at a node drawn from the
   shares; a user sends a request, waits for its answer, thinks `think_s`, and sends the next.
-  What each user sends is fixed by the seed (`ClosedUser.request(k)`); when it is sent depends
-  on the answers, so only the content, not the timing, is reproducible.
+  What each user sends is fixed by the seed (`ClosedUser.request(k)`), and so is its id
+  (`k x users + user`: the same id is the same prompt under every policy, whatever the order
+  of sending); when it is sent depends on the answers, so only the content, not the timing,
+  is reproducible.
 * **Prompts** are byte tokens cut from the held-out split of the corpus (`moe.corpus`, text the
   model never trained on) at seeded offsets; lengths are uniform in `prompt_tokens` and
   `gen_tokens`. Requests that arrive before `warmup_s` are marked `warmup` and left out of the

@@ -84,6 +84,9 @@ async def test_a_closed_loop_sends_exactly_its_request_count() -> None:
     plan = plan_workload(sc, TEXT)
     urls = {n: f"http://127.0.0.1:{port}" for n in ("edge1", "edge2", "edge3")}
     result = await Driver(plan, ARM, urls).run()
-    assert sorted(r.request for r in result.requests) == [0, 1, 2, 3, 4]
+    ids = [r.request for r in result.requests]
+    assert len(ids) == len(set(ids)) == 5
+    # a request's id is k x users + user: the same id, the same prompt, under every policy
+    assert all(r.request % 2 == r.user for r in result.requests)
     assert {r.user for r in result.requests} <= {0, 1}
     assert all(r.at_s == r.sent_s or abs(r.at_s - r.sent_s) < 0.05 for r in result.requests)

@@ -158,5 +158,6 @@ async def test_a_closed_loop_keeps_exactly_its_users_in_flight() -> None:
         want = [plan.users[user].request(k, 0, 0.0) for k in range(len(rows))]
         assert [r.prompt_tokens for r in rows] == [len(w.prompt) for w in want]
         assert [r.gen_tokens for r in rows] == [w.gen_tokens for w in want]
+        assert [r.request for r in rows] == [3 * k + user for k in range(len(rows))]
         expected_seeds |= {w.seed for w in want}
     assert set(home.seeds) == expected_seeds
