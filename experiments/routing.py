@@ -16,8 +16,8 @@ Either is read as ONE stream of positions in file order (JSONL: sorted by reques
 token). Each request of the workload takes the next `prompt + gen_tokens - 1` positions (the
 ones a generation routes: the last token is not fed back), in request-id order (a closed
 loop: in send order), going round to the start when the stream ends. Gate weights the file
-lacks are drawn by `moe.traces.draw_gate_weights` (seeded Dirichlet(2), sorted: the first
-slot weighs most) from the run's seed and the request's id.
+lacks are drawn on the home node by `moe.traces.draw_gate_weights` (Dirichlet(2) over the k
+slots, sorted: the first slot weighs most), seeded by the request's seed.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ROUTING_FILE", "RoutingTrace", "export_trace", "load_trace", "read_routing",
-           "routing_line"]
+__all__ = ["ROUTING_FILE", "RoutingTrace", "TraceFileError", "export_trace", "load_trace",
+           "read_routing", "request_offsets", "routing_line"]
 
 ROUTING_FILE = "routing.jsonl"  # in a run folder: one line per (arm, repetition, request)
 

@@ -104,6 +104,21 @@ def test_trace_export_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "nowhere" in capsys.readouterr().err
 
 
+def test_a_trace_is_refused_for_real_weights_and_checked_against_the_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.helpers import ROOT
+
+    np.save(tmp_path / "t.npy", vllm_like(8, 4, 16, 2, 1))
+    quickstart = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+    assert moemesh("run", str(quickstart), "--trace", str(tmp_path / "t.npy")) == 2
+    assert "only a modeled run routes by a trace" in capsys.readouterr().err
+    (tmp_path / "traced.yaml").write_text(MODELED)
+    np.save(tmp_path / "wide.npy", vllm_like(8, 4, 16, 3, 1))  # tiny-moe is top-2
+    assert moemesh("run", str(tmp_path / "traced.yaml"), "--trace",
+                   str(tmp_path / "wide.npy")) == 2
+    assert "wide.npy: routes [tokens, 4 layers, top-3]" in capsys.readouterr().err
+
+
 def test_request_offsets_follow_request_ids() -> None:
     assert request_offsets([(2, 5), (0, 3), (1, 4)]) == {0: 0, 1: 3, 2: 7}
 
