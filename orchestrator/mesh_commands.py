@@ -108,7 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     place.add_argument("--policy", help="hetroute, ordermoe, prism, popularity, random or "
                        "layer-shard (default the scenario's)")
     place.add_argument("--json", action="store_true", help='print {"policy", '
-                       '"expected_cost_ms", "nodes", "replicas"}')
+                       '"expected_cost_ms", "local_group_coverage", "nodes", "replicas"}')
     place.add_argument("--tokens", type=int, help="calibration tokens (default 8192 / layers)")
     place.add_argument("--router", default="hetroute",
                        help="routing policy simulated for the expected cost (default hetroute)")
@@ -341,7 +341,7 @@ def _placement(args: argparse.Namespace) -> int:
 
     if args.ilp and args.json:
         raise BadInput("--ilp prints a text report; drop --json (the JSON form is exactly "
-                       "policy, expected_cost_ms, nodes, replicas)")
+                       "policy, expected_cost_ms, local_group_coverage, nodes, replicas)")
     if args.tokens is not None and args.tokens < 1:
         raise BadInput(f"--tokens must be >= 1, got {args.tokens}")
     scenario = load_scenario(args.scenario)

@@ -3,8 +3,9 @@
 Offers the policies (one module each: `hetroute`, `ordermoe`, `prism`, `popularity`, `random`,
 `layer-shard`), all keeping every node's memory and at least one full-precision replica of every
 expert; `place(problem, policy)` runs one, checks it and measures it with the router's cost
-model; `problem_from_scenario` builds the problem of a scenario; `ilp.solve` is the exact ILP
-of the separable objective for small instances (the greedy's optimality gap).
+model and by its local group coverage (`coverage`); `problem_from_scenario` builds the problem
+of a scenario; `ilp.solve` is the exact ILP of the separable objective for small instances
+(the greedy's optimality gap).
 
     problem = problem_from_scenario(load_scenario("experiments/scenarios/quickstart.yaml"))
     result = place(problem, "hetroute")
@@ -16,6 +17,7 @@ from __future__ import annotations
 import random
 
 from .base import Ledger, PlacementResult, Policy, check
+from .coverage import local_group_coverage
 from .evaluate import DEFAULT_ROUTER, Simulation, separable_cost, simulate
 from .hetroute import HetRoutePlacement
 from .layer_shard import LayerShardPlacement
@@ -34,6 +36,7 @@ __all__ = [
     "Policy",
     "Simulation",
     "check",
+    "local_group_coverage",
     "make_policy",
     "place",
     "problem_from_scenario",
@@ -66,6 +69,7 @@ def place(problem: PlacementProblem, policy: str, *, router: str = DEFAULT_ROUTE
     check(problem, replicas)
     sim = simulate(problem, replicas, router)
     notes = {**chosen.notes(problem, ledger), "router": router,
+             "local_group_coverage": local_group_coverage(problem, replicas),
              "objective_ms": sim.objective_ms, "quality_per_token": sim.quality,
              "traffic_bytes_per_token": sim.traffic_bytes, "local_share": sim.local_share,
              "failed_token_layers": sim.failed}

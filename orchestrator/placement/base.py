@@ -10,13 +10,13 @@ node applies to `PUT /v1/placement` (`services.tiers`):
 - **every expert keeps at least one full-precision (fp16) replica** (the quality-safe
   fallback the router may always use).
 
-A policy is a class with a `name` and `place(problem, rng) -> Ledger`; `run_policy` checks the
-ledger against the rules and measures it (`orchestrator.placement.evaluate`).
+A policy is a class with a `name` and `build(ledger, rng)`, which fills the empty ledger that
+`Policy.place(problem, rng)` hands it; `orchestrator.placement.place` checks the ledger against
+the rules and measures it (`orchestrator.placement.evaluate`).
 """
 
 from __future__ import annotations
 
-import abc
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +29,7 @@ from router.types import Replica
 from .problem import PlacementError, PlacementProblem
 
 __all__ = ["Key", "Ledger", "PlacementResult", "Policy", "check", "need_one_copy",
-           "popularity_benefit", "retier", "spread_base"]
+           "popularity_benefit", "retier", "retier_by_popularity", "spread_base"]
 
 Key = tuple[int, int, int, str]  # (node index, layer, expert, variant)
 TIERS = ("gpu", "cpu")
@@ -70,6 +70,13 @@ class Ledger:
             return self.gpu_used[n] + b + reserve <= gpu_cap
         return (self.cpu_used[n] + b <= self.p.cpu_bytes[n]
                 and self.gpu_used[n] + max(self._cpu_max(n), b) <= gpu_cap)
+
+    def gpu_room(self, n: int) -> int:
+        """Bytes a policy may still put in this node's GPU tier (the reserve of `fits`)."""
+        reserve = self._cpu_max(n)
+        if self.p.cpu_bytes[n] >= self._largest:
+            reserve = max(reserve, self._largest)
+        return self.p.gpu_bytes[n] - self.gpu_used[n] - reserve
 
     def best_tier(self, n: int, variant: str) -> str | None:
         """GPU when it fits, else CPU when it fits, else None."""
@@ -204,6 +211,11 @@ def retier(ledger: Ledger, benefit: Callable[[Key], float]) -> None:
                 ledger.add(k, old[k], exact=True)
 
 
+def retier_by_popularity(ledger: Ledger) -> None:
+    """`retier` with GPU residency by how often an expert is used x how slow its copy is."""
+    retier(ledger, popularity_benefit(ledger.p))
+
+
 def popularity_benefit(problem: PlacementProblem) -> Callable[[Key], float]:
     """GPU residency benefit from how often the expert is used and how slow its copy is."""
     pop = problem.popularity()
@@ -255,24 +267,35 @@ class PlacementResult:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """`moemesh placement --json`: exactly policy, expected_cost_ms, nodes, replicas."""
+        """`moemesh placement --json`: exactly policy, expected_cost_ms, local_group_coverage,
+        nodes, replicas."""
         return {
             "policy": self.policy,
             "expected_cost_ms": round(self.expected_cost_ms, 6),
+            "local_group_coverage": round(float(self.notes.get("local_group_coverage", 0.0)), 6),
             "nodes": self.memory(),
             "replicas": [{"layer": r.layer, "expert": r.expert, "node": r.node,
                           "variant": r.variant, "tier": r.tier} for r in self.replicas],
         }
 
 
-class Policy(abc.ABC):
-    """One offline placement policy (one module each)."""
+class Policy:
+    """One offline placement policy (one module each): `build` fills an empty ledger."""
 
     name: str = ""
 
-    @abc.abstractmethod
     def place(self, problem: PlacementProblem, rng: random.Random) -> Ledger:
-        """A ledger that keeps every rule of this module's docstring."""
+        """A ledger that keeps every rule of this module's docstring (PlacementError, naming
+        the shortfall, when not even one fp16 copy of every expert fits)."""
+        need_one_copy(problem)
+        ledger = Ledger(problem)
+        self.build(ledger, rng)
+        return ledger
+
+    def build(self, ledger: Ledger, rng: random.Random) -> None:
+        """Add this policy's replicas to the empty `ledger` (of `ledger.p`); a policy that
+        builds its own ledgers (HetRoute's passes) overrides `place` instead."""
+        raise NotImplementedError(f"{type(self).__name__} overrides neither build nor place")
 
     def notes(self, problem: PlacementProblem, ledger: Ledger) -> dict[str, Any]:
         """Policy-specific figures for the report (OrderMoE's coverage, ...)."""

@@ -142,15 +142,7 @@ def solve(problem: PlacementProblem, time_limit_s: float = 60.0) -> IlpResult:
     if res.x is None:
         raise PlacementError(f"the ILP found no placement ({res.message}); the memory may be "
                              "too small for one fp16 copy of every expert")
-    replicas = []
-    for n in range(N):
-        for layer in range(L):
-            for e in range(E):
-                for v in range(V):
-                    for t in range(T):
-                        if res.x[y(n, layer, e, v, t)] > 0.5:
-                            replicas.append(Replica(layer, e, p.names[n], variants[v],
-                                                    TIERS[t]))
+    replicas = _chosen(p, variants, res.x[:ny])
     bound = getattr(res, "mip_dual_bound", None)
     optimal = res.status == 0
     objective = float(res.fun)
@@ -159,6 +151,13 @@ def solve(problem: PlacementProblem, time_limit_s: float = 60.0) -> IlpResult:
         objective_ms=objective,
         bound_ms=objective if optimal or bound is None else float(bound),
         replicas=tuple(replicas), solve_s=elapsed, variables=width)
+
+
+def _chosen(p: PlacementProblem, variants: tuple[str, ...], y: np.ndarray) -> list[Replica]:
+    """The replicas the solution's y[n, l, e, v, t] (flat, in that order) chose."""
+    shape = (p.nodes, p.layers, p.experts, len(variants), len(TIERS))
+    return [Replica(int(layer), int(e), p.names[n], variants[v], TIERS[t])
+            for n, layer, e, v, t in zip(*np.nonzero(y.reshape(shape) > 0.5), strict=True)]
 
 
 def gap(greedy_ms: float, result: IlpResult) -> float:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import random
 
-from .base import Ledger, Policy, need_one_copy, popularity_benefit, retier
-from .problem import PlacementError, PlacementProblem
+from .base import Ledger, Policy, retier_by_popularity
+from .problem import PlacementError
 
 __all__ = ["LayerShardPlacement", "layer_quota"]
 
@@ -32,9 +32,8 @@ def layer_quota(gpu_bytes: list[int], layers: int) -> list[int]:
 class LayerShardPlacement(Policy):
     name = "layer-shard"
 
-    def place(self, problem: PlacementProblem, rng: random.Random) -> Ledger:
-        need_one_copy(problem)
-        ledger = Ledger(problem)
+    def build(self, ledger: Ledger, rng: random.Random) -> None:
+        problem = ledger.p
         order = sorted(range(problem.nodes), key=lambda n: (-problem.gpu_bytes[n], n))
         quota = layer_quota([problem.gpu_bytes[n] for n in order], problem.layers)
         owner = [n for n, q in zip(order, quota, strict=True) for _ in range(q)]
@@ -50,5 +49,4 @@ class LayerShardPlacement(Policy):
                 else:
                     raise PlacementError(f"no node has room for expert {e} of layer {layer} "
                                          f"after {len(ledger.tier)} replicas")
-        retier(ledger, popularity_benefit(problem))
-        return ledger
+        retier_by_popularity(ledger)

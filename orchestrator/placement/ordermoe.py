@@ -1,25 +1,40 @@
-"""OrderMoE's placement: similarity groups spread over the nodes, then benefit per byte.
+"""OrderMoE's placement: local group coverage per byte, GPU tier first, every expert once in fp16.
 
 Groups (per layer) form around the most used experts: the most used expert not yet grouped
 leads a group, and every ungrouped expert whose router-logit similarity to it reaches the
 layer's threshold joins it (the quality tables' similarity and thresholds, about 0.9 in shallow
-layers down to 0.5 in deep ones). Every expert is placed once in fp16, the members of one
-group on different nodes (the node holding fewest of its group, busier homes first), so most
-nodes hold some member of most groups. Leftover memory, up to the redundancy budget, goes by
-benefit per byte: first a group's most used member on a node that has no member of it
-(users homed there x the group's frequency), then frequent experts where they are missing.
-`notes` reports the local group coverage: the share of expert uses (calibration traffic) whose
-group has a member on the token's home node.
+layers down to 0.5 in deep ones).
+
+The placement maximises local group coverage (`orchestrator.placement.coverage`: the share of
+expert uses whose expert, or a substitute the router may take within the token's budget, has a
+replica on the token's home node), greedily by coverage gained per byte:
+
+1. *Fill*: replicas (node, expert, precision among the scenario's variants) in the GPU tier,
+   highest gain per byte first (a lazy heap: gains only shrink as replicas are added). Budget
+   and GPU room for the one fp16 copy every expert still needs are held back.
+2. *Base*: every expert without an fp16 replica gets one, most used first: an upgrade of its
+   low-precision copy on the node where that copy covers most (the upgrade keeps the coverage
+   and frees the small copy's bytes), else on the node with GPU room where it covers most,
+   ties to the node holding fewest members of its group (the paper's spread of a group over
+   servers). The CPU tier only when no node has GPU room for it.
+3. *Fill* again with what step 2 left.
+
+The CPU tier is never used while any node has GPU room (GPU tier first): a CPU-tier replica
+pays its host-to-device copy on every use in the offline view, and these are the copies that
+made the earlier version of this placement lose to random deployment. `notes` reports the
+group count (`place` adds the coverage, for every policy).
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from typing import Any
 
 import numpy as np
 
-from .base import Ledger, Policy, need_one_copy, popularity_benefit, retier
+from .base import Ledger, Policy, retier_by_popularity
+from .coverage import CoverageState
 from .problem import PlacementError, PlacementProblem
 
 __all__ = ["OrderMoEPlacement", "similarity_groups"]
@@ -44,73 +59,113 @@ def similarity_groups(similarity: np.ndarray, threshold: float, pop: np.ndarray
 class OrderMoEPlacement(Policy):
     name = "ordermoe"
 
-    def place(self, problem: PlacementProblem, rng: random.Random) -> Ledger:
-        need_one_copy(problem)
-        ledger = Ledger(problem)
-        pop = problem.popularity()
-        q = problem.quality
-        self._groups = [similarity_groups(q.similarity[layer], float(q.thresholds[layer]),
-                                          pop[layer]) for layer in range(problem.layers)]
-        shares = problem.home_shares
-        homes = sorted(range(problem.nodes), key=lambda n: (-shares[n], n))
-        for layer, groups in enumerate(self._groups):
-            for group in groups:
-                count = [0] * problem.nodes
-                for e in group:
-                    fitting = [n for n in homes if ledger.best_tier(n, "fp16") is not None]
-                    if not fitting:
-                        raise PlacementError(f"no node has room for expert {e} of layer "
-                                             f"{layer} after {len(ledger.tier)} replicas")
-                    n = min(fitting, key=lambda i: (count[i], homes.index(i)))
-                    count[n] += 1
-                    ledger.add((n, layer, e, "fp16"), ledger.best_tier(n, "fp16") or "cpu")
-        self._fill(ledger, pop)
-        retier(ledger, popularity_benefit(problem))
-        return ledger
-
-    def _fill(self, ledger: Ledger, pop: np.ndarray) -> None:
+    def build(self, ledger: Ledger, rng: random.Random) -> None:
         p = ledger.p
+        pop = p.popularity()
+        q = p.quality
+        groups = [similarity_groups(q.similarity[layer], float(q.thresholds[layer]),
+                                    pop[layer]) for layer in range(p.layers)]
+        self._groups = groups
+        self._group_of = {(layer, e): i for layer, gs in enumerate(groups)
+                          for i, g in enumerate(gs) for e in g}
+        try:
+            cov = CoverageState(p)
+            self._fill(ledger, cov)
+            self._base(ledger, cov, pop)
+        except PlacementError:  # the fill left the memory too fragmented: base copies first
+            for key in list(ledger.tier):
+                ledger.remove(key)
+            cov = CoverageState(p)
+            self._base(ledger, cov, pop)
+        self._fill(ledger, cov)
+        retier_by_popularity(ledger)
+
+    # -- step 1 and 3: coverage per byte -------------------------------------------------------
+    def _missing(self, ledger: Ledger) -> int:
+        p = ledger.p
+        return sum(1 for layer in range(p.layers) for e in range(p.experts)
+                   if ledger.fp16_count(layer, e) == 0)
+
+    def _gpu_slots(self, ledger: Ledger) -> int:
+        """fp16 experts the nodes' GPU tiers can still take."""
         b = ledger.size["fp16"]
-        shares = p.home_shares
-        candidates: list[tuple[float, int, int, int, int]] = []  # (-benefit, stage, n, l, e)
-        for layer, groups in enumerate(self._groups):
-            for group in groups:
-                freq = float(sum(pop[layer, e] for e in group))
-                for n in range(p.nodes):
-                    if not any(ledger.has(n, layer, e, "fp16") for e in group):
-                        candidates.append((-shares[n] * freq / b, 0, n, layer, group[0]))
-            for e in range(p.experts):
-                for n in range(p.nodes):
-                    if not ledger.has(n, layer, e, "fp16"):
-                        candidates.append((-shares[n] * float(pop[layer, e]) / b, 1, n, layer,
-                                           e))
-        for neg, _, n, layer, e in sorted(candidates, key=lambda c: (c[1], c[0], c[2:])):
-            if ledger.total + b > p.budget_bytes:
-                break
-            tier = ledger.best_tier(n, "fp16")
-            if neg >= 0 or tier is None or ledger.has(n, layer, e, "fp16"):
+        return sum(max(0, ledger.gpu_room(n)) // b for n in range(ledger.p.nodes))
+
+    def _fill(self, ledger: Ledger, cov: CoverageState) -> None:
+        p = ledger.p
+        b16 = ledger.size["fp16"]
+        heap = [(-cov.gain(n, layer, x, v) / ledger.size[v], n, layer, x, v)
+                for n in range(p.nodes) for layer in range(p.layers)
+                for x in range(p.experts) for v in p.variants]
+        heap = [c for c in heap if c[0] < 0]
+        heapq.heapify(heap)
+        missing = self._missing(ledger)
+        slots = self._gpu_slots(ledger)
+        while heap:
+            _, n, layer, x, v = heapq.heappop(heap)
+            gain = cov.gain(n, layer, x, v) / ledger.size[v]
+            if gain <= 0:
                 continue
-            ledger.add((n, layer, e, "fp16"), tier)
+            if heap and gain < -heap[0][0]:
+                heapq.heappush(heap, (-gain, n, layer, x, v))
+                continue
+            size = ledger.size[v]
+            if ledger.has(n, layer, x, v) or not ledger.fits(n, v, "gpu") \
+                    or ledger.total + size + missing * b16 > p.budget_bytes:
+                continue
+            after = slots - ledger.gpu_room(n) // b16 + (ledger.gpu_room(n) - size) // b16
+            if after < min(missing, slots):
+                continue  # would leave no GPU room for the fp16 copies still owed
+            ledger.add((n, layer, x, v), "gpu")
+            cov.add(n, layer, x, v)
+            slots = after
+
+    # -- step 2: one fp16 copy of every expert -------------------------------------------------
+    def _base(self, ledger: Ledger, cov: CoverageState, pop: np.ndarray) -> None:
+        p = ledger.p
+        order = sorted(((layer, e) for layer in range(p.layers) for e in range(p.experts)),
+                       key=lambda le: (-pop[le], le))
+        for layer, e in order:
+            if ledger.fp16_count(layer, e) == 0 and not self._upgrade(ledger, cov, layer, e):
+                self._first_copy(ledger, cov, layer, e)
+
+    def _upgrade(self, ledger: Ledger, cov: CoverageState, layer: int, e: int) -> bool:
+        p = ledger.p
+        held = [(n, v) for n in range(p.nodes) for v in p.variants
+                if v != "fp16" and ledger.has(n, layer, e, v) and ledger.tier[(n, layer, e, v)]
+                == "gpu"]
+        for n, v in sorted(held, key=lambda nv: (-cov.demand[nv[0], layer, e], nv)):
+            ledger.remove((n, layer, e, v))
+            if ledger.fits(n, "fp16", "gpu"):
+                ledger.add((n, layer, e, "fp16"), "gpu")
+                cov.add(n, layer, e, "fp16")
+                return True
+            ledger.add((n, layer, e, v), "gpu")
+        return False
+
+    def _first_copy(self, ledger: Ledger, cov: CoverageState, layer: int, e: int) -> None:
+        p = ledger.p
+        gpu = [n for n in range(p.nodes) if ledger.fits(n, "fp16", "gpu")]
+        tier = "gpu"
+        if not gpu:
+            gpu = [n for n in range(p.nodes) if ledger.fits(n, "fp16", "cpu")]
+            tier = "cpu"
+        if not gpu:
+            raise PlacementError(f"no node has room for expert {e} of layer {layer} "
+                                 f"(fp16, {p.bytes_of('fp16') / 1e9:.6g} GB) after "
+                                 f"{len(ledger.tier)} replicas: the memory is too fragmented")
+        group = self._groups[layer][self._group_of[(layer, e)]]
+
+        def members(n: int) -> int:
+            return sum(1 for j in group if any(ledger.has(n, layer, j, v) for v in p.variants))
+
+        n = min(gpu, key=lambda n: (-cov.gain(n, layer, e, "fp16"), members(n),
+                                    -ledger.gpu_room(n), n))
+        ledger.add((n, layer, e, "fp16"), tier)
+        cov.add(n, layer, e, "fp16")
 
     def notes(self, problem: PlacementProblem, ledger: Ledger) -> dict[str, Any]:
         groups = getattr(self, "_groups", None)
         if groups is None:
             return {}
-        return {"groups": sum(len(g) for g in groups),
-                "local_group_coverage": float(group_coverage(problem, ledger, groups))}
-
-
-def group_coverage(problem: PlacementProblem, ledger: Ledger,
-                   groups: list[list[list[int]]]) -> float:
-    """Share of calibration expert uses whose similarity group has a member at the token's
-    home (OrderMoE's "local similarity coverage")."""
-    demand = problem.demand()  # [h, l, e]
-    covered = total = 0.0
-    for layer, layer_groups in enumerate(groups):
-        for group in layer_groups:
-            use = demand[:, layer, group].sum(axis=1)
-            for h in range(problem.nodes):
-                total += use[h]
-                if any(ledger.has(h, layer, e, v) for e in group for v in ledger.size):
-                    covered += use[h]
-    return covered / total if total else 0.0
+        return {"groups": sum(len(g) for g in groups)}

@@ -11,8 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from .base import Ledger, Policy, need_one_copy, popularity_benefit, retier, spread_base
-from .problem import PlacementProblem
+from .base import Ledger, Policy, retier_by_popularity, spread_base
 
 __all__ = ["PopularityPlacement"]
 
@@ -20,9 +19,8 @@ __all__ = ["PopularityPlacement"]
 class PopularityPlacement(Policy):
     name = "popularity"
 
-    def place(self, problem: PlacementProblem, rng: random.Random) -> Ledger:
-        need_one_copy(problem)
-        ledger = Ledger(problem)
+    def build(self, ledger: Ledger, rng: random.Random) -> None:
+        problem = ledger.p
         pop = problem.popularity()
         experts = sorted(((layer, e) for layer in range(problem.layers)
                           for e in range(problem.experts)), key=lambda le: (-pop[le], le))
@@ -45,5 +43,4 @@ class PopularityPlacement(Policy):
                     ledger.add((n, layer, e, "fp16"), tier)
             if ledger.total + ledger.size["fp16"] > problem.budget_bytes:
                 break
-        retier(ledger, popularity_benefit(problem))
-        return ledger
+        retier_by_popularity(ledger)

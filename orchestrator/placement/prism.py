@@ -1,75 +1,206 @@
-"""Prism-like frequency-based distributed expert placement (HetRoute's strongest baseline).
+"""Prism's activation-aware placement (arXiv 2508.12851; HetRoute's strongest baseline).
 
-Prism's exact rules are not public (docs/papers.md); this follows its one-line summary. Every expert
-once in fp16, each on the node whose expected expert work per unit of compute is lowest so far
-(frequency balancing). The redundancy budget becomes replica slots, shared among layers in
-proportion to exp(activation entropy): a layer whose traffic spreads over many experts needs
-more copies to cover it. Within a layer, slots go greedily to the (node, expert) that covers the
-most not-yet-local traffic: users homed at the node x the expert's frequency. GPU residency by
-frequency x load time. fp16 only.
+What the paper's public summaries say, in our words: Prism places experts on heterogeneous GPU
+edge servers so as to cut remote expert invocations, the proxy objective
+`Σ_servers Σ_layers Σ_experts f_n^l(e) · [e not on n]` where f_n^l(e) is how often requests
+homed at server n activate expert e of layer l, under each server's GPU memory. It works in two
+stages, then adapts at run time:
+
+1. *Layer-wise expert counts.* Each server's share of the memory (its slots) is split among
+   the layers by the diversity of its own activations there: in proportion to exp(entropy of
+   f_n^l), the effective number of experts that layer uses, at most all of them. A layer
+   spread over many experts needs more copies to stay local than one dominated by a few.
+2. *Expert-to-server assignment*, greedy and coverage-guaranteeing: each server takes, per
+   layer, the experts its requests activate most; every expert held nowhere then replaces the
+   least used duplicated expert of that layer on the server that activates it most (or takes
+   free room), so each is held at least once.
+3. *Runtime migration* re-runs the two stages on recent activation counts and moves experts
+   when the invocations saved over a horizon outweigh the copy (`plan_migration`).
+
+Our choices where the summaries are silent: the slots are the redundancy budget in fp16
+experts (Prism keeps full-precision experts only), shared among the servers in proportion to
+their requests and capped by each server's GPU memory (GPU first; leftovers go to servers
+with GPU room, by requests); a server's memory holds its slots in the GPU tier; the CPU tier
+only when the GPU tiers cannot hold one copy of the model.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 import numpy as np
 
-from .base import Ledger, Policy, need_one_copy, popularity_benefit, retier, spread_base
+from router.types import Replica
+
+from .base import Ledger, Policy, retier_by_popularity, spread_base
 from .problem import PlacementProblem
 
-__all__ = ["PrismPlacement", "layer_slots"]
+__all__ = ["Migration", "PrismPlacement", "layer_counts", "plan_migration", "server_slots"]
 
 
-def layer_slots(pop: np.ndarray, top_k: int, slots: int) -> list[int]:
-    """Extra replica slots per layer, in proportion to exp(entropy of its activations)."""
-    p = pop / max(top_k, 1)
+def layer_counts(freq: np.ndarray, slots: int) -> list[int]:
+    """Split one server's `slots` among layers in proportion to exp(entropy) of its
+    activations per layer (`freq` [layers, experts]), at most `experts` per layer."""
+    layers, experts = freq.shape
+    slots = min(slots, layers * experts)
+    total = freq.sum(axis=1, keepdims=True)
+    p = np.divide(freq, total, out=np.full_like(freq, 1.0 / experts), where=total > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ent = -np.nansum(np.where(p > 0, p * np.log(p), 0.0), axis=1)
+        ent = -np.where(p > 0, p * np.log(p), 0.0).sum(axis=1)
     weight = np.exp(ent)
-    share = weight / weight.sum() * slots
-    out = [math.floor(s) for s in share]
-    for i in np.argsort(-(share - np.floor(share)))[: slots - sum(out)]:
-        out[int(i)] += 1
+    out = [0] * layers
+    left = slots
+    while left > 0:  # proportional shares, capped; what a capped layer cannot take moves on
+        open_ = [i for i in range(layers) if out[i] < experts]
+        w = sum(weight[i] for i in open_)
+        share = {i: left * weight[i] / w for i in open_}
+        give = {i: min(experts - out[i], math.floor(share[i])) for i in open_}
+        if not any(give.values()):
+            best = max(open_, key=lambda i: (share[i] - math.floor(share[i]), -i))
+            give = {best: 1}
+        for i, g in give.items():
+            out[i] += g
+            left -= g
     return out
+
+
+def server_slots(shares: list[float], caps: list[int], slots: int) -> list[int]:
+    """Water-fill `slots` over servers in proportion to `shares`, each at most its cap; what
+    the shares cannot place goes to servers with room left, most requests first."""
+    out = [0] * len(caps)
+    left = min(slots, sum(caps))
+    while left > 0:
+        open_ = [i for i in range(len(caps)) if out[i] < caps[i]]
+        w = sum(shares[i] for i in open_)
+        if w <= 0:
+            for i in sorted(open_, key=lambda i: (-(caps[i] - out[i]), i)):
+                g = min(caps[i] - out[i], left)
+                out[i] += g
+                left -= g
+            break
+        give = {i: min(caps[i] - out[i], math.floor(left * shares[i] / w)) for i in open_}
+        if not any(give.values()):
+            give = {max(open_, key=lambda i: (shares[i], -i)): 1}
+        for i, g in give.items():
+            out[i] += g
+            left -= g
+    return out
+
+
+def assign(freq: np.ndarray, counts: list[list[int]], spare: list[int]
+           ) -> list[set[tuple[int, int]]]:
+    """Stage 2: per server the (layer, expert) pairs it holds; every expert at least once
+    (a duplicate of its layer gives way, or a server's `spare` slots take it)."""
+    nodes, layers, experts = freq.shape
+    pop = freq.sum(axis=0)
+    held: list[set[tuple[int, int]]] = [set() for _ in range(nodes)]
+    for n in range(nodes):
+        for layer in range(layers):
+            ranked = sorted(range(experts), key=lambda e: (-freq[n, layer, e], -pop[layer, e], e))
+            held[n].update((layer, e) for e in ranked[: counts[n][layer]])
+    copies = {(layer, e): sum((layer, e) in h for h in held)
+              for layer in range(layers) for e in range(experts)}
+    for (layer, e), c in sorted(copies.items(), key=lambda kv: (-pop[kv[0]], kv[0])):
+        if c:
+            continue
+        best: tuple[float, int, tuple[int, int]] | None = None
+        for n in sorted(range(nodes), key=lambda n: (-freq[n, layer, e], n)):
+            dup = [k for k in held[n] if k[0] == layer and copies[k] > 1]
+            if dup:
+                victim = min(dup, key=lambda k: (freq[n][k], k))
+                loss = freq[n][victim] - freq[n, layer, e]
+                if best is None or loss < best[0]:
+                    best = (loss, n, victim)
+        if best is None:
+            room = [n for n in range(nodes) if spare[n] > 0]
+            if not room:
+                continue  # memory too tight for the counts: the ledger places it (build)
+            n = max(room, key=lambda n: (freq[n, layer, e], spare[n], -n))
+            spare[n] -= 1
+        else:
+            _, n, victim = best
+            held[n].discard(victim)
+            copies[victim] -= 1
+        held[n].add((layer, e))
+        copies[(layer, e)] = 1
+    return held
+
+
+def prism_sets(problem: PlacementProblem, freq: np.ndarray, ledger: Ledger
+               ) -> list[set[tuple[int, int]]]:
+    """Stages 1 and 2 for activation counts `freq` [nodes, layers, experts]."""
+    b16 = ledger.size["fp16"]
+    caps = [max(0, ledger.gpu_room(n)) // b16 for n in range(problem.nodes)]
+    whole = problem.layers * problem.experts
+    if sum(caps) < whole:  # the GPU tiers cannot hold the model once: count the CPU tiers
+        caps = [0 if g < b16 else max(g // b16, (g - b16) // b16 + c // b16)
+                for g, c in zip(problem.gpu_bytes, problem.cpu_bytes, strict=True)]
+    caps = [min(c, whole) for c in caps]
+    slots = max(whole, problem.budget_bytes // b16)
+    shares = [float(freq[n].sum()) for n in range(problem.nodes)]
+    per_server = server_slots(shares, caps, slots)
+    counts = [layer_counts(freq[n], per_server[n]) for n in range(problem.nodes)]
+    spare = [caps[n] - sum(counts[n]) for n in range(problem.nodes)]
+    return assign(freq, counts, spare)
 
 
 class PrismPlacement(Policy):
     name = "prism"
 
-    def place(self, problem: PlacementProblem, rng: random.Random) -> Ledger:
-        need_one_copy(problem)
-        ledger = Ledger(problem)
-        pop = problem.popularity()
-        tflops = [problem.estimates.node(n).flops_per_s for n in problem.names]
-        work = [0.0] * problem.nodes
-        order = sorted(((layer, e) for layer in range(problem.layers)
-                        for e in range(problem.experts)), key=lambda le: (-pop[le], le))
+    def build(self, ledger: Ledger, rng: random.Random) -> None:
+        """First one copy of each expert on its most active holder (any node with room when
+        the memory is too tight for the plan), then the plan's other copies where they fit."""
+        p = ledger.p
+        freq = p.demand()
+        sets = prism_sets(p, freq, ledger)
+        order = sorted(((layer, e) for layer in range(p.layers) for e in range(p.experts)),
+                       key=lambda le: (-p.popularity()[le], le))
 
-        def least_loaded(layer: int, e: int, fitting: list[int]) -> int:
-            n = min(fitting, key=lambda i: ((work[i] + pop[layer, e]) / tflops[i], i))
-            work[n] += float(pop[layer, e])
-            return n
+        def choose(layer: int, e: int, fitting: list[int]) -> int:
+            planned = [n for n in fitting if (layer, e) in sets[n]] or fitting
+            return max(planned, key=lambda n: (freq[n, layer, e], -n))
 
-        spread_base(ledger, order, least_loaded)
-        b16 = ledger.size["fp16"]
-        slots = max(0, (problem.budget_bytes - ledger.total) // b16)
-        shares = problem.home_shares
-        for layer, count in enumerate(layer_slots(pop, problem.top_k, slots)):
-            for _ in range(count):
-                best: tuple[float, int, int] | None = None
-                for n in range(problem.nodes):
-                    if ledger.best_tier(n, "fp16") is None:
-                        continue
-                    for e in range(problem.experts):
-                        gain = shares[n] * float(pop[layer, e])
-                        if not ledger.has(n, layer, e, "fp16") and (
-                                best is None or gain > best[0]):
-                            best = (gain, n, e)
-                if best is None or best[0] <= 0:
-                    break
-                _, n, e = best
-                ledger.add((n, layer, e, "fp16"), ledger.best_tier(n, "fp16") or "cpu")
-        retier(ledger, popularity_benefit(problem))
-        return ledger
+        spread_base(ledger, order, choose)
+        for layer, e in order:
+            for n in range(p.nodes):
+                tier = ledger.best_tier(n, "fp16")
+                if (layer, e) in sets[n] and not ledger.has(n, layer, e, "fp16") and tier:
+                    ledger.add((n, layer, e, "fp16"), tier)
+        retier_by_popularity(ledger)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """Experts to copy in and drop, and why (remote invocations per token, before/after)."""
+
+    add: tuple[Replica, ...]
+    drop: tuple[Replica, ...]
+    remote_before: float
+    remote_after: float
+    worth: bool
+
+
+def remote_share(freq: np.ndarray, sets: list[set[tuple[int, int]]]) -> float:
+    """The proxy objective: activations per token served away from their home server."""
+    return float(sum(freq[n, layer, e] for n in range(freq.shape[0])
+                     for layer in range(freq.shape[1]) for e in range(freq.shape[2])
+                     if (layer, e) not in sets[n]))
+
+
+def plan_migration(problem: PlacementProblem, current: tuple[Replica, ...], recent: np.ndarray,
+                   *, tokens_per_s: float, horizon_s: float, remote_ms: float,
+                   copy_ms_per_expert: float) -> Migration:
+    """Prism's runtime step: the placement for `recent` activation counts [nodes, layers,
+    experts] (uses per token) and whether moving to it pays: remote invocations saved x
+    `remote_ms` x tokens over `horizon_s` must exceed the copies' `copy_ms_per_expert`."""
+    names = problem.names
+    held = [{(r.layer, r.expert) for r in current if r.node == name} for name in names]
+    target = prism_sets(problem, recent, Ledger(problem))
+    add = tuple(Replica(layer, e, names[n], "fp16", "gpu") for n in range(problem.nodes)
+                for layer, e in sorted(target[n] - held[n]))
+    drop = tuple(r for r in current if (r.layer, r.expert) not in target[names.index(r.node)])
+    before, after = remote_share(recent, held), remote_share(recent, target)
+    saved_ms = (before - after) * remote_ms * tokens_per_s * horizon_s
+    return Migration(add, drop, before, after, saved_ms > copy_ms_per_expert * len(add))

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import random
 
-from .base import TIERS, Ledger, Policy, need_one_copy, spread_base
-from .problem import PlacementProblem
+from .base import TIERS, Ledger, Policy, spread_base
 
 __all__ = ["RandomPlacement"]
 
@@ -20,9 +19,8 @@ MAX_MISSES = 200
 class RandomPlacement(Policy):
     name = "random"
 
-    def place(self, problem: PlacementProblem, rng: random.Random) -> Ledger:
-        need_one_copy(problem)
-        ledger = Ledger(problem)
+    def build(self, ledger: Ledger, rng: random.Random) -> None:
+        problem = ledger.p
         order = [(layer, e) for layer in range(problem.layers) for e in range(problem.experts)]
         rng.shuffle(order)
         spread_base(ledger, order, lambda layer, e, fitting: rng.choice(fitting))
@@ -38,4 +36,3 @@ class RandomPlacement(Policy):
                 continue
             ledger.add((n, layer, e, variant), rng.choice(tiers))
             misses = 0
-        return ledger

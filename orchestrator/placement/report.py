@@ -48,8 +48,10 @@ def render(result: PlacementResult, scenario: str = "", ilp: Any = None,
     extra = {k: v for k, v in notes.items() if k in ("local_group_coverage", "groups",
                                                       "dropped", "quantized_replicas")}
     if "local_group_coverage" in extra:
-        out.append(f"  local group coverage {100 * extra['local_group_coverage']:.1f}% "
-                   f"({extra['groups']} similarity groups)")
+        groups = f"; {extra['groups']} similarity groups" if "groups" in extra else ""
+        out.append(f"  local group coverage {100 * extra['local_group_coverage']:.1f}% (expert "
+                   f"uses whose expert or a substitute within the budget is on the home "
+                   f"node{groups})")
     if "dropped" in extra:
         out.append(f"  {extra['quantized_replicas']} low-precision replicas; {extra['dropped']} "
                    f"replicas the router never chose were dropped")

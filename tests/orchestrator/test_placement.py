@@ -26,7 +26,7 @@ from orchestrator.placement import (
 )
 from orchestrator.placement.base import Ledger
 from orchestrator.placement.ordermoe import similarity_groups
-from orchestrator.placement.prism import layer_slots
+from orchestrator.placement.prism import layer_counts
 from orchestrator.placement.problem import estimates_from_topology
 from orchestrator.randomtopo import random_topology
 from orchestrator.scenario import ModelChoice, PlacementSpec, Scenario, Workload
@@ -129,8 +129,9 @@ def node_accepts(problem: PlacementProblem, replicas: tuple[Replica, ...]) -> No
     """Each node's own check (services.tiers) takes its part of the placement."""
     shape = _Shape(SIZES, layers=problem.layers, experts=problem.experts)
     for i, name in enumerate(problem.names):
-        profile = DeviceProfile("n", gpu_tflops=1, gpu_mem_gb=problem.gpu_bytes[i] / 1e9,
-                                cpu_mem_gb=problem.cpu_bytes[i] / 1e9, h2d_gbps=1)
+        # half a byte above: the profile's int(GB x 1e9) gives back exactly the problem's bytes
+        profile = DeviceProfile("n", gpu_tflops=1, gpu_mem_gb=(problem.gpu_bytes[i] + 0.5) / 1e9,
+                                cpu_mem_gb=(problem.cpu_bytes[i] + 0.5) / 1e9, h2d_gbps=1)
         assert profile.gpu_bytes == problem.gpu_bytes[i]
         Tiers(profile, shape).replace([PlacementEntry(r.layer, r.expert, r.variant, r.tier)
                                        for r in replicas if r.node == name])
@@ -257,11 +258,12 @@ def test_ordermoe_spreads_a_group_over_nodes() -> None:
     assert sorted(group_nodes) == [0, 1, 2]  # three members, three different nodes
 
 
-def test_prism_slots_follow_activation_entropy() -> None:
+def test_prism_layer_counts_follow_activation_entropy() -> None:
     flat = np.full(8, 2 / 8)
     peaked = np.array([1.2, 0.6, 0.1, 0.04, 0.03, 0.01, 0.01, 0.01])
-    slots = layer_slots(np.stack([flat, peaked]), top_k=2, slots=20)
-    assert sum(slots) == 20 and slots[0] > slots[1] > 0
+    counts = layer_counts(np.stack([flat, peaked]), slots=10)
+    assert sum(counts) == 10 and counts[0] > counts[1] > 0
+    assert layer_counts(np.stack([flat, peaked]), slots=14) == [8, 6]  # a full layer caps
 
 
 def test_popularity_copies_the_most_used_expert_everywhere(quickstart: Scenario) -> None:
@@ -290,8 +292,10 @@ def test_cli_json_is_exactly_the_documented_form(capsys: pytest.CaptureFixture[s
                     "--tokens", "64")
     assert code == 0
     data = json.loads(capsys.readouterr().out)
-    assert list(data) == ["policy", "expected_cost_ms", "nodes", "replicas"]
+    assert list(data) == ["policy", "expected_cost_ms", "local_group_coverage", "nodes",
+                          "replicas"]
     assert data["policy"] == "prism" and data["expected_cost_ms"] > 0
+    assert 0 < data["local_group_coverage"] <= 1
     for mem in data["nodes"].values():
         assert list(mem) == ["gpu_used_gb", "gpu_cap_gb", "cpu_used_gb", "cpu_cap_gb"]
     for r in data["replicas"]:
@@ -305,6 +309,7 @@ def test_cli_text_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "placement hetroute for quickstart" in out
     assert "expected cost:" in out and "memory per node and tier:" in out
+    assert "local group coverage" in out
     assert "replicas per expert:" in out and "L3 E15" in out
     assert moemesh("placement", str(QUICKSTART), "--policy", "best") == 2
     assert "policy: must be one of hetroute" in capsys.readouterr().err
