@@ -10,8 +10,11 @@ nodes' sums per row, in the order of their lowest expert (for top-2 that is the 
 
 When a request fails (timeout, refused, cut link), the node joins the affected rows'
 exclusions and only their missing slots are planned again, inside the layer's deadline and
-the token's; the node's or link's circuit breaker counts the failure. A row ends failed with
-a reason ("no_replica", "deadline", "replans_exhausted") when nothing more can be done.
+the token's; the node's or link's circuit breaker counts the failure. Every round excludes at
+least one more node for each row it replans, so a layer ends. A row fails only when no
+full-precision replica of one of its experts can serve it before the deadline (no replica
+left outside its exclusions and open breakers, or the deadline passed): reason
+`no_replica_reachable`, with a `Failure` naming that expert and the nodes tried.
 
 The emulated timeline (docs/measurement.md): with a `Timeline` the layer's requests leave at
 the clock's time, not when this host finished planning them, each answer says when it is back
@@ -46,7 +49,7 @@ from .estimators import Estimators
 from .mesh import Mesh
 from .policies import Policy
 from .quality import QualityTable
-from .records import ChoiceRecord, Counters, LayerRecord, TokenRecord
+from .records import ChoiceRecord, Counters, Failure, LayerRecord, TokenRecord
 from .tables import PlanView
 from .transport import RETRYABLE, Transport, classify
 from .types import Choice, ModelShape, PlanRequest
@@ -206,13 +209,10 @@ class Dispatcher:
                 recs[r].replans += 1
                 tokens[r].reroutes += 1
                 tokens[r].retries += len(slots)
-            if rounds > self.settings.max_replans:
-                for r in pending:
-                    tokens[r].fail("replans_exhausted")
-                break
             if now_ms() >= layer_deadline:
-                for r in pending:
-                    tokens[r].fail("deadline")
+                for r, slots in pending.items():
+                    tokens[r].fail_unreachable(self._failure(
+                        layer, experts[r][slots[0]], excluded.get(r, ()), "deadline"))
                 break
         wall = now_ms() - start
         clock.at = ready
@@ -269,8 +269,9 @@ class Dispatcher:
                 )
                 try:
                     plan = policy.plan(view, req)
-                except NoFeasiblePlan:
-                    tok.fail("no_replica")
+                except NoFeasiblePlan as exc:
+                    tok.fail_unreachable(self._failure(
+                        layer, exc.expert, excluded.get(row, ()), f"no replica left: {exc.why}"))
                     continue
                 self.counters.plans += 1
                 if first:
@@ -292,6 +293,14 @@ class Dispatcher:
         finally:
             view.fixed[:] = saved
         return batches
+
+    def _failure(self, layer: int, expert: int, tried, why: str) -> Failure:
+        """What a token that cannot be served records: the expert, the nodes tried and those
+        of its full-precision replicas behind an open breaker."""
+        view = self.view
+        cut_off = {view.names[c.node] for c in view.exact(layer, expert)
+                   if c.replica.variant == "fp16" and not view.up[c.node]}
+        return Failure(layer, expert, tuple(sorted(tried)), tuple(sorted(cut_off)), why)
 
     async def _scatter(self, layer, x, batches, layer_deadline, ready):
         """One request per node, concurrently, leaving at `ready` on the emulated timeline;

@@ -3,9 +3,12 @@
 A `TokenRecord` is one token's life: every MoE layer it went through (wall latency of the
 layer, the nodes used, the bytes its rows moved, replans), every expert choice (exact,
 quantized, substitute or fallback; local or remote; CPU-loaded or resident), the quality it
-spent, and how it ended: "ok", or "failed" with a reason. `to_json` is the wire form of
-`/v1/generate` and `/v1/score` answers; `mix_of` buckets choices like summary.json's `mix`
-(docs/contracts.md).
+spent, and how it ended: "ok", or "failed" with a reason. A token the mesh could not serve
+fails with `NO_REPLICA_REACHABLE`, and its `failure` names the expert (layer, expert) that no
+full-precision replica could serve within the token's deadline, the nodes whose requests for
+it failed (`tried`), the replicas' nodes cut off by an open breaker (`cut_off`) and why the
+search ended (`why`). `to_json` is the wire form of `/v1/generate` and `/v1/score` answers;
+`mix_of` buckets choices like summary.json's `mix` (docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -13,9 +16,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MIX_KEYS", "ChoiceRecord", "Counters", "LayerRecord", "TokenRecord", "mix_of"]
+__all__ = ["MIX_KEYS", "NO_REPLICA_REACHABLE", "ChoiceRecord", "Counters", "Failure",
+           "LayerRecord", "TokenRecord", "mix_of"]
 
 MIX_KEYS = ("local_exact", "remote_exact", "cpu_loaded", "substitute", "fallback")
+NO_REPLICA_REACHABLE = "no_replica_reachable"  # the one reason a fault may cost a token
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Which expert a failed token could not get served, and what was tried for it."""
+
+    layer: int
+    expert: int
+    tried: tuple[str, ...] = ()  # nodes whose requests for this token failed in the layer
+    cut_off: tuple[str, ...] = ()  # nodes of its full-precision replicas behind open breakers
+    why: str = ""  # "no replica left" (with the planner's words) or "deadline"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layer": self.layer, "expert": self.expert, "tried": list(self.tried),
+                "cut_off": list(self.cut_off), "why": self.why}
+
+    def __str__(self) -> str:
+        return (f"layer {self.layer} expert {self.expert}: {self.why}; tried "
+                f"{', '.join(self.tried) or 'none'}; cut off {', '.join(self.cut_off) or 'none'}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +109,7 @@ class TokenRecord:
     dense_host_ms: float = 0.0  # what the dense part took this host (not on the timeline)
     layers: list[LayerRecord] = field(default_factory=list)
     choices: list[ChoiceRecord] = field(default_factory=list)
+    failure: Failure | None = None
 
     @property
     def budget_left(self) -> float:
@@ -99,6 +124,12 @@ class TokenRecord:
             self.status = "failed"
             self.reason = reason
 
+    def fail_unreachable(self, failure: Failure) -> None:
+        """No full-precision replica of `failure.expert` could serve this token in time."""
+        if self.status == "running":
+            self.fail(NO_REPLICA_REACHABLE)
+            self.failure = failure
+
     @property
     def bytes(self) -> int:
         return sum(layer.bytes_out + layer.bytes_in for layer in self.layers)
@@ -110,6 +141,7 @@ class TokenRecord:
             "retries": self.retries, "reroutes": self.reroutes, "bytes": self.bytes,
             "emulated_ms": round(self.emulated_ms, 4), "dense_ms": round(self.dense_ms, 4),
             "dense_host_ms": round(self.dense_host_ms, 4),
+            "failure": self.failure.to_json() if self.failure is not None else None,
             "mix": mix_of(self.choices),
             "quantized": sum(c.kind == "quantized" for c in self.choices),
             "layers": [layer.to_json() for layer in self.layers],

@@ -26,8 +26,9 @@ class Settings:
     expected future cost.
 
     Dispatch: request_ms bounds one batched request to one node; layer_ms one layer with its
-    replans; token_ms a whole token; max_replans the replans one layer may take. A request's
-    own limit is min(request_ms, max(min_request_ms, timeout_factor × predicted)), counted
+    replans; token_ms a whole token; max_replans is not used any more (a layer replans until
+    no replica is left or its deadline passes, router/dispatch.py) and is kept so that
+    settings naming it still load. A request's own limit is min(request_ms, max(min_request_ms, timeout_factor × predicted)), counted
     from when it left on the emulated timeline: predictions are of emulated time, which the
     host's own work does not stretch (docs/measurement.md), so the limits can be tight and a
     cut link costs one short wait, not three long ones. breaker_failures consecutive failures
@@ -48,7 +49,7 @@ class Settings:
     timeout_factor: float = 3.0
     layer_ms: float = 5000.0
     token_ms: float = 30000.0
-    max_replans: int = 3
+    max_replans: int = 3  # unused, see the docstring
     breaker_failures: int = 1
     breaker_open_ms: float = 2000.0
     wire_dtype: str = "f32"

@@ -75,7 +75,13 @@ async def test_quantized_replicas_change_the_numbers_within_budget(
     # with no budget left for int8 and no reachable fp16 replica, every token fails, named
     res = await engine.score(text, make_policy("hetroute"), budget=0.0)
     assert res.failed == res.tokens
-    assert {r.reason for r in res.records} == {"no_replica"}
+    assert {r.reason for r in res.records} == {"no_replica_reachable"}
+    for r in res.records:  # the record names the expert and why no replica could serve it
+        f = r.failure
+        assert f is not None and f.layer in (0, 1) and 0 <= f.expert < 8
+        assert f.tried == () and f.cut_off == ("h",) and f.why.startswith("no replica left")
+        assert r.to_json()["failure"] == {"layer": f.layer, "expert": f.expert, "tried": [],
+                                          "cut_off": ["h"], "why": f.why}
 
 
 async def test_a_node_stopped_mid_generation_loses_no_token(stack, router_compute) -> None:
@@ -174,7 +180,8 @@ async def test_a_layer_deadline_too_short_fails_tokens_with_a_reason(
     engine = mesh.router.engine()
     result = await engine.score(tokens(5, seed=5), make_policy("hetroute"), budget=0.0)
     assert result.failed == result.tokens
-    assert {r.reason for r in result.records} == {"deadline"}
+    assert {r.reason for r in result.records} == {"no_replica_reachable"}
+    assert {r.failure.why for r in result.records} == {"deadline"}
     assert all(r.status in ("ok", "failed") for r in result.records)
     # nobody's fault: the breakers stay closed
     assert all(s["link"] == "closed" for n, s in
