@@ -294,6 +294,12 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.slo_ms is not None and not args.slo_ms > 0:
         raise ValueError(f"--slo-ms must be > 0, got {args.slo_ms:g}")
+    if (args.folder / "capacity.json").is_file():  # a `moemesh run --capacity` folder
+        from .capacity import rebuild_capacity
+
+        rebuild_capacity(args.folder, slo_ms=args.slo_ms)
+        print(f"moemesh report: {args.folder / 'capacity.md'}")
+        return 0
     build_report(args.folder, slo_ms=args.slo_ms)
     print(f"moemesh report: {args.folder / 'report.md'}")
     warn_unfaithful(args.folder, "moemesh report")
