@@ -11,8 +11,8 @@ those two attributes as the kernel reads them (include/uapi/linux/pkt_sched.h):
 - TCA_NETEM_LOSS: a nested attribute holding NETEM_LOSS_GE = struct tc_netem_gemodel
   {u32 p, r, h, k1}, the probabilities scaled to 2^32 - 1: p, r, h = delivered in the bad
   state, k1 = LOST in the good state (100 - k);
-- TCA_NETEM_CORR always (zeros too: the kernel keeps the old correlation when it is absent),
-  TCA_NETEM_REORDER with gap 1 when reordering.
+- TCA_NETEM_CORR and TCA_NETEM_REORDER always (zeros too: the kernel keeps the old values when
+  they are absent), with gap 1 when reordering.
 
 and sends it with `nlm_request`, pyroute2's own request path (answers and errors as for
 `ipr.tc`).
@@ -46,10 +46,16 @@ class _options(sched_netem.options):
 
     nla_map = tuple((name, "cdata" if name in ("TCA_NETEM_DELAY_DIST", "TCA_NETEM_LOSS")
                      else kind) for name, kind in sched_netem.options.nla_map)
+    # pyroute2 compiles a class's NLA table once and marks it on the class; a subclass created
+    # after its parent was compiled would inherit the parent's table (raw 'none' attributes,
+    # sent empty). Each of our classes compiles its own.
+    _nlmsg_base__compiled_nla = False
 
 
 class _netem_tcmsg(tcmsg):
     """A tcmsg whose TCA_OPTIONS are `_options` (pyroute2 picks the plugin's by TCA_KIND)."""
+
+    _nlmsg_base__compiled_nla = False
 
     @staticmethod
     def get_options(self: tcmsg, *argv: object, **kwarg: object) -> type:
@@ -73,11 +79,9 @@ def netem_message(index: int, handle: int, parent: int, leaf: NetemLeaf) -> tcms
     """The RTM_NEWQDISC message for one netem leaf (see the module docstring)."""
     attrs: list[list[object]] = [["TCA_NETEM_CORR", {
         "delay_corr": percent_u32(leaf.corr_pct), "loss_corr": 0, "dup_corr": 0}]]
-    gap = 0
-    if leaf.reorder_pct:
-        gap = 1
-        attrs.append(["TCA_NETEM_REORDER", {"prob_reorder": percent_u32(leaf.reorder_pct),
-                                            "corr_reorder": 0}])
+    gap = 1 if leaf.reorder_pct else 0
+    attrs.append(["TCA_NETEM_REORDER", {"prob_reorder": percent_u32(leaf.reorder_pct),
+                                        "corr_reorder": 0}])
     if leaf.dist:
         attrs.append(["TCA_NETEM_DELAY_DIST", _dist_bytes(leaf.dist)])
     if leaf.ge is not None:

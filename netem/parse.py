@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["parse_delay_ms", "parse_link", "parse_loss_pct", "parse_rate_mbit"]
+__all__ = ["parse_delay_ms", "parse_link", "parse_loss_pct", "parse_pct", "parse_rate_mbit"]
 
 _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%/]*)\s*$")
 
@@ -63,6 +63,11 @@ def parse_rate_mbit(value: Any) -> float:
 def parse_loss_pct(value: Any) -> float:
     """"1%" -> 1.0, "0.5" -> 0.5; a bare number is percent."""
     return _split("loss", value, {"": 1.0, "%": 1.0}, '"1%"')
+
+
+def parse_pct(value: Any, what: str = "percentage") -> float:
+    """"25%" -> 25.0, "0.5" -> 0.5; a bare number is percent. `what` names it in errors."""
+    return _split(what, value, {"": 1.0, "%": 1.0}, '"25%"')
 
 
 def parse_link(data: Any) -> dict[str, float]:

@@ -179,14 +179,15 @@ class LinkSpec:
             kwargs["schedule"] = Schedule.from_json(kwargs["schedule"])
         return cls(**kwargs)
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object `from_json` reads back (queue_pkts and unused extras omitted)."""
+    def to_json(self, full: bool = False) -> dict[str, Any]:
+        """The JSON object `from_json` reads back: queue_pkts and unused extras omitted, unless
+        `full` (every field, None included: for comparing two links field by field)."""
         out = {k: v for k, v in asdict(self).items() if k not in ("loss_model", "schedule")}
-        if out["queue_pkts"] is None:
+        if out["queue_pkts"] is None and not full:
             del out["queue_pkts"]
         for name, default in _OPTIONAL.items():
             value = getattr(self, name)
-            if value != default:
+            if value != default or full:
                 out[name] = value.to_json() if hasattr(value, "to_json") else value
             else:
                 out.pop(name, None)

@@ -29,12 +29,15 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from netem import classes
-from netem.parse import parse_delay_ms, parse_loss_pct, parse_rate_mbit
+from netem.gemodel import FIELDS as GE_FIELDS
+from netem.gemodel import GeLoss
+from netem.parse import parse_delay_ms, parse_loss_pct, parse_pct, parse_rate_mbit
+from netem.schedule import DEFAULT_BIN_MS, Schedule, read_schedule
 from netem.spec import JSON_FIELDS as LINK_FIELDS
 from netem.spec import LinkSpec
 from orchestrator.units import parse_size_gb
@@ -274,7 +277,52 @@ def _read_node(data: Any, loc: Loc) -> tuple[Node, bool]:
 
 # The string parser of each LinkSpec field ("20ms", "1gbit", "1%"); numbers pass as written.
 _LINK_PARSERS = {"delay_ms": parse_delay_ms, "jitter_ms": parse_delay_ms,
-                 "rate_mbit": parse_rate_mbit, "loss_pct": parse_loss_pct}
+                 "rate_mbit": parse_rate_mbit, "loss_pct": parse_loss_pct,
+                 "jitter_corr_pct": lambda v: parse_pct(v, "jitter_corr_pct"),
+                 "reorder_pct": lambda v: parse_pct(v, "reorder_pct")}
+
+
+def _read_loss_model(raw: Any, loc: Loc) -> GeLoss | None:
+    """`loss_model: {p: 1%, r: 25%, h: 0, k: 100}` (Gilbert–Elliott, netem.gemodel)."""
+    if raw is None:
+        return None
+    sec = Section(raw, loc, "a Gilbert-Elliott mapping {p, r, h, k} in percent")
+    values = {k: sec.unit(k, lambda v, k=k: parse_pct(v, k)) for k in GE_FIELDS if k in sec}
+    sec.done()
+    try:
+        return GeLoss(**values) if "p" in values else GeLoss.from_json(values)
+    except ValueError as exc:
+        raise loc.error(str(exc).removeprefix("loss_model").lstrip(".: ")) from None
+
+
+def _read_schedule(raw: Any, loc: Loc) -> Schedule | None:
+    """`schedule: FILE.csv`, `{csv: FILE, loop: true}`, `{mahimahi: FILE, bin_ms: 100}` (a
+    path relative to this file; any other file name is read as a Mahimahi trace) or inline
+    `{steps: [[t_s, delay_ms, rate_mbit, loss_pct], ...], loop_s: S}`."""
+    if raw is None:
+        return None
+    here = Path(loc.file).parent if loc.file and not loc.file.startswith("<") else Path()
+    try:
+        if isinstance(raw, str):
+            kind = "csv" if raw.lower().endswith(".csv") else "mahimahi"
+            return read_schedule(here / raw, kind)
+        sec = Section(raw, loc, "a schedule: csv or mahimahi (a file), or steps")
+        if "steps" in sec:
+            data = {k: sec.raw(k) for k in ("steps", "loop_s", "source") if k in sec}
+            sec.done()
+            return Schedule.from_json(data)
+        if ("csv" in sec) == ("mahimahi" in sec):
+            raise loc.error("give one of `csv: FILE`, `mahimahi: FILE` or `steps: [...]`")
+        kind = "csv" if "csv" in sec else "mahimahi"
+        path = sec.str(kind)
+        loop = sec.boolean("loop", False) if kind == "csv" else False
+        bin_ms = sec.number("bin_ms", DEFAULT_BIN_MS, gt=0) if kind == "mahimahi" else 0
+        sec.done()
+        return read_schedule(here / path, kind, bin_ms=bin_ms or DEFAULT_BIN_MS, loop=loop)
+    except ValueError as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise loc.error(str(exc)) from None
 
 
 def _link_class(raw: Any, loc: Loc) -> LinkSpec:
@@ -289,13 +337,23 @@ def _read_spec(sec: Section, base: LinkSpec) -> LinkSpec:
     """A LinkSpec from `class` (or `base`) with the entry's own fields on top."""
     if "class" in sec:
         base = sec.value("class", _link_class)
-    values = base.to_json()
+    values: dict[str, Any] = {}
     for key in LINK_FIELDS:
-        if key in sec:
+        if key not in sec:
+            continue
+        if key == "loss_model":
+            values[key] = sec.value(key, _read_loss_model)
+        elif key == "schedule":
+            values[key] = sec.value(key, _read_schedule)
+        else:
             values[key] = (sec.unit(key, _LINK_PARSERS[key]) if key in _LINK_PARSERS
                            else sec.raw(key))
+    if "loss_pct" in values and "loss_model" not in values:
+        values["loss_model"] = None  # the entry's own loss replaces an inherited model
+    if values.get("loss_model") is not None and "loss_pct" not in values:
+        values["loss_pct"] = 0.0
     try:
-        return LinkSpec(**values)
+        return replace(base, **values)
     except ValueError as exc:
         raise _reraise(exc, sec, LINK_FIELDS) from None
 
@@ -413,8 +471,8 @@ def load_topology(path: str | Path) -> Topology:
 def _spec_data(spec: LinkSpec, base: LinkSpec | None) -> dict[str, Any]:
     if base is None:
         return spec.to_json()
-    ref = asdict(base)
-    return {k: v for k, v in asdict(spec).items() if ref[k] != v}
+    ref = base.to_json(full=True)
+    return {k: v for k, v in spec.to_json(full=True).items() if ref[k] != v}
 
 
 def topology_to_data(topology: Topology) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from netem.gemodel import GeLoss
 from netem.plan import (
     HtbClass,
     HtbRoot,
@@ -14,11 +15,13 @@ from netem.plan import (
     netem_limit,
     plan_change,
     plan_down,
+    plan_step,
     plan_teardown,
     plan_tree,
     plan_up,
     quantum_for,
 )
+from netem.schedule import Schedule, Step
 from netem.spec import LinkSpec
 
 A, B, C = "10.0.0.2", "10.0.0.3", "10.0.0.4"
@@ -130,3 +133,78 @@ def test_bad_input_is_refused_before_any_operation(iface: str, links: dict, need
     with pytest.raises(ValueError) as err:
         plan_tree(iface, links)
     assert needle in str(err.value)
+
+
+# -- link models (issue 15) ------------------------------------------------------------------
+RICH = LinkSpec(delay_ms=20, jitter_ms=4, jitter_dist="normal", jitter_corr_pct=25,
+                reorder_pct=1, loss_model=GeLoss(p=1, r=25, h=10, k=99))
+
+
+def test_leaf_carries_the_models_as_tc_spells_them() -> None:
+    leaf = next(op for op in plan_tree("eth0", {A: RICH}).ops if isinstance(op, NetemLeaf))
+    assert (leaf.dist, leaf.corr_pct, leaf.reorder_pct, leaf.ge) == ("normal", 25.0, 1.0,
+                                                                     RICH.loss_model)
+    assert leaf.describe() == (
+        "tc qdisc add dev eth0 parent 1:10 handle 10: netem delay 20000us 4000us 25% "
+        "distribution normal loss gemodel 1% 25% 90% 1% reorder 1% gap 1 limit 4000")
+    down = plan_down("eth0", 0x10, RICH).ops[0]
+    assert down.ge is None and down.loss_pct == 100.0  # a down link drops everything
+
+
+def test_back_to_uniform_replaces_the_kernels_table() -> None:
+    """The kernel keeps a leaf's table when none is sent: going back to uniform sends ours."""
+    slots = plan_tree("eth0", {A: RICH}).slots
+    plain = LinkSpec(delay_ms=20, jitter_ms=4)
+    (leaf,) = plan_change("eth0", {A: RICH}, {A: plain}, slots).ops
+    assert leaf.dist == "uniform" and leaf.ge is None and leaf.corr_pct == 0.0
+    assert next(op for op in plan_tree("eth0", {A: plain}).ops
+                if isinstance(op, NetemLeaf)).dist is None
+
+
+def test_schedule_steps_are_changes_of_what_moved() -> None:
+    sched = Schedule((Step(0.0, 30.0, 20.0), Step(1.0, None, 5.0), Step(2.0, 10.0)))
+    link = LinkSpec(delay_ms=30, rate_mbit=20, schedule=sched)
+    limit = netem_limit(link)
+    assert limit == netem_limit(LinkSpec(delay_ms=30, rate_mbit=20))  # sized for the largest
+    s0, s1, s2 = (link.at_step(s) for s in sched.steps)
+    rate_only = plan_step("eth0", 0x10, link, s0, s1).ops
+    assert [(type(op), op.action) for op in rate_only] == [(HtbClass, "change")]
+    assert rate_only[0].rate_bytes == 5_000_000 // 8
+    both = plan_step("eth0", 0x10, link, s1, s2).ops
+    assert [(type(op), op.action) for op in both] == [(HtbClass, "change"),
+                                                       (NetemLeaf, "change")]
+    assert both[1].delay_us == 10_000 and both[1].limit == limit
+    assert plan_step("eth0", 0x10, link, s0, s0).ops == []
+    # the tree starts at step 0
+    leaf = next(op for op in plan_tree("eth0", {A: link}).ops if isinstance(op, NetemLeaf))
+    assert leaf.delay_us == 30_000
+
+
+def test_netem_message_carries_table_and_gemodel() -> None:
+    """The bytes the kernel gets: TCA_NETEM_DELAY_DIST (2) as s16s, TCA_NETEM_LOSS (5) nesting
+    NETEM_LOSS_GE, even after pyroute2 has compiled its own netem classes (which send both
+    empty: caught in the lab)."""
+    import struct
+    import sys
+
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    from netem.dist import percent_u32, table
+    from netem.netemmsg import netem_message
+
+    theirs = tcmsg()
+    theirs["attrs"] = [["TCA_KIND", "netem"], ["TCA_OPTIONS", {
+        "delay": 1, "limit": 1, "loss": 0, "gap": 0, "duplicate": 0, "jitter": 0, "attrs": []}]]
+    theirs.encode()
+    leaf = next(op for op in plan_tree("eth0", {A: RICH}).ops if isinstance(op, NetemLeaf))
+    msg = netem_message(3, 0x100000, 0x10010, leaf)
+    msg.encode()
+    raw = bytes(msg.data)
+    order = "<" if sys.byteorder == "little" else ">"
+    dist = struct.pack(f"{order}4096h", *table("normal"))
+    at = raw.find(dist)
+    assert at > 0 and struct.unpack_from("HH", raw, at - 4) == (4 + len(dist), 2)
+    ge = struct.pack("=HHIIII", 20, 2, percent_u32(1), percent_u32(25), percent_u32(10),
+                     percent_u32(1))
+    at = raw.find(ge)
+    assert at > 0 and struct.unpack_from("HH", raw, at - 4) == (24, 5)
