@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from orchestrator.arms import Arm
+from router.records import Failure
 from services.clock import now, sleep_until
 
 from .fidelity import link_samples
@@ -103,7 +104,8 @@ def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
             int(mix.get("cpu_loaded", 0)), int(mix.get("substitute", 0)),
             int(mix.get("fallback", 0)), int(rec.get("quantized", 0)),
             sum(1 for c in rec.get("choices", ()) if len(c) > 6 and c[6]), predicted / tdf,
-            **_split(rec, layers, lat, tdf)))
+            **_split(rec, layers, lat, tdf),
+            failure=str(Failure.from_json(rec["failure"])) if rec.get("failure") else ""))
     return rows
 
 

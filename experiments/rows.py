@@ -63,6 +63,8 @@ class TokenRow:
     dense_ms: float = math.nan  # attention, gate and head on the home node (emulated)
     dense_host_ms: float = math.nan  # what the dense part took this host (not on the timeline)
     rep: int = 0  # repetition of the whole set of arms (`moemesh run --repeat N`), from 0
+    # a no_replica_reachable token: the expert no replica could serve and the nodes tried
+    failure: str = ""
 
     @property
     def ok(self) -> bool:

@@ -6,7 +6,7 @@
     ├── NoFeasiblePlan               no reachable replica can serve an expert within the token's
     │                                quality budget (the message names layer, expert and why)
     └── TokenFailed                  a token could not complete inside its deadline; `reason`
-                                     is a short code (deadline, no_replica, replans_exhausted)
+                                     is a short code (no_replica_reachable, ...)
 
 `BadRouterInput` is a ValueError so `moemesh` maps it to exit code 2 and the HTTP endpoints to
 400. Only `NoFeasiblePlan` and the client's retryable errors make the dispatcher replan.

@@ -13,6 +13,7 @@ search ended (`why`). `to_json` is the wire form of `/v1/generate` and `/v1/scor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,11 @@ class Failure:
     def to_json(self) -> dict[str, Any]:
         return {"layer": self.layer, "expert": self.expert, "tried": list(self.tried),
                 "cut_off": list(self.cut_off), "why": self.why}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Failure:
+        return cls(int(data["layer"]), int(data["expert"]), tuple(data.get("tried", ())),
+                   tuple(data.get("cut_off", ())), str(data.get("why", "")))
 
     def __str__(self) -> str:
         return (f"layer {self.layer} expert {self.expert}: {self.why}; tried "

@@ -42,6 +42,18 @@ def test_a_generation_that_stops_accounts_for_every_token() -> None:
     assert req.latency_ms == pytest.approx(400.0)
 
 
+def test_a_token_no_replica_could_serve_names_the_expert_in_its_row() -> None:
+    failed = {**_record(1, "failed", "no_replica_reachable"),
+              "failure": {"layer": 2, "expert": 5, "tried": ["edge2", "edge4"],
+                          "cut_off": ["edge3"], "why": "deadline"}}
+    answer = {"records": [_record(0), failed], "failed": "no_replica_reachable"}
+    tokens, _ = rows_of_answer(ARM, REQ, 0.5, 0.6, 1.0, 1.0, answer)
+    assert tokens[0].failure == ""
+    assert tokens[1].reason == "no_replica_reachable"
+    assert tokens[1].failure == ("layer 2 expert 5: deadline; tried edge2, edge4; "
+                                 "cut off edge3")
+
+
 def test_a_lost_request_fails_all_its_tokens_with_its_reason() -> None:
     tokens, req = rows_of_answer(ARM, REQ, 0.5, 0.6, 0.9, 1.0, None, "unreachable:X")
     assert len(tokens) == 5 and {t.reason for t in tokens} == {"request:unreachable:X"}
