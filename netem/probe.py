@@ -62,16 +62,22 @@ class ProbeReport:
         ]
 
 
-def has_net_admin() -> bool:
-    """CAP_NET_ADMIN in this process's effective set (root in a user namespace may lack it)."""
+def has_capability(bit: int) -> bool:
+    """Capability `bit` in this process's effective set (root in a user namespace may lack
+    some); where /proc says nothing, whether this is root."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
                 if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_NET_ADMIN & 1)
+                    return bool(int(line.split()[1], 16) >> bit & 1)
     except OSError:
         pass
     return os.geteuid() == 0
+
+
+def has_net_admin() -> bool:
+    """CAP_NET_ADMIN in this process's effective set."""
+    return has_capability(CAP_NET_ADMIN)
 
 
 def _no_netem_reason() -> str:

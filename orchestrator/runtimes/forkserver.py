@@ -19,9 +19,9 @@ is made there: the node's own event loop, its threads, Python's `random` (reseed
 A child runs `python -m MODULE ARGS`, `python SCRIPT ARGS` or `python -c CODE ARGS` (argv's
 first word must be this interpreter) in the forked interpreter as a fresh one would, under the
 given environment (os.environ; /proc/PID/environ still shows the template's) and working
-directory, and with argv as its command line in ps; any other argv is exec'd in the child. The template
-dies with the process that started it (parent-death signal) and takes its children with it,
-so nothing outlives a runtime killed without clean-up.
+directory, and with argv as its command line in ps; any other argv is exec'd in the child.
+The template dies with the process that started it (parent-death signal) and takes its
+children with it, so nothing outlives a runtime killed without clean-up.
 
     python -m orchestrator.runtimes.forkserver --preload MODULE ... --model NAME ...
 """

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from netem.probe import has_capability
 from orchestrator.runtimes.base import (
     Endpoint,
     NodeLaunch,
@@ -75,14 +76,7 @@ def process_alive(pid: int, start_ticks: int | None) -> bool:
 
 def can_renice() -> bool:
     """Whether this process may raise a priority back (CAP_SYS_NICE)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> _CAP_SYS_NICE & 1)
-    except OSError:
-        pass
-    return os.geteuid() == 0
+    return has_capability(_CAP_SYS_NICE)
 
 
 def starting_nice() -> int:
