@@ -150,8 +150,9 @@ class PrismPlacement(Policy):
     name = "prism"
 
     def build(self, ledger: Ledger, rng: random.Random) -> None:
-        """First one copy of each expert on its most active holder (any node with room when
-        the memory is too tight for the plan), then the plan's other copies where they fit."""
+        """First one copy of each expert on its most active planned holder with GPU room (any
+        node with room when the memory is too tight for the plan), then the plan's other
+        copies where the GPU tier has room."""
         p = ledger.p
         freq = p.demand()
         sets = prism_sets(p, freq, ledger)
@@ -159,15 +160,17 @@ class PrismPlacement(Policy):
                        key=lambda le: (-p.popularity()[le], le))
 
         def choose(layer: int, e: int, fitting: list[int]) -> int:
-            planned = [n for n in fitting if (layer, e) in sets[n]] or fitting
+            gpu = [n for n in fitting if ledger.fits(n, "fp16", "gpu")]  # GPU tier first
+            pool = gpu or fitting
+            planned = [n for n in pool if (layer, e) in sets[n]] or pool
             return max(planned, key=lambda n: (freq[n, layer, e], -n))
 
         spread_base(ledger, order, choose)
         for layer, e in order:
             for n in range(p.nodes):
-                tier = ledger.best_tier(n, "fp16")
-                if (layer, e) in sets[n] and not ledger.has(n, layer, e, "fp16") and tier:
-                    ledger.add((n, layer, e, "fp16"), tier)
+                if (layer, e) in sets[n] and not ledger.has(n, layer, e, "fp16") \
+                        and ledger.fits(n, "fp16", "gpu"):
+                    ledger.add((n, layer, e, "fp16"), "gpu")
         retier_by_popularity(ledger)
 
 
