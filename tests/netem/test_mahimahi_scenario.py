@@ -1,0 +1,51 @@
+"""The Mahimahi scenario end to end: trace-driven links with both backends (issue 15).
+
+`app` runs on this host (local runtime); `tc` runs inside the kernel lab (netns runtime, real
+qdiscs whose rate follows the traces by in-place changes). Both are slow: they start a
+three-node tiny-moe mesh (`--run-slow`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "experiments" / "scenarios" / "mahimahi.yaml"
+
+
+def run_scenario(out: Path, *flags: str, timeout_s: float) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(SCENARIO),
+                           "--out", str(out), "--quiet", *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    run = json.loads((out / "run.json").read_text())
+    return {"summary": summary, "run": run}
+
+
+def check(result: dict, shaper: str) -> None:
+    summary = result["summary"]
+    assert summary["shaper"] == shaper
+    for name in ("local-first", "hetroute"):
+        policy = summary["policies"][name]
+        assert policy["tokens"] > 0, (name, policy)
+        assert policy["failed_tokens"] <= policy["tokens"] // 10, (name, policy)
+    links = result["run"]["scenario_data"]["topology"]["links"]
+    assert any("schedule" in link for link in links)
+
+
+@pytest.mark.slow
+def test_mahimahi_scenario_with_the_app_backend(tmp_path: Path) -> None:
+    check(run_scenario(tmp_path / "app", "--shaper", "app", timeout_s=600), "app")
+
+
+@pytest.mark.slow
+@pytest.mark.lab
+def test_mahimahi_scenario_with_tc_in_namespaces(tmp_path: Path) -> None:
+    check(run_scenario(tmp_path / "tc", "--runtime", "netns", "--shaper", "tc",
+                       timeout_s=1200), "tc")
