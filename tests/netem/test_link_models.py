@@ -199,3 +199,15 @@ async def test_app_delay_step_keeps_what_was_handed_over() -> None:
     shaper2 = AppShaper(seed=1)
     await shaper2.apply({"b": LinkSpec(delay_ms=30, reorder_pct=1)})
     assert shaper2.snapshot()["links"]["b"]["not_emulated"] == ["reorder_pct"]
+
+
+def test_shipped_traces_are_what_the_generator_makes() -> None:
+    """netem/traces/*.trace come from `python -m netem.tracegen` (seeded): regenerated here."""
+    from netem.schedule import read_schedule
+    from netem.tracegen import TRACES, fiveg, wifi
+
+    for name, stamps in (("wifi", wifi()), ("5g", fiveg())):
+        path = TRACES / f"{name}.trace"
+        assert [int(x) for x in path.read_text().split()] == stamps
+        sched = read_schedule(path, "mahimahi")
+        assert sched.loop_s == stamps[-1] / 1e3 and len(sched.steps) == stamps[-1] // 100
