@@ -119,6 +119,7 @@ class SwarmRuntime(Runtime):
                     raise RuntimeFailure(f"node {name}: kill failed: {exc}") from None
         else:
             await self._update(node, replicas=0)
+        await self._gone(node)
         self._record(name, "down", how, t0)
 
     async def revive(self, name: str) -> Endpoint:
@@ -227,6 +228,17 @@ class SwarmRuntime(Runtime):
         raise RuntimeFailure(f"node {node.launch.name}: no running, listening task of service "
                              f"{self.stack}_{node.launch.name} within {self.ready_timeout_s:g} s "
                              f"(docker service ps {self.stack}_{node.launch.name} --no-trunc)")
+
+    async def _gone(self, node: _Node, timeout_s: float = 30.0) -> None:
+        """Wait until Swarm no longer counts a running task (its agent notices a killed
+        container within a second or so; a scaled-down one drains first)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while await self._running_task(node) is not None:
+            if loop.time() >= deadline:
+                raise RuntimeFailure(f"node {node.launch.name}: its task still runs "
+                                     f"{timeout_s:g} s after node-down")
+            await asyncio.sleep(0.2)
 
     def _node(self, name: str) -> _Node:
         node = self._nodes.get(name)

@@ -140,3 +140,4 @@ def test_stack_nodes_found_by_name_killed_revived_and_removed(image: str,
     (down,), (up,) = (result["fault_times"]["edge2"][i:i + 1] for i in (0, 1))
     assert down["how"] == "container killed (SIGKILL)" and up["state"] == "up"
     assert result["notes"] == []  # cap_add NET_ADMIN reached the services
+    print(f"swarm fault times: {result['fault_times']}")  # shown with -s
