@@ -40,6 +40,7 @@ from .paired import METRICS, paired_compare
 from .quality import QualitySet, identical_set
 from .reproduce import DIFFERENCES, reproduction_rows
 from .rows import RequestRow, TokenRow, read_rows
+from .runmeta import RunMeta
 
 __all__ = ["build_report", "comparisons", "load_run", "quality_delta", "render_markdown"]
 
@@ -47,15 +48,17 @@ METRIC_LABELS = {"mean_latency": "mean latency", "p99_latency": "p99 latency",
                  "traffic": "traffic/token"}
 
 
-def load_run(folder: Path) -> tuple[dict[str, Any], list[TokenRow], list[RequestRow],
-                                    list[TokenRow]]:
+def load_run(folder: Path) -> tuple[RunMeta, list[TokenRow], list[RequestRow], list[TokenRow]]:
     """run.json, tokens, requests and overhead tokens of a run folder (ValueError if missing)."""
     folder = Path(folder)
     meta_path = folder / "run.json"
     if not meta_path.is_file():
         raise ValueError(f"{folder}: no run.json here (is it the --out folder of "
                          f"`moemesh run`?)")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = RunMeta.from_json(json.loads(meta_path.read_text()), str(meta_path))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{meta_path}: not JSON: {exc}") from None
     for name in ("tokens.csv", "requests.csv"):
         if not (folder / name).is_file():
             raise ValueError(f"{folder}: {name} is missing")
@@ -66,12 +69,12 @@ def load_run(folder: Path) -> tuple[dict[str, Any], list[TokenRow], list[Request
     return meta, tokens, requests, overhead
 
 
-def quality_delta(meta: Mapping[str, Any], label: str, tokens: Sequence[TokenRow],
+def quality_delta(meta: RunMeta, label: str, tokens: Sequence[TokenRow],
                   qset: QualitySet | None = None) -> tuple[float, str]:
     """Perplexity change in % against exact on the identical token set (`experiments.quality`),
     and where it comes from: "measured", "not comparable" (failed positions in a run without
     per-position NLL), or "estimate" (the budget spent, when nothing was scored)."""
-    q = meta.get("quality", {})
+    q = meta.quality
     if q.get("exact") and q.get(label):
         qset = qset if qset is not None else identical_set(q)
         if not qset.comparable:
@@ -103,11 +106,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def _overhead_lines(meta: Mapping[str, Any], stats: Mapping[str, PolicyStats],
+def _overhead_lines(meta: RunMeta, stats: Mapping[str, PolicyStats],
                     overhead: Sequence[TokenRow], tokens: Mapping[str, Sequence[TokenRow]]
                     ) -> list[str]:
     gap = _prediction_gap(tokens)
-    info = meta.get("overhead")
+    info = meta.overhead
     if not info or not overhead:
         return ["Emulator overhead: no zero-delay run in this run (`--overhead-requests 0`). "
                 + gap]
@@ -145,12 +148,12 @@ def _prediction_gap(tokens: Mapping[str, Sequence[TokenRow]]) -> str:
             f"emulator's own work plus the model's error).")
 
 
-def comparisons(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
+def comparisons(meta: RunMeta, stats: Sequence[PolicyStats],
                 tokens: Mapping[str, Sequence[TokenRow]]) -> list[Comparison]:
     """Each policy against the first listed, paired by request, on every paired metric."""
     if len(stats) < 2:
         return []
-    ref, seed = stats[0].name, int(meta.get("seed", 0))
+    ref, seed = stats[0].name, meta.seed
     return [paired_compare(ref, tokens.get(ref, ()), s.name, tokens.get(s.name, ()), m,
                            seed=seed)
             for s in stats[1:] for m in METRICS]
@@ -212,8 +215,8 @@ def _split_lines(stats: Sequence[PolicyStats]) -> list[str]:
     return lines
 
 
-def _repeat_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats]) -> list[str]:
-    rep = meta.get("repeats") or {}
+def _repeat_lines(meta: RunMeta, stats: Sequence[PolicyStats]) -> list[str]:
+    rep = meta.repeats
     n = int(rep.get("n", 1))
     lines = ["## Run-to-run spread", ""]
     if n <= 1:
@@ -256,9 +259,9 @@ def _comparison_lines(stats: Sequence[PolicyStats], comps: Sequence[Comparison])
                            "requests", "p", "verdict"], rows)
 
 
-def _quality_lines(meta: Mapping[str, Any], qset: QualitySet,
+def _quality_lines(meta: RunMeta, qset: QualitySet,
                    stats: Sequence[PolicyStats]) -> list[str]:
-    q = meta.get("quality", {}).get("exact") or {}
+    q = meta.quality.get("exact") or {}
     if not q:
         return []
     if not qset.comparable:
@@ -282,46 +285,46 @@ def _quality_lines(meta: Mapping[str, Any], qset: QualitySet,
     return lines
 
 
-def _header_lines(meta: Mapping[str, Any], faithful: tuple[bool, Sequence[str]]) -> list[str]:
+def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[str]:
     """The verdict, the description and how the run was made."""
-    lines = [f"# moemesh run: {meta['scenario']}", "", *_faithful_lines(faithful)]
-    if meta.get("description"):
-        lines += [str(meta["description"]), ""]
-    t = meta.get("timings", {})
+    lines = [f"# moemesh run: {meta.scenario}", "", *_faithful_lines(faithful)]
+    if meta.description:
+        lines += [meta.description, ""]
+    t = meta.timings
     facts = [
-        ("runtime", meta.get("runtime")), ("shaper (link emulation)", meta.get("shaper")),
-        ("time dilation", f"{meta.get('time_dilation'):g} (emulated times x TDF on the wall "
+        ("runtime", meta.runtime), ("shaper (link emulation)", meta.shaper),
+        ("time dilation", f"{meta.time_dilation:g} (emulated times x TDF on the wall "
                           f"clock; every figure here is divided back: scenario time)"),
-        ("model", f"{meta.get('model')} ({meta.get('model_mode')})"),
-        ("seed", meta.get("seed")), ("workload", meta.get("workload")),
-        ("warm-up", f"{meta.get('warmup_s', 0):g} s, left out of every figure (not of the "
+        ("model", f"{meta.model} ({meta.model_mode})"),
+        ("seed", meta.seed), ("workload", meta.workload),
+        ("warm-up", f"{meta.warmup_s:g} s, left out of every figure (not of the "
                     f"token counts)"),
-        ("quality budget", f"{meta.get('quality_budget_pct'):g}% per token"),
-        ("SLO", f"a request's mean token latency ≤ {meta.get('slo_ms'):g} ms"),
-        ("started", meta.get("started")),
+        ("quality budget", f"{meta.quality_budget_pct:g}% per token"),
+        ("SLO", f"a request's mean token latency ≤ {meta.slo_ms:g} ms"),
+        ("started", meta.started),
         ("wall time", f"{_f(t.get('total_s'), 4)} s in all (mesh start "
                       f"{_f(t.get('mesh_start_s'), 3)} s)"),
-        ("host", ", ".join(f"{k} {v}" for k, v in meta.get("host", {}).items())),
+        ("host", ", ".join(f"{k} {v}" for k, v in meta.host.items())),
     ]
-    trace = meta.get("trace")
+    trace = meta.trace
     if trace:
         facts.append(("routing trace", f"{trace['file']} ({trace['format']}, "
                                        f"{trace['positions']} positions; gate weights "
                                        f"{trace['weights']})"))
-    load = meta.get("load") or {}
+    load = meta.load
     if load:
         facts.append(("host load (1-min average, before → after each policy)",
                       "; ".join(f"{k} {a:g} → {b:g}" for k, (a, b) in load.items())
-                      + f" on {meta.get('host', {}).get('cpus', '?')} CPUs"))
+                      + f" on {meta.host.get('cpus', '?')} CPUs"))
     lines += _table(["", ""], [(k, v) for k, v in facts])
-    for note in meta.get("notes", []):
+    for note in meta.notes:
         lines += ["", f"Note: {note}."]
     return lines
 
 
-def _fidelity_lines(meta: Mapping[str, Any]) -> list[str]:
+def _fidelity_lines(meta: RunMeta) -> list[str]:
     """Configured against measured delay and goodput per pair (experiments.fidelity)."""
-    rows = pair_rows(meta.get("fidelity"))
+    rows = pair_rows(meta.fidelity)
     lines = ["## Link fidelity", ""]
     if not rows:
         return [*lines, "Not measured: this run predates the per-pair probe.", ""]
@@ -349,19 +352,19 @@ def _fidelity_lines(meta: Mapping[str, Any]) -> list[str]:
     off = [r["pair"] for r in rows if r["off"]]
     lines += ["", (f"{len(off)} of {len(rows)} pairs off: {', '.join(off)}." if off
                    else f"All {len(rows)} pairs within the limits.")]
-    if meta.get("faults") and any(meta["faults"].values()):
+    if any(meta.faults.values()):
         lines[-1] += " The run delay includes the fault windows (a degraded link shows there)."
     return [*lines, ""]
 
 
-def _base_lines(meta: Mapping[str, Any]) -> list[str]:
+def _base_lines(meta: RunMeta) -> list[str]:
     """The real network under the emulated links, per pair (experiments.fidelity.probe_base)."""
-    tdf = float(meta.get("time_dilation") or 1.0)
-    rows = base_rows(meta.get("fidelity"), tdf)
+    tdf = meta.time_dilation
+    rows = base_rows(meta.fidelity, tdf)
     if not rows:
         return []
     lines = ["## Base network", "",
-             f"Measured at the start on the {meta.get('runtime', '?')} runtime with every link "
+             f"Measured at the start on the {meta.runtime} runtime with every link "
              "at zero delay and unlimited rate (the same probe, wall-clock). The emulated delay "
              "is **added** to this base, never the base subtracted: a pair's round trip is its "
              f"configured one plus the base ÷ {tdf:g} (time dilation).", ""]
@@ -381,7 +384,7 @@ def _signed(x: float | None, unit: str = "", digits: int = 3) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}{unit}"
 
 
-def _results_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats], qset: QualitySet
+def _results_lines(meta: RunMeta, stats: Sequence[PolicyStats], qset: QualitySet
                    ) -> list[str]:
     """Per policy: latency, throughput, traffic, quality; the execution mix; quality notes."""
     lines = ["## Results per policy", "",
@@ -409,13 +412,13 @@ def _results_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats], qset: 
                     [[s.name, *[f"{100 * s.mix[k]:.1f}%" for k in MIX_KEYS],
                       f"{100 * s.quantized_share:.1f}%", f"{100 * s.local_share:.1f}%"]
                      for s in stats])
-    exact = [a["label"] for a in meta.get("arms", []) if a.get("policy") == "exact"]
+    exact = [a["label"] for a in meta.arms if a.get("policy") == "exact"]
     if exact:
         lines += ["", f"`{'`, `'.join(exact)}`: the `exact` policy runs every expert in full "
                       f"precision on the home node's own copy of the weights, ignoring the "
                       f"placement and the network. It is the quality reference and a "
                       f"no-network bound, not a system one could deploy on these nodes."]
-    if meta.get("model_mode") == "modeled":
+    if meta.model_mode == "modeled":
         return [*lines, "", "Quality: the model is modeled (no weights), so the quality "
                             "change is the budget the router spent per token from its "
                             "penalty tables: an estimate, not a measured perplexity."]
@@ -429,10 +432,10 @@ def _quality_cell(s: PolicyStats) -> str:
     return "n/c" if s.quality_source == "not comparable" else "–"
 
 
-def _failure_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats]) -> list[str]:
+def _failure_lines(meta: RunMeta, stats: Sequence[PolicyStats]) -> list[str]:
     """The fault timeline, failed tokens by reason, the placements used."""
     lines: list[str] = []
-    faults = meta.get("faults", {})
+    faults = meta.faults
     if any(faults.values()):
         lines += ["", "## Faults", "", "Applied at these times (scenario seconds from the "
                   "workload's start; due → done):", ""]
@@ -450,7 +453,7 @@ def _failure_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats]) -> lis
         lines += _table(["policy", "reason", "tokens"],
                         [[p, r, str(n)] for p, rs in reasons.items()
                          for r, n in sorted(rs.items(), key=lambda kv: -kv[1])])
-    placements = meta.get("placements", {})
+    placements = meta.placements
     if placements:
         lines += ["", "Placements used (expected cost: the router simulated on calibration "
                       "traffic, ms per token):", ""]
@@ -460,9 +463,9 @@ def _failure_lines(meta: Mapping[str, Any], stats: Sequence[PolicyStats]) -> lis
     return lines
 
 
-def _reproduction_lines(meta: Mapping[str, Any], by_name: Mapping[str, PolicyStats],
+def _reproduction_lines(meta: RunMeta, by_name: Mapping[str, PolicyStats],
                         tokens: Mapping[str, Sequence[TokenRow]]) -> list[str]:
-    repro = reproduction_rows(meta, by_name, tokens)
+    repro = reproduction_rows(meta.to_json(), by_name, tokens)
     if not repro:
         return []
     lines = ["", "## Reproduction", "",
@@ -474,16 +477,19 @@ def _reproduction_lines(meta: Mapping[str, Any], by_name: Mapping[str, PolicySta
     return lines + ["", "Where and why we differ:", ""] + [f"- {d}" for d in DIFFERENCES]
 
 
-def render_markdown(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
+def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicyStats],
                     tokens: Mapping[str, Sequence[TokenRow]], overhead: Sequence[TokenRow],
                     images: Mapping[str, str], *, comps: Sequence[Comparison] | None = None,
                     faithful: tuple[bool, Sequence[str]] | None = None,
                     qset: QualitySet | None = None) -> str:
-    """The report (see the module docstring); `images` maps a caption to a file name."""
+    """The report (see the module docstring); `images` maps a caption to a file name; `meta`
+    is run.json's record (or its content)."""
+    if not isinstance(meta, RunMeta):
+        meta = RunMeta.from_json(meta)
     by_name = {s.name: s for s in stats}
-    qset = qset if qset is not None else identical_set(meta.get("quality", {}))
+    qset = qset if qset is not None else identical_set(meta.quality)
     if faithful is None:
-        faithful = assess(meta, stats, qset.failed)
+        faithful = assess(meta.to_json(), stats, qset.failed)
     if comps is None:
         comps = comparisons(meta, stats, tokens)
     lines = _header_lines(meta, faithful)
@@ -509,33 +515,33 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
     folder = Path(folder)
     meta, tokens, requests, overhead = load_run(folder)
     if slo_ms is not None:
-        meta["slo_ms"] = slo_ms
-    order = [a["label"] for a in meta["arms"]]
+        meta = replace(meta, slo_ms=float(slo_ms))
+    raw = meta.to_json()  # for the modules that read the plain mapping
+    order = meta.labels
     tok = _by_policy(tokens, order)
     req = _by_policy(requests, order)
-    qset = identical_set(meta.get("quality", {}))
+    qset = identical_set(meta.quality)
     stats = []
     for name in tok:
         q, source = quality_delta(meta, name, tok[name], qset)
         stats.append(policy_stats(name, tok[name], req.get(name, []),
-                                  warmup_s=float(meta.get("warmup_s", 0.0)),
-                                  slo_ms=float(meta.get("slo_ms", 300.0)),
+                                  warmup_s=meta.warmup_s, slo_ms=meta.slo_ms,
                                   quality_delta_pct=q, quality_source=source,
-                                  loop_lag=loop_lag_of(meta, name),
+                                  loop_lag=loop_lag_of(raw, name),
                                   scoring_failed_tokens=qset.failed.get(name, 0)))
     comps = comparisons(meta, stats, tok)
-    faithful = assess(meta, stats, qset.failed)
+    faithful = assess(raw, stats, qset.failed)
     quality = {"scored_tokens": qset.scored, "excluded_tokens": qset.excluded,
                "comparable": qset.comparable, "scoring_failed_tokens": dict(qset.failed)}
-    summary = summary_json(meta, stats, comparisons=comps, faithful=faithful,
-                           quality=quality if meta.get("quality") else None)
-    fidelity = summary_of(meta.get("fidelity"))
+    summary = summary_json(raw, stats, comparisons=comps, faithful=faithful,
+                           quality=quality if meta.quality else None)
+    fidelity = summary_of(meta.fidelity)
     if fidelity is not None:
         summary["fidelity"] = fidelity
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     images: dict[str, str] = {}
     if plots_too and tokens:
-        faults = dict(meta.get("faults", {}))
+        faults = dict(meta.faults)
         # faults and loop lag are on repetition 0's timeline (run.json keys them by label)
         once = ({k: [t for t in v if t.rep == 0] for k, v in tok.items()}
                 if any(t.rep for t in tokens) else tok)
@@ -545,8 +551,8 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
             ("execution mix", plots.mix_bars(stats, folder / "mix.png")),
             ("latency over time with faults" + (" (repetition 0)" if once is not tok else ""),
              plots.latency_over_time(once, faults, folder / "latency_time.png",
-                                     warmup_s=float(meta.get("warmup_s", 0.0)),
-                                     lag_by_policy=meta.get("loop_lag") or None)),
+                                     warmup_s=meta.warmup_s,
+                                     lag_by_policy=meta.loop_lag or None)),
         ]
         images = {cap: p.name for cap, p in made}
     text = render_markdown(meta, stats, tok, overhead, images, comps=comps, faithful=faithful,

@@ -8,6 +8,7 @@ import pytest
 
 from experiments.fidelity import base_rows
 from experiments.report import _base_lines
+from experiments.runmeta import RunMeta
 
 
 def fidelity() -> dict:
@@ -28,9 +29,9 @@ def test_base_is_added_to_the_configured_round_trip_in_scenario_time() -> None:
 
 
 def test_the_report_states_the_runtime_and_that_the_delay_is_added() -> None:
-    text = "\n".join(_base_lines({"runtime": "swarm", "time_dilation": 4.0,
-                                  "fidelity": fidelity()}))
+    text = "\n".join(_base_lines(RunMeta("s", (), runtime="swarm", time_dilation=4.0,
+                                          fidelity=fidelity())))
     assert "## Base network" in text and "swarm runtime" in text and "**added**" in text
     assert "| a-b | 0.5 | 900 | 0.125 | 8 | 8.12 |" in text
     assert "TimeoutError" in text
-    assert _base_lines({"fidelity": None}) == []  # a run without the probe: no section
+    assert _base_lines(RunMeta("s", ())) == []  # a run without the probe: no section

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from experiments.commands import register
 from experiments.report import build_report, quality_delta
 from experiments.reproduce import claims
+from experiments.runmeta import RunMeta
 from tests.experiments.conftest import arm, make_rows, write_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -72,9 +74,11 @@ def test_reproduction_rows_say_whether_the_direction_holds(tmp_path: Path) -> No
 
 def test_quality_comes_from_scores_or_from_the_budget_spent(tmp_path: Path) -> None:
     rows, _ = make_rows("p", 10.0, n_requests=4, warmup_requests=0)
-    q, source = quality_delta({"quality": {}}, "p", rows)
+    meta = RunMeta("s", ())
+    q, source = quality_delta(meta, "p", rows)
     assert source == "estimate" and q == pytest.approx(0.1)  # 0.001 spent per token = 0.1%
-    q, source = quality_delta({"quality": {"exact": {"nll": 2.0}, "p": {"nll": 2.0}}}, "p", rows)
+    scored = replace(meta, quality={"exact": {"nll": 2.0}, "p": {"nll": 2.0}})
+    q, source = quality_delta(scored, "p", rows)
     assert (q, source) == (0.0, "measured")
 
 
@@ -115,7 +119,8 @@ def test_every_report_has_the_link_fidelity_table(tmp_path: Path) -> None:
     summary = build_report(folder, plots_too=False)
     text = (folder / "report.md").read_text()
     assert "## Link fidelity" in text
-    assert "| edge1-edge2 | 2 | 2.1 | +0.100 | 2.05 (40) | +0.050 | 100 | 99 | -1.00% | ok |" in text
+    assert ("| edge1-edge2 | 2 | 2.1 | +0.100 | 2.05 (40) | +0.050 | 100 | 99 | -1.00% | ok |"
+            in text)
     assert "| edge1-edge3 |" in text and "**off**: probe delay" in text
     assert "1 of 2 pairs off: edge1-edge3." in text
     assert summary["fidelity"]["off"] == ["edge1-edge3"]
@@ -127,3 +132,22 @@ def test_every_report_has_the_link_fidelity_table(tmp_path: Path) -> None:
     assert "fidelity" not in summary
     assert "Not measured: this run predates the per-pair probe." in (
         folder / "report.md").read_text()
+
+
+def test_run_json_is_read_as_a_typed_record_old_runs_included(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    data = json.loads((folder / "run.json").read_text())
+    meta = RunMeta.from_json(data)
+    assert meta.labels == ["edgeshard", "greedy", "hetroute"] and meta.seed == 5
+    back = meta.to_json()  # nothing lost (unknown keys included), missing fields defaulted
+    assert {k: back[k] for k in data} == data and back["loop_lag"] == {}
+    # a run recorded before most fields existed still renders, with the defaults
+    old = {k: data[k] for k in ("scenario", "arms", "seed", "time_dilation")}
+    (folder / "run.json").write_text(json.dumps(old))
+    build_report(folder, plots_too=False)
+    assert "# moemesh run: synthetic" in (folder / "report.md").read_text()
+    for bad, says in (({**data, "seed": "five"}, "field 'seed' must be an integer"),
+                      ({**data, "faults": [1]}, "field 'faults' must be an object"),
+                      ({k: v for k, v in data.items() if k != "arms"}, "'arms' is missing")):
+        with pytest.raises(ValueError, match=says):
+            RunMeta.from_json(bad)
