@@ -9,8 +9,10 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
 
 * **A fixed ladder, not bisection**: every policy is measured at the same loads, so the curves
   can be compared point by point, and one mesh per load serves all policies. The default
-  ladder is the scenario's own load times `LOAD_FACTORS` (hetroute-paper's 2 req/s: 10, 20,
-  40, 80 req/s, the paper's sweep); `--loads` gives another.
+  ladder is the scenario's own load times `LOAD_FACTORS` (hetroute-paper's 2 req/s: 10, 40
+  and 80 req/s, the low end, the centre and the SLO table's load of the paper's 10-80 req/s
+  sweep; three loads so that the six arms fit 20 minutes on two cores); `--loads` gives
+  another.
 * **Capacity** of a policy: the highest ladder load with SLO attainment (the share of measured
   requests whose mean token latency is within the SLO, every token completed) >= the target
   (90% by default), every lower load passing too; its **max throughput at SLO** is the
@@ -30,9 +32,14 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
   (`notes`) but does not decide: its limit is 5 ms of *wall* time, which at the dilation of
   a high load is a small fraction of a scenario millisecond, and what a late loop does to the
   tokens shows in their overhead share. Each load's own report keeps the full verdict.
-* **Requests per load** (`--requests`, default `CAPACITY_REQUESTS`): a fixed count, so every
-  load takes the same wall time; the first `WARMUP_SHARE` of the span is warm-up (caches and
-  queues fill). A closed loop keeps the scenario's warm-up.
+* **Requests per load** (`--requests`, default `CAPACITY_REQUESTS`): a fixed count, so the
+  arrivals of every load take the same wall time; the first `WARMUP_SHARE` of the span is
+  warm-up (caches and queues fill). A closed loop keeps the scenario's warm-up. A point whose
+  requests are fewer than twice what its load keeps in flight in a steady state (Little's
+  law: load x mean request time, `in_flight`) came as one burst: the mesh never held the
+  load's steady number of requests at once, so its queues are those of a shorter burst, and
+  the table says so (`burst`). A steady state at a high load needs many more requests, and
+  each costs its own time x the dilation on the wall clock.
 
 Files: `capacity.json` (docs/contracts.md), `capacity.md`, `capacity.png` (SLO attainment,
 mean and p99 token latency against the offered load).
@@ -59,7 +66,7 @@ __all__ = ["CAPACITY_REQUESTS", "LOAD_FACTORS", "SLO_TARGET", "WARMUP_SHARE", "C
            "write_capacity"]
 
 CAPACITY_REQUESTS = 16
-LOAD_FACTORS = (5.0, 10.0, 20.0, 40.0)
+LOAD_FACTORS = (5.0, 20.0, 40.0)
 SLO_TARGET = 0.9
 WARMUP_SHARE = 0.2
 UNITS = {"rate": "req/s", "concurrency": "users"}
@@ -139,6 +146,14 @@ class Figure:
     faithful: bool
     reasons: tuple[str, ...] = ()  # why not faithful
     notes: tuple[str, ...] = ()  # what else the host did (event-loop lag), not deciding
+    in_flight: float = math.nan  # load x mean request time: requests a steady state holds
+    requests: int = 0  # requests sent at this load (warm-up included)
+
+    @property
+    def burst(self) -> bool:
+        """Fewer requests than twice what a steady state keeps in flight: the load came as
+        one burst, and the mesh never held the load's steady number at once."""
+        return math.isfinite(self.in_flight) and self.requests < 2 * self.in_flight
 
     def passes(self, target: float) -> bool:
         return self.faithful and math.isfinite(self.slo_share) and self.slo_share >= target
@@ -146,6 +161,7 @@ class Figure:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["reasons"], out["notes"] = list(self.reasons), list(self.notes)
+        out["burst"] = self.burst
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                 for k, v in out.items()}
 
@@ -154,10 +170,12 @@ def _f(x: Any) -> float:
     return math.nan if x is None else float(x)
 
 
-def figures_of(load: float, tdf: float, summary: Mapping[str, Any]) -> dict[str, Figure]:
+def figures_of(load: float, tdf: float, summary: Mapping[str, Any],
+               requests: Mapping[str, tuple[int, float]] | None = None) -> dict[str, Figure]:
     """Each policy's figure from one load's summary.json; a policy is faithful here when its
     own host overhead share is within experiments.faithful's limit (see the module
-    docstring for the loop lag)."""
+    docstring for the loop lag). `requests`: per policy (requests sent, mean request time in
+    scenario s), from requests.csv (see `_request_times`)."""
     out = {}
     for name, p in summary["policies"].items():
         reasons = []
@@ -178,7 +196,8 @@ def figures_of(load: float, tdf: float, summary: Mapping[str, Any]) -> dict[str,
         out[name] = Figure(load, tdf, _f(p.get("slo_share")), _f(p["throughput_tok_s"]),
                            _f(p["latency_ms"]["mean"]), _f(p["latency_ms"]["p99"]), share,
                            int(p["tokens"]), int(p["failed_tokens"]), not reasons,
-                           tuple(reasons), tuple(notes))
+                           tuple(reasons), tuple(notes), *_flight(load, (requests or {}).get(
+                               name)))
     return out
 
 
@@ -289,16 +308,41 @@ def _figures(points: Sequence[Mapping[str, Any]]) -> dict[str, list[Figure]]:
     by: dict[str, list[Figure]] = {}
     for pt in points:
         for name, f in pt["policies"].items():
+            fields = {k: v for k, v in f.items() if k != "burst"}
             by.setdefault(name, []).append(Figure(**{
-                **f, "reasons": tuple(f["reasons"]), "notes": tuple(f.get("notes", ())),
-                **{k: math.nan for k, v in f.items() if v is None}}))
+                **fields, "reasons": tuple(f["reasons"]), "notes": tuple(f.get("notes", ())),
+                **{k: math.nan for k, v in fields.items() if v is None}}))
     return by
+
+
+def _flight(load: float, sent: tuple[int, float] | None) -> tuple[float, int]:
+    if sent is None:
+        return math.nan, 0
+    n, seconds = sent
+    return (load * seconds if math.isfinite(seconds) else math.nan), n
+
+
+def _request_times(folder: Path) -> dict[str, tuple[int, float]]:
+    """Per policy: requests sent, and the mean time of a measured one (scenario s)."""
+    from .rows import RequestRow, read_rows
+
+    path = folder / "requests.csv"
+    if not path.is_file():
+        return {}
+    sent: dict[str, int] = {}
+    times: dict[str, list[float]] = {}
+    for r in read_rows(path, RequestRow):
+        sent[r.policy] = sent.get(r.policy, 0) + 1
+        if not r.warmup and math.isfinite(r.latency_ms):
+            times.setdefault(r.policy, []).append(r.latency_ms / 1000.0)
+    return {k: (n, sum(times[k]) / len(times[k]) if times.get(k) else math.nan)
+            for k, n in sent.items()}
 
 
 def _point(folder: Path, load: float, tdf: float, wall_s: float) -> dict[str, Any]:
     """One load's entry of capacity.json, from its run folder's summary.json."""
     summary = json.loads((folder / "summary.json").read_text())
-    figs = figures_of(load, tdf, summary)
+    figs = figures_of(load, tdf, summary, _request_times(folder))
     return {"load": load, "time_dilation": tdf, "folder": folder.name, "wall_s": wall_s,
             "faithful": bool(summary.get("faithful", True)),
             "policies": {k: f.to_json() for k, f in figs.items()}}
@@ -377,18 +421,21 @@ def write_capacity(out: Path, data: Mapping[str, Any]) -> Path:
              f"{unit} at factor {data['base']['time_dilation']:g}.", "",
              *capacity_lines(data), "", f"![capacity]({path.name})", "",
              "| load | policy | within SLO | tok/s | mean ms | p99 ms | host share | "
-             "tokens ok/failed | faithful |", "|---|---|---|---|---|---|---|---|---|"]
+             "tokens ok/failed | steady state | faithful |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for pt in data["points"]:
         for name, f in pt["policies"].items():
             share = "–" if f["slo_share"] is None else f"{100 * f['slo_share']:.0f}%"
             host = "–" if f["overhead_share"] is None else f"{100 * f['overhead_share']:.1f}%"
             ok = "yes" if f["faithful"] else "NO: " + "; ".join(f["reasons"])
+            steady = (f"burst: {f['requests']} sent, ~{_cell(f.get('in_flight'), '.2g')} in "
+                      f"flight" if f.get("burst") else "yes")
             if f.get("notes"):
                 ok += " (" + "; ".join(f["notes"]) + ")"
             lines.append(f"| {pt['load']:g} | {name} | {share} | "
                          f"{_cell(f['throughput_tok_s'])} | {_cell(f['mean_ms'])} | "
                          f"{_cell(f['p99_ms'])} | {host} | {f['tokens']}/{f['failed_tokens']}"
-                         f" | {ok} |")
+                         f" | {steady} | {ok} |")
     lines += ["", "Each load is a full run with its own report in the folder named after it "
                   f"(`{data['knob']}=LOAD/`); wall time {_cell(data.get('wall_s'), '.0f')} s."]
     (out / "capacity.md").write_text("\n".join(lines) + "\n")

@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--loads", metavar="LIST",
                      help="with --capacity: the offered loads, req/s (open loop) or users "
                           "(closed loop), e.g. 10,20,40,80 (default: the scenario's load "
-                          "x 5, 10, 20, 40)")
+                          "x 5, 20, 40)")
     run.add_argument("--slo-target", type=float, default=0.9, metavar="SHARE",
                      help="with --capacity: the share of requests within the SLO a load must "
                           "reach, e.g. 0.9")

@@ -24,6 +24,7 @@ from experiments.capacity import (
     should_stop,
     write_capacity,
 )
+from experiments.rows import RequestRow, write_rows
 from orchestrator.arms import Arm
 from orchestrator.faults import Fault
 from tests.experiments.conftest import small_scenario
@@ -97,8 +98,8 @@ def test_a_closed_loop_point_sets_whole_users() -> None:
     assert pt.workload.requests == 12 and pt.workload.warmup_s == sc.workload.warmup_s
     with pytest.raises(ValueError, match="concurrency"):
         at_load(sc, 2.5, base_load=2, base_tdf=1.0)
-    assert default_loads(sc) == [10.0, 20.0, 40.0, 80.0]
-    assert default_loads(small_scenario()) == [25.0, 50.0, 100.0, 200.0]
+    assert default_loads(sc) == [10.0, 40.0, 80.0]
+    assert default_loads(small_scenario()) == [25.0, 100.0, 200.0]
 
 
 def test_exact_and_sensitivity_variants_are_not_measured() -> None:
@@ -177,8 +178,17 @@ def test_a_capacity_folder_is_redrawn_from_its_loads(tmp_path: Path) -> None:
     stale = capacity_data("small", "rate", points, 0.9, 300.0,
                           {"load": 5.0, "time_dilation": 1.0}, 16)
     (tmp_path / "capacity.json").write_text(json.dumps(stale))
+    # at 20 req/s, 4 requests of 1 s each: a steady state would hold 20 at once
+    write_rows(tmp_path / "rate=20" / "requests.csv",
+               [RequestRow("hetroute", i, "edge1", -1, False, 0.05 * i, 0.05 * i,
+                           0.05 * i + 1.0, 8, 4, 4, 0, 10.0, 1000.0, "") for i in range(4)],
+               RequestRow)
     assert moemesh("report", str(tmp_path)) == 0
     data = json.loads((tmp_path / "capacity.json").read_text())
     assert data["capacity"]["hetroute"]["load"] == 10
     assert data["capacity"]["hetroute"]["limit_load"] == 20
+    low, high = (p["policies"]["hetroute"] for p in data["points"])
+    assert (low["in_flight"], low["burst"]) == (None, False)  # no requests.csv: not known
+    assert (high["in_flight"], high["requests"], high["burst"]) == (20.0, 4, True)
+    assert "burst: 4 sent, ~20 in flight" in (tmp_path / "capacity.md").read_text()
     assert (tmp_path / "capacity.png").is_file()
