@@ -96,40 +96,18 @@ def test_a_real_probe_over_the_app_shaper_is_within_the_limits() -> None:
 
 
 async def _probe_two_nodes() -> None:
-    from contextlib import AsyncExitStack
-
-    import aiohttp
-
     from moe.profiles import ModelProfile
-    from router.app import attach
-    from router.mesh import Mesh
-    from services import DeviceProfile, ModeledCompute, NodeSettings
-    from services import Node as ServiceNode
-    from services.tiers import parse_placement
+    from services import DeviceProfile
     from tests.router.conftest import TOKEN, experts
+    from tests.router.modeled_nodes import modeled_nodes
 
     mini = ModelProfile("mini", layers=2, experts=4, top_k=2, d_model=64, d_ff=128, heads=4,
                         kv_heads=4, head_dim=16, vocab_size=1000)
     dev = DeviceProfile("dev", gpu_tflops=1.0, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=10.0)
     spec = {"delay_ms": 3.0, "rate_mbit": 50.0}
     placement = {"h": experts(2, range(4)), "p": experts(2, range(4))}
-    async with AsyncExitStack() as stack:
-        nodes = {}
-        for name in placement:
-            node = ServiceNode(NodeSettings(name=name, token=TOKEN, profile=dev, model="mini"),
-                               compute=ModeledCompute(mini))
-            if name == "h":
-                router = attach(node)
-            await stack.enter_async_context(node)
-            node.set_placement(parse_placement({"experts": placement[name]}, node.shape))
-            peer = "p" if name == "h" else "h"
-            await node.set_links({"backend": "app", "links": {peer: spec}})
-            nodes[name] = node
-        urls = {n: node.url for n, node in nodes.items()}
-        router.configure(Mesh.from_json({"nodes": {n: {"url": u} for n, u in urls.items()},
-                                         "links": {"h": {"p": spec}, "p": {"h": spec}},
-                                         "placement": placement, "settings": {}}, "h"))
-        session = await stack.enter_async_context(aiohttp.ClientSession())
+    async with modeled_nodes(mini, placement, {("h", "p"): spec, ("p", "h"): spec},
+                             device=dev) as (urls, session):
         auth = {"Authorization": f"Bearer {TOKEN}"}
         body = {"peer": "p", "rows": [1] * 10 + [40] * 3}
         async with session.post(urls["h"] + "/v1/probe", json=body, headers=auth) as resp:

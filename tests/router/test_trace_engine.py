@@ -3,43 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 
-import aiohttp
 import numpy as np
 
 from moe.profiles import ModelProfile
-from router.app import attach
-from router.mesh import Mesh
-from services import DeviceProfile, ModeledCompute, Node, NodeSettings
-from services.tiers import parse_placement
-from tests.router.conftest import TOKEN, experts, links_body, mesh_body
+from tests.router.conftest import experts
+from tests.router.modeled_nodes import modeled_nodes
 
 MINI = ModelProfile("mini", layers=3, experts=8, top_k=2, d_model=64, d_ff=128, heads=4,
                     kv_heads=4, head_dim=16, vocab_size=1000)
-DEV = DeviceProfile("dev", gpu_tflops=0.001, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=10.0)
 
 
-@contextlib.asynccontextmanager
-async def _two_nodes() -> AsyncIterator[tuple[dict[str, str], aiohttp.ClientSession]]:
-    """A modeled home node h (with the router) and a peer a, on real sockets."""
+def _two_nodes() -> contextlib.AbstractAsyncContextManager:
+    """A modeled home node h (with the router) and a peer a, 1 ms apart."""
     placement = {"h": experts(3, range(4)), "a": experts(3, range(8))}
-    delays = {("h", "a"): 1.0, ("a", "h"): 1.0}
-    async with AsyncExitStack() as stack:
-        nodes = {}
-        for name in placement:
-            node = Node(NodeSettings(name=name, token=TOKEN, profile=DEV, model="mini"),
-                        compute=ModeledCompute(MINI))
-            if name == "h":
-                router = attach(node)
-            await stack.enter_async_context(node)
-            node.set_placement(parse_placement({"experts": placement[name]}, node.shape))
-            await node.set_links(links_body(name, delays))
-            nodes[name] = node
-        urls = {n: node.url for n, node in nodes.items()}
-        router.configure(Mesh.from_json(mesh_body(urls, placement, delays), "h"))
-        yield urls, await stack.enter_async_context(aiohttp.ClientSession())
+    spec = {"delay_ms": 1.0, "rate_mbit": 1000.0}
+    return modeled_nodes(MINI, placement, {("h", "a"): spec, ("a", "h"): spec})
 
 
 async def test_trace_driven_generation_over_http() -> None:
