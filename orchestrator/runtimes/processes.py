@@ -17,10 +17,10 @@ import contextlib
 import ctypes
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from netem.probe import has_capability
 from orchestrator.runtimes.base import (
@@ -36,6 +36,7 @@ __all__ = ["STARTING_NICE", "NodeProcess", "ProcessNode", "ProcessRuntime", "can
            "restore_priority", "starting_nice", "together"]
 
 STARTING_NICE = 10
+T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1
 _CAP_SYS_NICE = 23
 
@@ -134,13 +135,14 @@ async def end_process(proc: NodeProcess | None, grace_s: float) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def together(*aws: Awaitable[object]) -> None:
-    """Run `aws` in one TaskGroup: the first failure cancels the others and is raised as
-    itself (callers and users see the node's RuntimeFailure, not an ExceptionGroup)."""
+async def together(*aws: Coroutine[Any, Any, T]) -> list[T]:
+    """Run `aws` in one TaskGroup and return their results in order: the first failure
+    cancels the others and is raised as itself (callers and users see the node's
+    RuntimeFailure, not an ExceptionGroup)."""
     try:
         async with asyncio.TaskGroup() as tg:
-            for aw in aws:
-                tg.create_task(aw)
+            tasks = [tg.create_task(aw) for aw in aws]
+        return [t.result() for t in tasks]
     except BaseExceptionGroup as group:
         first = group.exceptions[0]
         while isinstance(first, BaseExceptionGroup):

@@ -83,10 +83,13 @@ async def test_cancelled_start_leaves_nothing() -> None:
     await wait_until(lambda: len(processes_with(marker)) == 2 or task.done(),
                      "both node processes", every_s=0.05)
     assert len(processes_with(marker)) == 2
+    template = rt.template_pid
+    assert template is not None  # the nodes were forked from it
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert processes_with(marker) == []
+    assert not process_alive(template, None)
 
 
 async def test_bad_launches_are_refused() -> None:
