@@ -76,6 +76,14 @@ async def test_swarm_runtime_without_a_stack_says_how_to_name_it(
         await SwarmRuntime(token="t").start([NodeLaunch("edge1", ("moemesh", "node"))])
 
 
+async def test_swarm_runtime_without_an_engine_names_the_fix() -> None:
+    from orchestrator.runtimes.base import NodeLaunch, RuntimeFailure
+
+    rt = SwarmRuntime(stack="mm", token="t", docker_url="unix:///nonexistent/moemesh.sock")
+    with pytest.raises(RuntimeFailure, match=r"cannot reach the Docker engine.*start-dockerd"):
+        await rt.start([NodeLaunch("edge1", ("moemesh", "node"))])
+
+
 def _stack_file(tmp_path: Path, image: str, stack: str) -> Path:
     tiny = builtin_profiles()["tiny-edge"]
     topo = Topology.build([Node("edge1", tiny), Node("edge2", tiny)],
