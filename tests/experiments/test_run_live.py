@@ -3,7 +3,7 @@
 `test_shortened_quickstart` is what CI runs: the README's main job, shortened with
 `--requests`, then checks summary.json's schema (docs/contracts.md) and that every token issued is
 accounted for. `test_faults_happen_and_nothing_is_left_behind` runs a link cut and a node kill
-through the same runner and checks they are recorded and undone.
+through the same runner and checks they are recorded, undone and felt by the tokens.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from experiments.live import open_live
+from experiments.rows import TokenRow, read_rows
 from experiments.runner import RunOptions, run_experiment
 from orchestrator.arms import load_experiment
+from orchestrator.chaos import Invariants
 from tests.helpers import ROOT, moemesh, moemesh_process, processes_with
 
 QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
@@ -103,14 +105,15 @@ FAULTY = """
 name: faulty
 topology:
   nodes:
-    - {name: edge1, profile: tiny-edge, users: 2}
+    - {name: edge1, gpu_tflops: 0.02, gpu_mem_gb: 0.00001, cpu_mem_gb: 0.00001, h2d_gbps: 0.2,
+       users: 2}                  # holds no expert: its tokens need edge2 and edge3
     - {name: edge2, profile: tiny-edge, users: 1}
     - {name: edge3, profile: tiny-edge, users: 0}
   defaults: {delay_ms: 2ms, rate_mbit: 200mbit}
 model: tiny-moe
 runtime: local
 shaper: app
-placement: {policy: hetroute, redundancy: 3.0}
+placement: {policy: hetroute, redundancy: 2.0, variants: [fp16]}   # edge3: 12 of edge2's 64
 policies: [hetroute]
 workload: {arrival: poisson, rate_rps: 3, prompt_tokens: [8, 16], gen_tokens: 4,
            duration: 5s, seed: 2}
@@ -148,8 +151,25 @@ async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
     assert p["tokens"] + p["failed_tokens"] == rows["hetroute"] == asked["hetroute"] > 0
     assert len(p["repeats"]["mean_ms"]) == 2 and summary["repeat"] == 2
     assert "node-down edge3" in (tmp_path / "out" / "report.md").read_text()
+    _check_fault_effect(tmp_path / "out")
     assert (mesh_dir / "nodes" / "edge3").is_dir()  # the nodes ran with their state here
     assert processes_with(str(mesh_dir)) == []  # and every node process of it is gone
+
+
+def _check_fault_effect(out: Path) -> None:
+    """The faults were felt, not only recorded: while edge1 is cut off from edge2 (1-3 s),
+    which alone holds most experts, edge1's tokens are rerouted or fail for want of a
+    reachable replica, and nothing fails before the first fault or for another reason."""
+    inv = Invariants(budget=1.0)
+    felt = 0
+    for r in read_rows(out / "tokens.csv", TokenRow):
+        inv.check(r)
+        if not r.ok and r.sent_s < 1.0 and r.done_s < 1.0:
+            raise AssertionError(f"token failed before any fault: {r}")
+        if r.home == "edge1" and 1.0 <= r.sent_s < 3.0 and (r.reroutes or not r.ok):
+            felt += 1
+    assert inv.violations == [], inv.violations[:5]
+    assert felt > 0, "the link cut had no visible effect on edge1's tokens"
 
 
 @pytest.mark.slow
