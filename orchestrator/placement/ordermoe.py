@@ -17,7 +17,8 @@ replica on the token's home node), greedily by coverage gained per byte:
    and frees the small copy's bytes), else on the node with GPU room where it covers most,
    ties to the node holding fewest members of its group (the paper's spread of a group over
    servers). The CPU tier only when no node has GPU room for it.
-3. *Fill* again with what step 2 left.
+3. *Fill* again with what step 2 left. (When memory is so tight that step 1 left no way to
+   place the fp16 copies, the placement starts over with step 2 first.)
 
 The CPU tier is never used while any node has GPU room (GPU tier first): a CPU-tier replica
 pays its host-to-device copy on every use in the offline view, and these are the copies that
