@@ -23,7 +23,10 @@ class Settings:
     """Planning: budget is the per-token quality budget (fraction, 0.02 = 2%); quality_ms
     prices one unit of quality loss in ms of latency; exhaustive_limit, beam_width and
     swap_passes shape the joint search; lookahead (H) and lookahead_weight shape OrderMoE's
-    expected future cost.
+    expected future cost; traffic_weight prices the link time a plan's bytes occupy (one
+    row out and one answer back per remote node it uses), summed over those nodes, in ms per
+    ms: the bottleneck term sees only this token's own transfer, not that the bytes hold a
+    link other tokens share (0 turns it off).
 
     Dispatch: request_ms bounds one batched request to one node; layer_ms one layer with its
     replans; token_ms a whole token; max_replans is not used any more (a layer replans until
@@ -43,6 +46,7 @@ class Settings:
     swap_passes: int = 4
     lookahead: int = 3
     lookahead_weight: float = 1.0
+    traffic_weight: float = 1.0
     # dispatch
     request_ms: float = 2000.0
     min_request_ms: float = 10.0

@@ -171,6 +171,13 @@ class PlanView:
         experts run there). The searches take this as their `fixed`."""
         return [f + rows * x for f, x in zip(self.fixed, self.xfer, strict=True)]
 
+    def traffic(self, rows: int = 1, weight: float = 1.0) -> list[float] | None:
+        """Per node, the price of using it at all: `weight` × the link time of the rows'
+        bytes there and back (the searches' `once`); None when weight is 0."""
+        if weight <= 0:
+            return None
+        return [weight * rows * x for x in self.xfer]
+
     def var_ms(self, c: Candidate, rows: int = 1) -> float:
         """What one item adds to its node's branch: the rows' compute, and a load."""
         n = c.node

@@ -89,14 +89,15 @@ class TorchCompute(ExpertCompute):
         one-off set-up (tens of ms here) that must not land on a request."""
         d = self.shape.d_model
 
-        def one(key: Key, dtype: str) -> Group:
-            return Group(key[0], dtype, bytes(DTYPE_BYTES[dtype] * d),
-                         ((Work(key[1], key[2], 1.0),),))
+        def one(key: Key, dtype: str, rows: int = 1) -> Group:
+            return Group(key[0], dtype, bytes(DTYPE_BYTES[dtype] * d * rows),
+                         ((Work(key[1], key[2], 1.0),),) * rows)
 
         warm = [one(key, "f32") for key in keys]
         if keys:
             warm += [one(keys[0], dt) for dt in ("f16", "bf16")]
             warm.append(one(keys[0], "f32"))  # a batch of two: torch.cat
+            warm.append(one(keys[0], "f32", rows=2))  # rows of one group: index_add_
         self.run(warm, [True] * len(warm))
 
     @torch.inference_mode()
@@ -104,43 +105,43 @@ class TorchCompute(ExpertCompute):
         d = self.shape.d_model
         xs = [decode_tensor(g.x, g.dtype, g.rows, d) for g in groups]
         xs = [x if x.dtype == torch.float32 else x.float() for x in xs]
-        # every use of a key: (group, row, position among the group's entries, weight)
-        uses: dict[Key, list[tuple[int, int, int, float]]] = {}
+        # per key, per group: the rows that use it, their positions among the group's
+        # entries, and their gate weights
+        uses: dict[Key, dict[int, tuple[list[int], list[int], list[float]]]] = {}
         for gi, g in enumerate(groups):
             at = 0
             for r, row in enumerate(g.work):
                 for w in row:
-                    uses.setdefault((g.layer, w.expert, w.variant), []).append(
-                        (gi, r, at, w.weight))
+                    mine = uses.setdefault((g.layer, w.expert, w.variant), {})
+                    rows, ats, ws = mine.setdefault(gi, ([], [], []))
+                    rows.append(r)
+                    ats.append(at)
+                    ws.append(w.weight)
                     at += 1
         outs = [torch.zeros_like(x) for x in xs]
         pieces = [torch.empty(g.entries, d) if _wants(parts, i) else None
                   for i, g in enumerate(groups)]
         for key in sorted(uses):  # experts ascending: each row sums in combine_experts' order
-            members = uses[key]
-            by_group: dict[int, list[int]] = {}
-            for j, m in enumerate(members):
-                by_group.setdefault(m[0], []).append(j)
-            if len(members) == 1:
-                gi, r = members[0][0], members[0][1]
-                x = xs[gi][r:r + 1]
-            else:
-                x = torch.cat([xs[gi][[members[j][1] for j in js]]
-                               for gi, js in by_group.items()])
-            y = self._expert(*key)(x)
+            by_group = uses[key]
+            # one row (a decoded token): a slice, no index tensors
+            picked = [(gi, rows[0] if len(rows) == 1 else torch.tensor(rows))
+                      for gi, (rows, _, _) in by_group.items()]
+            xk = [xs[gi][idx:idx + 1] if isinstance(idx, int) else xs[gi].index_select(0, idx)
+                  for gi, idx in picked]
+            y = self._expert(*key)(xk[0] if len(xk) == 1 else torch.cat(xk))
             at = 0
-            for gi, js in by_group.items():
-                mine = y[at:at + len(js)]
-                at += len(js)
-                rows = [members[j][1] for j in js]
-                w = torch.tensor([members[j][3] for j in js], dtype=torch.float32)
-                if len(js) == 1:
-                    outs[gi][rows[0]].add_(mine[0] * w[0])
+            for gi, idx in picked:
+                rows, ats, ws = by_group[gi]
+                mine = y[at:at + len(rows)]
+                at += len(rows)
+                if isinstance(idx, int):
+                    outs[gi][idx].add_(mine[0] * ws[0])
                 else:
-                    outs[gi].index_add_(0, torch.tensor(rows), mine * w[:, None])
+                    w = torch.tensor(ws, dtype=torch.float32)
+                    outs[gi].index_add_(0, idx, mine * w[:, None])
                 piece = pieces[gi]
                 if piece is not None:
-                    piece[[members[j][2] for j in js]] = mine
+                    piece[ats] = mine
         return [(encode_tensor(out, g.dtype),
                  None if piece is None else encode_tensor(piece, g.dtype))
                 for out, piece, g in zip(outs, pieces, groups, strict=True)]

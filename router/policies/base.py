@@ -214,10 +214,12 @@ def infeasible(
 
 
 def build_plan(view: PlanView, req: PlanRequest, picks: Sequence[Option],
-               base: Sequence[float] | None = None) -> Plan:
+               base: Sequence[float] | None = None, once: Sequence[float] | None = None
+               ) -> Plan:
     """The Plan of one complete pick, with the compiled cost model's prediction (`base`: the
-    nodes' `PlanView.base` for the request's rows, if the caller has it already)."""
-    j, lat, pen = evaluate(view.base(req.rows) if base is None else base, picks)
+    nodes' `PlanView.base` for the request's rows, if the caller has it already; `once`: the
+    traffic prices the objective counted, if any)."""
+    j, lat, pen = evaluate(view.base(req.rows) if base is None else base, picks, once)
     choices = tuple(
         Choice(slot, req.experts[slot], req.weights[slot], o[4].replica, o[5], o[2])
         for slot, o in enumerate(picks)

@@ -20,10 +20,11 @@ class Greedy(Policy):
         skip = excluded(view, req)
         opts, extras = hetroute_options(view, req, lam, skip)
         base = view.base(req.rows)
-        picks = greedy(base, opts, req.budget_left)
+        once = view.traffic(req.rows, self.settings.traffic_weight)  # charged to every slot
+        picks = greedy(base, opts, req.budget_left, once)
         if picks is None:
             add_fallbacks(view, req, opts, lam, skip, extras)
-            picks = greedy(base, opts, req.budget_left)
+            picks = greedy(base, opts, req.budget_left, once)
             if picks is None:
                 raise infeasible(view, req, skip)
-        return build_plan(view, req, picks, base)
+        return build_plan(view, req, picks, base, once)

@@ -8,6 +8,10 @@ one-swap beyond, seeded with the greedy pick). If the survivors cannot be combin
 budget, the fallbacks join every slot and the search runs again; an all-fp16 pick spends
 nothing, so a plan exists whenever every expert has a reachable full-precision replica.
 
+The objective also prices the bytes the plan moves (`Settings.traffic_weight`: the link time
+of one row out and one answer back per remote node used, counted once per node), which the
+bottleneck alone does not see: a token whose experts share a node moves its row once.
+
 The aggregation node is always the home node here (the dense part runs there,
 docs/architecture.md), so HetRoute's one-step lookahead for the next aggregation server has
 nothing to choose.
@@ -39,12 +43,13 @@ class HetRoute(Policy):
             future=future,
             lookahead_weight=s.lookahead_weight if self.lookahead else 0.0,
         )
-        args = (s.exhaustive_limit, s.beam_width, s.swap_passes)
         base = view.base(req.rows)  # a node's rows cross its link once: sharing it pays
+        once = view.traffic(req.rows, s.traffic_weight)  # and their bytes are priced once
+        args = (s.exhaustive_limit, s.beam_width, s.swap_passes, once)
         picks = joint(base, opts, req.budget_left, *args)
         if picks is None:
             add_fallbacks(view, req, opts, lam, skip, extras)
             picks = joint(base, opts, req.budget_left, *args)
             if picks is None:
                 raise infeasible(view, req, skip)
-        return build_plan(view, req, picks, base)
+        return build_plan(view, req, picks, base, once)

@@ -7,10 +7,14 @@ objective besides latency (quality priced in ms, plus any lookahead term), and w
 wants back. For a pick of one option per slot:
 
     L = max over used nodes n of fixed[n] + Σ var of the options on n      (the bottleneck)
+    J = L + Σ add + Σ over used nodes n of once[n],  feasible when Σ penalty ≤ budget
 
 `fixed[n]` is what a node costs once used (`PlanView.base`: delays, wait and the token's one
-transfer there and back), so options that share a node share it.
-    J = L + Σ add,  feasible when Σ penalty ≤ budget
+transfer there and back), so options that share a node share it. `once[n]` (optional, summed
+rather than maxed) prices what using node n at all costs besides this token's latency: the
+links its bytes occupy (HetRoute's traffic term, `Settings.traffic_weight`). The joint
+searches charge it once per used node; `greedy`, blind to where the other slots go, charges it
+to every slot.
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ Option = tuple  # (node: int, var: float, penalty: float, add: float, payload, k
 Picks = tuple
 
 
-def evaluate(fixed: Sequence[float], picks: Sequence[Option]) -> tuple[float, float, float]:
+Once = Sequence[float] | None
+
+
+def evaluate(fixed: Sequence[float], picks: Sequence[Option], once: Once = None
+             ) -> tuple[float, float, float]:
     """(objective J, latency L, penalty Q) of one complete pick."""
     acc: dict[int, float] = {}
     add = pen = 0.0
@@ -46,11 +54,13 @@ def evaluate(fixed: Sequence[float], picks: Sequence[Option]) -> tuple[float, fl
         pen += o[2]
         add += o[3]
     lat = max(fixed[n] + a for n, a in acc.items())
+    if once is not None:
+        add += sum(once[n] for n in acc)
     return lat + add, lat, pen
 
 
 def exhaustive(
-    fixed: Sequence[float], opts: Sequence[Sequence[Option]], budget: float
+    fixed: Sequence[float], opts: Sequence[Sequence[Option]], budget: float, once: Once = None
 ) -> Picks | None:
     """The optimum by enumeration (callers keep Π |opts| small)."""
     best: Picks | None = None
@@ -68,6 +78,8 @@ def exhaustive(
             continue
         lat = max(fixed[n] + a for n, a in acc.items())
         j = lat + add
+        if once is not None:
+            j += sum(once[n] for n in acc)
         if j < best_j:
             best_j, best = j, combo
     return best
@@ -108,13 +120,15 @@ def sequential(
 
 
 def greedy(
-    fixed: Sequence[float], opts: Sequence[Sequence[Option]], budget: float
+    fixed: Sequence[float], opts: Sequence[Sequence[Option]], budget: float, once: Once = None
 ) -> Picks | None:
-    """Each slot alone to its cheapest option (standalone branch cost + add), in slot order,
-    each within the budget the earlier slots left (keeping the later slots' reserve)."""
+    """Each slot alone to its cheapest option (standalone branch cost + add, + once[n] as if
+    it were the node's only slot), in slot order, each within the budget the earlier slots
+    left (keeping the later slots' reserve)."""
+    price = once if once is not None else [0.0] * len(fixed)
 
     def cheapest(fits: list[Option]) -> Option:
-        return min(fits, key=lambda o: fixed[o[0]] + o[1] + o[3])
+        return min(fits, key=lambda o: fixed[o[0]] + o[1] + o[3] + price[o[0]])
 
     return sequential(fixed, opts, budget, cheapest)
 
@@ -126,6 +140,7 @@ def beam_swap(
     width: int = 8,
     passes: int = 4,
     seeds: Sequence[Picks] = (),
+    once: Once = None,
 ) -> Picks | None:
     """Beam search of `width` over the slots, then one-swap improvement of the best found.
 
@@ -150,6 +165,8 @@ def beam_swap(
                 t = fx + a
                 l2 = lat if lat >= t else t
                 a2 = add + oadd
+                if once is not None and n not in acc:
+                    a2 += once[n]
                 grown.append((l2 + a2, l2, p2, a2, acc, picks, n, a, o))
         if not grown:
             beams = []
@@ -166,12 +183,12 @@ def beam_swap(
     best = None
     best_j = float("inf")
     for picks in pool:
-        j, _, pen = evaluate(fixed, picks)
+        j, _, pen = evaluate(fixed, picks, once)
         if pen <= limit and j < best_j:
             best_j, best = j, picks
     if best is None:
         return None
-    return _one_swap(fixed, opts, list(best), limit, passes)
+    return _one_swap(fixed, opts, list(best), limit, passes, once)
 
 
 def _score(t: tuple) -> float:
@@ -184,9 +201,11 @@ def _one_swap(
     picks: list,
     limit: float,
     passes: int,
+    once: Once = None,
 ) -> Picks:
     """Replace one slot's option at a time while that lowers J (first improvement), with
     the per-node sums updated in place rather than recomputed."""
+    price = once if once is not None else [0.0] * len(fixed)
     acc: dict[int, float] = {}
     cnt: dict[int, int] = {}
     pen = add = 0.0
@@ -195,6 +214,7 @@ def _one_swap(
         cnt[o[0]] = cnt.get(o[0], 0) + 1
         pen += o[2]
         add += o[3]
+    add += sum(price[n] for n in acc)  # from here on, add holds the used nodes' prices too
     best_j = max(fixed[n] + acc[n] for n in acc) + add
     for _ in range(passes):
         improved = False
@@ -210,6 +230,10 @@ def _one_swap(
                 n0, n1 = cur[0], o[0]
                 acc[n0] -= cur[1]
                 cnt[n0] -= 1
+                if cnt[n0] == 0:
+                    a2 -= price[n0]
+                if not cnt.get(n1):
+                    a2 += price[n1]
                 acc[n1] = acc.get(n1, 0.0) + o[1]
                 cnt[n1] = cnt.get(n1, 0) + 1
                 j = max(fixed[n] + a for n, a in acc.items() if cnt[n]) + a2
@@ -233,6 +257,7 @@ def joint(
     exhaustive_limit: int = 64,
     width: int = 8,
     passes: int = 4,
+    once: Once = None,
 ) -> Picks | None:
     """HetRoute's joint search: exhaustive when Π |opts| ≤ exhaustive_limit, else beam +
     one-swap seeded with the greedy pick (so the result is never worse than greedy's).
@@ -241,14 +266,14 @@ def joint(
     likely bottleneck early is what keeps the beam near the optimum (on random instances
     this cut the misses against exhaustive search about eightfold)."""
     if prod(len(o) for o in opts) <= exhaustive_limit:
-        return exhaustive(fixed, opts, budget)
-    seed = greedy(fixed, opts, budget)
+        return exhaustive(fixed, opts, budget, once)
+    seed = greedy(fixed, opts, budget, once)
     order = sorted(
         range(len(opts)), key=lambda i: -min(fixed[o[0]] + o[1] + o[3] for o in opts[i])
     )
     ordered = [opts[i] for i in order]
     seeds = (tuple(seed[i] for i in order),) if seed else ()
-    found = beam_swap(fixed, ordered, budget, width, passes, seeds=seeds)
+    found = beam_swap(fixed, ordered, budget, width, passes, seeds=seeds, once=once)
     if found is None:
         return None
     out: list = [None] * len(opts)

@@ -104,3 +104,24 @@ def test_ewma_rejects_a_bad_alpha() -> None:
         Ewma(0.0)
     e = Ewma(0.5)
     assert e.update(4.0) == 4.0 and e.update(0.0) == 2.0
+
+
+def test_a_tokens_two_experts_on_one_node_are_one_rows_serialisation() -> None:
+    """The link correction subtracts what the wire really carried: a token's two experts on
+    one node are one row out and one answer back (router.cost.branch_cost, wire version 2), so
+    an answer that took exactly the priors' time leaves the delays at their priors."""
+    from router.cost import Estimates, branch_cost
+    from router.types import ModelShape, Replica
+
+    shape = ModelShape(d_model=250, expert_flops=1e6,
+                       expert_bytes={"fp16": 1000, "int8": 500, "int4": 250})  # 1000 B a row
+    slow = {("h", "a"): LinkEstimate(5.0, 0.8), ("a", "h"): LinkEstimate(5.0, 0.8)}  # 10 ms/kB
+    two = [(Replica(0, 1, "a", "fp16", "gpu"), 1), (Replica(0, 2, "a", "fp16", "gpu"), 1)]
+    pred = branch_cost(Estimates(NODES, slow), shape, "h", "h", "a", two)
+    assert (pred.bytes_in, pred.bytes_out) == (1000, 1000)
+    est = Estimators("h", NODES, slow, alpha=1.0)
+    t = est.sent("a", pred, at_ms=0.0)
+    wall = 5 + 10 + pred.compute_ms + 5 + 10  # delays + one row each way + compute
+    est.answered("a", t, pred, wall, timing(compute=pred.compute_ms), None, at_ms=wall)
+    assert est.link("h", "a").delay_ms == pytest.approx(5.0)
+    assert est.link("a", "h").delay_ms == pytest.approx(5.0)

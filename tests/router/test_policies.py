@@ -52,6 +52,38 @@ def test_hetroute_splits_where_greedy_piles_onto_one_node() -> None:
     assert het.latency_ms == pytest.approx(9.5, abs=0.01)  # max(9, 9.5)
 
 
+def test_hetroute_groups_a_tokens_experts_on_one_node_to_move_its_row_once() -> None:
+    """Slow links (a row takes 1 ms each way): a and b are each 0.1 ms nearer than c, which
+    holds both experts. Greedy sends each expert to its own nearest node and moves the row
+    twice; HetRoute's joint objective prices the bytes once per node (traffic_weight) and
+    puts both on c, moving the row once, at 0.2 ms more latency. Without the traffic price
+    the bottleneck alone splits them, as greedy does."""
+    nodes = {n: NodeEstimate(1e11, 1e9) for n in ("h", "a", "b", "c")}
+    reps = [Replica(0, 0, "a"), Replica(0, 1, "b"), Replica(0, 0, "c"), Replica(0, 1, "c")]
+    links = {}
+    for n, d in {"a": 2.0, "b": 2.0, "c": 2.1}.items():
+        links[("h", n)] = links[(n, "h")] = LinkEstimate(d, 0.8)  # 100 bytes: 1 ms
+    est = Estimates(nodes, links)
+    view = PlanView(Placement.of(reps), SHAPE, QualityTable.neutral(1, 4), "h",
+                    nodes=list(nodes))
+    view.refresh(est)
+    req = PlanRequest(0, (0, 1), (0.5, 0.5))
+
+    def moved(plan) -> int:
+        return layer_cost(est, SHAPE, "h", "h", [(c.replica, 1) for c in plan.choices]
+                          ).bytes_total
+
+    greedy = make_policy("greedy").plan(view, req)
+    het = make_policy("hetroute").plan(view, req)
+    blind = make_policy("hetroute", Settings(traffic_weight=0.0)).plan(view, req)
+    assert sorted(c.replica.node for c in greedy.choices) == ["a", "b"]
+    assert [c.replica.node for c in het.choices] == ["c", "c"]
+    assert sorted(c.replica.node for c in blind.choices) == ["a", "b"]
+    assert (moved(greedy), moved(het), moved(blind)) == (400, 200, 400)
+    assert het.latency_ms == pytest.approx(greedy.latency_ms + 0.21, abs=1e-6)
+    assert het.objective < greedy.objective
+
+
 def test_local_first_prefers_home_then_nearest() -> None:
     nodes = {n: NodeEstimate(1e9, 1e9) for n in ("h", "a", "b")}
     reps = [Replica(0, 0, "h", "int8"), Replica(0, 0, "a"), Replica(0, 1, "a"),

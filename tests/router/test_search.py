@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,13 +29,14 @@ def instances(draw, max_slots: int = 6, max_opts: int = 4):
             pen = draw(st.sampled_from([0.0, 0.0, 0.001, 0.004, 0.01]))
             slot.append((n, var, pen, 1000.0 * pen, object(), "exact"))
         opts.append(slot)
-    return fixed, opts, draw(BUDGETS)
+    once = draw(st.none() | st.lists(st.floats(0, 10), min_size=nodes, max_size=nodes))
+    return fixed, opts, draw(BUDGETS), once  # once: a per-node price charged once per used node
 
 
-def brute_force(fixed, opts, budget):
+def brute_force(fixed, opts, budget, once=None):
     best = None
     for combo in itertools.product(*opts):
-        j, _, pen = evaluate(fixed, combo)
+        j, _, pen = evaluate(fixed, combo, once)
         if pen <= budget + EPS and (best is None or j < best):
             best = j
     return best
@@ -43,44 +45,44 @@ def brute_force(fixed, opts, budget):
 @settings(max_examples=300, deadline=None)
 @given(instances())
 def test_exhaustive_is_the_optimum(inst) -> None:
-    fixed, opts, budget = inst
-    found = exhaustive(fixed, opts, budget)
-    best = brute_force(fixed, opts, budget)
+    fixed, opts, budget, once = inst
+    found = exhaustive(fixed, opts, budget, once)
+    best = brute_force(fixed, opts, budget, once)
     if best is None:
         assert found is None
     else:
-        assert evaluate(fixed, found)[0] == best
+        assert evaluate(fixed, found, once)[0] == best
 
 
 @settings(max_examples=300, deadline=None)
 @given(instances())
 def test_beam_swap_is_feasible_never_better_than_optimum_and_finds_a_plan(inst) -> None:
-    fixed, opts, budget = inst
-    opt = exhaustive(fixed, opts, budget)
-    found = beam_swap(fixed, opts, budget, width=8, passes=4)
+    fixed, opts, budget, once = inst
+    opt = exhaustive(fixed, opts, budget, once)
+    found = beam_swap(fixed, opts, budget, width=8, passes=4, once=once)
     if opt is None:
         assert found is None
         return
     assert found is not None, "beam lost every feasible pick"
-    j, _, pen = evaluate(fixed, found)
+    j, _, pen = evaluate(fixed, found, once)
     assert pen <= budget + EPS
-    assert j >= evaluate(fixed, opt)[0] - 1e-9
+    assert j >= evaluate(fixed, opt, once)[0] - 1e-9
     assert all(o in slot for o, slot in zip(found, opts, strict=True))
 
 
 @settings(max_examples=300, deadline=None)
 @given(instances(max_slots=8))
 def test_joint_never_worse_than_greedy_and_within_budget(inst) -> None:
-    fixed, opts, budget = inst
-    g = greedy(fixed, opts, budget)
-    found = joint(fixed, opts, budget, exhaustive_limit=16)
+    fixed, opts, budget, once = inst
+    g = greedy(fixed, opts, budget, once)
+    found = joint(fixed, opts, budget, exhaustive_limit=16, once=once)
     if g is None:
         # greedy keeps the later slots' reserve, so it fails only when nothing fits at all
         assert exhaustive(fixed, opts, budget) is None
         return
     assert found is not None
-    jf, _, pf = evaluate(fixed, found)
-    jg, _, pg = evaluate(fixed, g)
+    jf, _, pf = evaluate(fixed, found, once)
+    jg, _, pg = evaluate(fixed, g, once)
     assert pf <= budget + EPS and pg <= budget + EPS
     assert jf <= jg + 1e-9
 
@@ -114,3 +116,22 @@ def test_beam_gap_against_exhaustive_is_small_on_a_seeded_corpus() -> None:
             worst = max(worst, gap)
     assert misses <= 10, misses
     assert worst <= 0.25, worst
+
+
+def test_a_per_node_price_is_charged_once_by_the_joint_searches_and_per_slot_by_greedy() -> None:
+    """Two slots, each a touch cheaper on its own node (0 or 1) than on node 2, which holds
+    both; using a node costs 1 more (its traffic). Greedy, blind to sharing, takes 0 and 1
+    and pays twice; the joint searches put both on 2 and pay once."""
+    fixed = [5.0, 5.0, 5.1]
+    opts = [[(0, 0.1, 0.0, 0.0, "a0", "x"), (2, 0.1, 0.0, 0.0, "a2", "x")],
+            [(1, 0.1, 0.0, 0.0, "b1", "x"), (2, 0.1, 0.0, 0.0, "b2", "x")]]
+    once = [1.0, 1.0, 1.0]
+    g = greedy(fixed, opts, 0.0, once)
+    assert [o[4] for o in g] == ["a0", "b1"]
+    assert evaluate(fixed, g, once)[0] == pytest.approx(5.1 + 2.0)
+    for found in (exhaustive(fixed, opts, 0.0, once), beam_swap(fixed, opts, 0.0, once=once),
+                  joint(fixed, opts, 0.0, exhaustive_limit=1, once=once)):
+        assert [o[4] for o in found] == ["a2", "b2"]
+        assert evaluate(fixed, found, once)[0] == pytest.approx(5.3 + 1.0)
+    assert [o[4] for o in exhaustive(fixed, opts, 0.0)] in (["a0", "b1"], ["a0", "b2"],
+                                                              ["a2", "b1"])  # no price: spread
