@@ -286,7 +286,10 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
         say(f"moemesh run --capacity: {knob} {load:g} {UNITS[knob]} at time dilation "
             f"{'auto' if auto else f'{point.time_dilation:g}'} -> {folder}")
         t = time.monotonic()
-        meta = await run_experiment(point, arms, open_mesh, folder, options,
+        # the links are probed once, at the first load: their fidelity does not depend on
+        # the load, and at a high load's dilation the probe alone takes minutes
+        meta = await run_experiment(point, arms, open_mesh, folder,
+                                    replace(options, link_probe=not done),
                                     notes=[*notes, f"capacity point {knob}={load:g}"])
         if auto:  # calibrated at the first load: later loads keep its wall-clock rate
             auto, base_load, base_tdf = False, load, float(meta["time_dilation"])

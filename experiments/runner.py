@@ -68,6 +68,7 @@ class RunOptions:
     render: bool = True  # write summary.json, report.md and plots after the raw records
     repeat: int = 1  # the whole set of arms this many times, counterbalanced (.repeats)
     trace: RoutingTrace | None = None  # modeled mode: route by this trace file (.routing)
+    link_probe: bool = True  # probe every pair's link before the first arm (.fidelity)
 
     def __post_init__(self) -> None:
         if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
@@ -460,7 +461,8 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             async with open_mesh(scenario, first) as mesh:
                 run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
                 run._time("mesh_start_s", t0)
-                await run.probe_links(mesh)
+                if options.link_probe:
+                    await run.probe_links(mesh)
                 for rep, order in enumerate(orders):
                     for arm in order:
                         await run.arm_in(mesh, arm, rep)

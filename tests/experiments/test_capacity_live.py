@@ -52,6 +52,10 @@ def test_capacity_runs_each_load_and_draws_the_curve(tmp_path: Path) -> None:
     assert set(data["capacity"]) == {"local-first", "hetroute"}  # exact is not measured
     for p in data["points"]:
         assert (out / p["folder"] / "summary.json").is_file()
+    # the links are probed at the first load only
+    probed = [bool(json.loads((out / p["folder"] / "run.json").read_text()).get("fidelity"))
+              for p in data["points"]]
+    assert probed == [True, False]
     for name in ("local-first", "hetroute"):
         low, high = (p["policies"][name] for p in data["points"])
         assert low["tokens"] > 0 and high["tokens"] > 0
