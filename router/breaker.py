@@ -49,6 +49,13 @@ class Breaker:
             return not self.probing
         return self.state == CLOSED
 
+    def usable_at(self, now_ms: float) -> float:
+        """When a plan may use this next: now, or when an open breaker goes half-open (a probe
+        in flight: now, its answer is due within its limit)."""
+        if self.usable(now_ms) or self.state == HALF_OPEN:
+            return now_ms
+        return self.opened_at + self.open_ms
+
     def on_send(self) -> None:
         if self.state == HALF_OPEN:
             self.probing = True
@@ -86,6 +93,12 @@ class Breakers:
         ok = self.node[name].usable(now_ms)
         link = self.link.get(name)
         return (link.usable(now_ms) if link is not None else True) and ok
+
+    def usable_at(self, name: str, now_ms: float) -> float:
+        """When both of `name`'s breakers let a plan use it next (see Breaker.usable_at)."""
+        link = self.link.get(name)
+        return max(self.node[name].usable_at(now_ms),
+                   link.usable_at(now_ms) if link is not None else now_ms)
 
     def on_send(self, name: str) -> None:
         self.node[name].on_send()

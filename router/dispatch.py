@@ -10,11 +10,12 @@ nodes' sums per row, in the order of their lowest expert (for top-2 that is the 
 
 When a request fails (timeout, refused, cut link), the node joins the affected rows'
 exclusions and only their missing slots are planned again, inside the layer's deadline and
-the token's; the node's or link's circuit breaker counts the failure. Every round excludes at
-least one more node for each row it replans, so a layer ends. A row fails only when no
-full-precision replica of one of its experts can serve it before the deadline (no replica
-left outside its exclusions and open breakers, or the deadline passed): reason
-`no_replica_reachable`, with a `Failure` naming that expert and the nodes tried.
+the token's; the node's or link's circuit breaker counts the failure. A row with no replica
+usable now (all excluded or behind open breakers) waits until a breaker lets a full-precision
+replica through again, if that is before the deadline, and tries afresh: a busy host slows
+tokens down instead of failing them. A row fails only when no full-precision replica of one
+of its experts can serve it before the deadline: reason `no_replica_reachable`, with a
+`Failure` naming that expert and the nodes tried.
 
 The emulated timeline (docs/measurement.md): with a `Timeline` the layer's requests leave at
 the clock's time, not when this host finished planning them, each answer says when it is back
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -181,12 +183,18 @@ class Dispatcher:
         rounds = 0
         began = ready = clock.at
         split = _Split()
+        stuck: dict[int, tuple[list[int], float, NoFeasiblePlan]] = {}  # see _await_replica
         while pending:
             self.sync()
             batches = self._plan(layer, pending, experts, gate, excluded, tokens, recs, policy,
-                                 first=rounds == 0)
+                                 rounds == 0, stuck)
             if not batches:
-                break
+                if not await self._await_replica(layer, stuck, excluded, tokens, layer_deadline):
+                    break
+                pending = {r: slots for r, (slots, _, _) in stuck.items()}
+                stuck.clear()
+                ready = max(ready, clock_now())  # the wait is on the token's timeline too
+                continue
             if rounds:
                 self.counters.retries += len(batches)
             results = await self._scatter(layer, x, batches, layer_deadline, ready)
@@ -201,6 +209,8 @@ class Dispatcher:
                     continue
                 self._gather(node, batch, res, tokens, recs, outputs)
             pending = {r: sorted(s) for r, s in retry.items() if not tokens[r].done}
+            pending.update({r: slots for r, (slots, _, _) in stuck.items()})
+            stuck.clear()
             if not pending:
                 break
             rounds += 1
@@ -244,8 +254,10 @@ class Dispatcher:
             split.link += end - ready
         return end
 
-    def _plan(self, layer, pending, experts, gate, excluded, tokens, recs, policy, first):
-        """Plan every pending row; group the choices into one batch per node.
+    def _plan(self, layer, pending, experts, gate, excluded, tokens, recs, policy, first,
+              stuck):
+        """Plan every pending row; group the choices into one batch per node. A row with no
+        replica usable now goes to `stuck` (its slots, when one may be, the planner's error).
 
         Rows are planned one after another against the same view, and each row's work (its
         one transfer to a node, its experts' compute there) is added to its nodes' fixed cost
@@ -270,8 +282,7 @@ class Dispatcher:
                 try:
                     plan = policy.plan(view, req)
                 except NoFeasiblePlan as exc:
-                    tok.fail_unreachable(self._failure(
-                        layer, exc.expert, excluded.get(row, ()), f"no replica left: {exc.why}"))
+                    stuck[row] = (slots, self._replica_at(layer, exc.expert), exc)
                     continue
                 self.counters.plans += 1
                 if first:
@@ -293,6 +304,36 @@ class Dispatcher:
         finally:
             view.fixed[:] = saved
         return batches
+
+    def _replica_at(self, layer: int, expert: int) -> float:
+        """When the breakers let some full-precision replica of `expert` serve next (inf: no
+        such replica is placed)."""
+        now = now_ms()
+        return min((self.breakers.usable_at(self.view.names[c.node], now)
+                    for c in self.view.exact(layer, expert) if c.replica.variant == "fp16"),
+                   default=math.inf)
+
+    async def _await_replica(self, layer, stuck, excluded, tokens, deadline: float) -> bool:
+        """Rows no replica can serve now wait for the first breaker to let a full-precision
+        replica through (at least min_request_ms, a back-off), then try afresh (their
+        exclusions cleared); where that is not before the deadline they fail, named. True
+        when some row waited."""
+        if not stuck:
+            return False
+        at = max(min(t for _, t, _ in stuck.values()), now_ms() + self.settings.min_request_ms)
+        if at >= deadline:
+            for r, (_, t, exc) in stuck.items():
+                why = (f"no replica left: {exc.why}" if t == math.inf else
+                       "no replica left before the deadline (open breakers)")
+                tokens[r].fail_unreachable(self._failure(
+                    layer, exc.expert, excluded.get(r, ()), why))
+            stuck.clear()
+            return False
+        await asyncio.sleep((at - now_ms()) / 1e3)
+        for r in stuck:
+            excluded.pop(r, None)
+        self.sync(force=True)
+        return True
 
     def _failure(self, layer: int, expert: int, tried, why: str) -> Failure:
         """What a token that cannot be served records: the expert, the nodes tried and those

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -229,3 +230,25 @@ async def test_a_token_with_both_experts_on_one_remote_node_moves_one_activation
     with torch.inference_mode():
         want = small_model.run_experts(0, x, idx, w)
     assert torch.equal(out, want)  # and the one answer is the exact combined output
+
+
+async def test_a_token_whose_only_replica_is_behind_an_open_breaker_waits_for_it(
+    stack, router_compute
+) -> None:
+    """Every expert lives on a only, and a's breaker has just opened (as after a timeout on a
+    busy host): the token waits until the breaker lets a probe through, well before its
+    deadline, and is served; it does not fail."""
+    mesh = await start_inproc_mesh(stack, router_compute,
+                                   {"h": [], "a": experts(2, range(8))},
+                                   {("h", "a"): 0.0, ("a", "h"): 0.0},
+                                   settings={"breaker_open_ms": 300.0, "layer_ms": 5000.0})
+    engine = mesh.router.engine()
+    d = engine.dispatcher
+    d.breakers.node["a"].failure(time.monotonic() * 1e3)  # one failure opens it (default 1)
+    d.sync(force=True)
+    t0 = time.monotonic()
+    res = await engine.score(tokens(2, seed=6), make_policy("greedy"), budget=0.0)
+    waited = time.monotonic() - t0
+    assert res.failed == 0 and all(r.status == "ok" for r in res.records)
+    assert waited >= 0.25  # it did wait for the breaker
+    assert d.breakers.states()["a"]["node"] == "closed"  # the probe went through
