@@ -191,8 +191,7 @@ class Dispatcher:
             if not batches:
                 if not await self._await_replica(layer, stuck, excluded, tokens, layer_deadline):
                     break
-                pending = {r: slots for r, (slots, _, _) in stuck.items()}
-                stuck.clear()
+                pending = _unstick(stuck)
                 ready = max(ready, clock_now())  # the wait is on the token's timeline too
                 continue
             if rounds:
@@ -209,8 +208,7 @@ class Dispatcher:
                     continue
                 self._gather(node, batch, res, tokens, recs, outputs)
             pending = {r: sorted(s) for r, s in retry.items() if not tokens[r].done}
-            pending.update({r: slots for r, (slots, _, _) in stuck.items()})
-            stuck.clear()
+            pending.update(_unstick(stuck))
             if not pending:
                 break
             rounds += 1
@@ -519,6 +517,13 @@ class Dispatcher:
                 for (a, b), link in self._snapshot.links.items()
             },
         }
+
+
+def _unstick(stuck: dict) -> dict[int, list[int]]:
+    """The stuck rows' slots, to plan again; `stuck` is emptied."""
+    out = {r: slots for r, (slots, _, _) in stuck.items()}
+    stuck.clear()
+    return out
 
 
 def vars_of(obj) -> dict:
