@@ -145,11 +145,11 @@ async def run_chaos(scenario: Scenario, arms: Sequence[Arm], spec: ChaosSpec, *,
                   f"{', '.join(a.label for a in arms)}, time dilation "
                   f"{scenario.time_dilation:g}")
     work_dir = Path(tempfile.mkdtemp(prefix="moemesh-chaos-"))
-    probe = LeakProbe(work_dir, docker=scenario.runtime == "docker")
-    probe.snapshot()
+    probe = LeakProbe(work_dir)
     t0 = time.monotonic()
     try:
         async with open_live(scenario, placement, work_dir=work_dir) as mesh:
+            probe.own(mesh.launcher, mesh.endpoints)
             await _drive(mesh, scenario, arms, plan, result, console)
     except (KeyboardInterrupt, asyncio.CancelledError):
         result.interrupted = True
@@ -196,6 +196,12 @@ def print_result(result: ChaosResult, console: Console) -> None:
                   f"{sum(inv.tokens.values())} tokens, {len(result.faults)}/{planned} events "
                   f"applied, most quality spent by a token {inv.max_quality:.3%} (budget "
                   f"{inv.budget:.3%}), leaks {len(result.leaks)}")
+    failed = sum(inv.failures.values())
+    if failed:  # allowed by their reason, yet the plan kept a replica reachable throughout
+        console.print(f"[yellow]{failed} token(s) failed for want of a reachable replica "
+                      f"although the timeline kept a full-precision replica of every expert "
+                      f"reachable (a router that gave up too early, or a revive still under "
+                      f"way)[/yellow]")
     if violations:
         console.print(_table("violations", ("kind", "count", "first"), [
             (k, n, next(v.detail for v in violations if v.kind == k)[:150])

@@ -16,8 +16,9 @@ Three parts, each usable alone (`experiments.chaos` puts them together for `moem
 * **The invariants** (`Invariants`): fed every token as it comes back, they record a
   violation for a token that failed for any reason but no reachable replica, or spent more
   quality than its budget.
-* **Leaks** (`LeakProbe`): what exists before a run and is left after it: processes below
-  this one or naming the run's folder, network namespaces, host qdiscs, Docker containers.
+* **Leaks** (`LeakProbe`): what the run left behind, by its own identities: processes below
+  this one or naming the run's folder, the runtime's namespaces, qdiscs and links on its
+  devices, its containers.
 
 Times are scenario seconds from the workload's start, like every fault timeline.
 """
@@ -332,26 +333,30 @@ def _cmdline(pid: int) -> str:
 
 @dataclass
 class LeakProbe:
-    """Snapshot what a run may create, then name what is still there after it (`left()`).
-
-    Processes: any live descendant of this process, or any process whose command line
-    names `work_dir` (node processes get their state folder there). Namespaces (`ip netns
-    list`), host qdiscs (`tc qdisc show`) and containers (`docker ps -aq`, with `docker`
-    only) count when they are new since the snapshot."""
+    """Names what a run left behind (`left()`), by the run's own identities, so that other
+    work on the same host is never counted: processes below this one or naming `work_dir`
+    (node processes get their state folder there), the runtime's network namespaces
+    (`ip netns list`), qdiscs and links on its devices (`tc qdisc show`, `ip -o link`), its
+    containers (`docker ps -aq`). `own(runtime, endpoints)` learns those identities while
+    the mesh is up."""
 
     work_dir: Path
-    docker: bool = False
-    before: dict[str, frozenset[str] | None] = field(default_factory=dict)
+    namespaces: set[str] = field(default_factory=set)
+    devices: set[str] = field(default_factory=set)  # interface name prefixes
+    containers: set[str] = field(default_factory=set)
 
-    def _listings(self) -> dict[str, frozenset[str] | None]:
-        out = {"namespace": _lines(["ip", "netns", "list"]),
-               "qdisc": _lines(["tc", "qdisc", "show"])}
-        if self.docker:
-            out["container"] = _lines(["docker", "ps", "-aq"])
-        return out
-
-    def snapshot(self) -> None:
-        self.before = self._listings()
+    def own(self, runtime: Any, endpoints: Mapping[str, Any]) -> None:
+        self.namespaces |= {ep.netns for ep in endpoints.values() if ep.netns}
+        run_id = getattr(runtime, "id", None)
+        if isinstance(run_id, str) and self.namespaces:  # the netns runtime: mmb<id>, mmv<id>
+            self.devices |= {f"mmb{run_id}", f"mmv{run_id}"}
+        container_id = getattr(runtime, "container_id", None)
+        if container_id is not None:
+            for name in endpoints:
+                try:
+                    self.containers.add(str(container_id(name))[:12])
+                except (KeyError, ValueError, RuntimeError):
+                    continue
 
     def processes(self) -> list[str]:
         parents = _proc_children()
@@ -366,9 +371,15 @@ class LeakProbe:
 
     def left(self) -> list[str]:
         out = self.processes()
-        for kind, now in self._listings().items():
-            was = self.before.get(kind)
-            if now is None or was is None:
-                continue
-            out += [f"{kind}: {line}" for line in sorted(now - was)]
+        if self.namespaces:
+            listed = _lines(["ip", "netns", "list"]) or frozenset()
+            out += [f"namespace: {line}" for line in sorted(listed)
+                    if line.split()[0] in self.namespaces]
+        if self.devices:
+            for kind, argv in (("qdisc", ["tc", "qdisc", "show"]), ("link", ["ip", "-o", "link"])):
+                out += [f"{kind}: {line}" for line in sorted(_lines(argv) or ())
+                        if any(dev in line for dev in self.devices)]
+        if self.containers:
+            out += [f"container: {c}" for c in sorted(_lines(["docker", "ps", "-aq"]) or ())
+                    if c[:12] in self.containers]
         return out

@@ -168,7 +168,6 @@ def test_invariants_allow_only_no_replica_failures_and_budgeted_tokens() -> None
 
 def test_leak_probe_names_a_process_left_behind(tmp_path: Path) -> None:
     probe = LeakProbe(tmp_path)
-    probe.snapshot()
     assert probe.left() == []
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                               str(tmp_path)])
@@ -179,3 +178,15 @@ def test_leak_probe_names_a_process_left_behind(tmp_path: Path) -> None:
         child.kill()
         child.wait()
     assert probe.left() == []
+
+
+def test_leak_probe_knows_a_runtimes_own_names() -> None:
+    """Only the run's own namespaces, devices and containers count, never the host's others."""
+    probe = LeakProbe(Path("/nonexistent"))
+    probe.own(SimpleNamespace(id="abc123"), {"edge1": SimpleNamespace(netns="mm-abc123-edge1")})
+    assert probe.namespaces == {"mm-abc123-edge1"}
+    assert probe.devices == {"mmbabc123", "mmvabc123"}
+    ids = {"edge1": "0123456789abcdef"}
+    probe.own(SimpleNamespace(container_id=ids.__getitem__), {"edge1": SimpleNamespace(netns=None)})
+    assert probe.containers == {"0123456789ab"}
+    assert probe.left() == []  # none of them exists on this host
