@@ -11,8 +11,9 @@ Two measurements per pair of nodes {a, b}, both in scenario time (wall / time di
   link_s) / (B_l - B_s)`, **goodput** = 8 / c, and **one-way delay** = (link_s - c·B_s) / 2
   (the round trip's propagation halved: exact for a symmetric pair, the mean of the two
   directions otherwise);
-- **passive**, during the run: every decode token's layer that used exactly one node, not
-  its home, gives that layer's link time (`link_ms`: delay and serialisation both ways);
+- **passive**, during the run: every decode token's layer whose critical branch went to one
+  remote node (it used only that node, or that node and the home with a link time above 0)
+  gives that layer's link time (`link_ms`: delay and serialisation both ways);
   minus the serialisation of the token's bytes at the configured rates, halved, its median
   is the pair's one-way delay as the real transfers saw it. (A token's record does not carry
   its batch's bytes, so goodput is measured by the probe alone.)
@@ -46,6 +47,7 @@ DELAY_ABS_MS = 0.3
 DELAY_REL = 0.02
 RATE_REL = 0.03
 PARALLEL = 4  # pairs probed at once
+LOCAL_LINK_MS = 0.01  # a layer's link time at most this (wall ms): its critical branch was home
 
 
 def pairs_of(topology: Topology) -> list[tuple[str, str]]:
@@ -171,17 +173,22 @@ def base_rows(fidelity: Mapping[str, Any] | None, tdf: float) -> list[dict[str, 
 # -- passive: from the run's own transfers --------------------------------------------------
 def link_samples(home: str, records: Iterable[Mapping[str, Any]], tdf: float
                  ) -> list[tuple[str, str, float, int, int]]:
-    """(home, peer, link_ms, bytes_out, bytes_in) of every completed decode token's layer that
-    used exactly one node, not the home (scenario ms): its link time is that pair's."""
+    """(home, peer, link_ms, bytes_out, bytes_in) of every completed decode token's layer whose
+    critical branch was one remote node (scenario ms): its link time is that pair's. A layer
+    that used one remote node and the home qualifies when its link time is not zero (the
+    home's own branch has no link, so a critical home branch records none)."""
     out = []
     for rec in records:
         if rec.get("index", 0) == 0 or rec.get("status") != "ok":
             continue  # the first token's group holds the prompt: its bytes are not the batch's
         for layer in rec.get("layers", ()):
-            nodes = layer.get("nodes", ())
-            if len(nodes) == 1 and nodes[0] != home and not layer.get("replans"):
-                out.append((home, nodes[0], float(layer.get("link_ms", 0.0)) / tdf,
-                            int(layer.get("bytes_out", 0)), int(layer.get("bytes_in", 0))))
+            remote = [n for n in layer.get("nodes", ()) if n != home]
+            link_ms = float(layer.get("link_ms", 0.0))
+            if (len(remote) != 1 or layer.get("replans")
+                    or (len(layer.get("nodes", ())) > 1 and link_ms <= LOCAL_LINK_MS)):
+                continue
+            out.append((home, remote[0], link_ms / tdf, int(layer.get("bytes_out", 0)),
+                        int(layer.get("bytes_in", 0))))
     return out
 
 

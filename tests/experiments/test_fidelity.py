@@ -79,13 +79,17 @@ def test_the_runs_transfers_give_each_pairs_delay() -> None:
     layer = {"nodes": ["b"], "link_ms": 2 * (8.0 + 0.1), "bytes_out": 625, "bytes_in": 625,
              "replans": 0}
     recs = [{"index": 0, "status": "ok", "layers": [layer]},             # the prompt: skipped
-            {"index": 1, "status": "ok", "layers": [layer, {**layer, "nodes": ["a", "b"]},
-                                                    {**layer, "replans": 1}]},
+            {"index": 1, "status": "ok", "layers": [
+                layer,
+                {**layer, "nodes": ["a", "b"]},                  # b's branch was critical
+                {**layer, "nodes": ["a", "b"], "link_ms": 0.0},  # the home's was: no link
+                {**layer, "nodes": ["b", "c"]},                  # two remote nodes
+                {**layer, "replans": 1}]},
             {"index": 2, "status": "failed", "layers": [layer]}]
     got = link_samples("a", recs, tdf=2.0)
-    assert got == [("a", "b", pytest.approx(8.1), 625, 625)]
+    assert got == [("a", "b", pytest.approx(8.1), 625, 625)] * 2
     # minus 625 B at 100 Mbit/s each way (0.05 ms), halved: 4 ms one-way
-    assert passive(got * 3, t) == {"a-b": {"delay_ms": pytest.approx(4.0), "n": 3}}
+    assert passive(got, t) == {"a-b": {"delay_ms": pytest.approx(4.0), "n": 2}}
 
 
 def test_a_real_probe_over_the_app_shaper_is_within_the_limits() -> None:
