@@ -109,8 +109,9 @@ async def _tc_grid(delays: Sequence[float], rates: Sequence[float], losses: Sequ
         shaper = TcShaper(netns=src.netns, iface=src.iface, burst_ms=burst_ms)
         try:
             await shaper.apply({"n2": LinkSpec()}, {"n2": dst.address})
-            capacity = await measure.goodput(src.netns, dst.address, PORT, 100_000_000,
-                                             streams=STREAMS)
+            capacity = (await measure.goodput(src.netns, dst.address, PORT, 100_000_000,
+                                              streams=STREAMS)
+                        if delays else {"steady_mbit": None})  # no grid: not needed
 
             async def rtts() -> list[float]:
                 return await measure.rtt_ms(src.netns, dst.address, PORT, samples)
@@ -145,7 +146,8 @@ async def _tc_grid(delays: Sequence[float], rates: Sequence[float], losses: Sequ
                 rows["model_rows"] = await _tc_models(shaper, src, dst)
         finally:
             await shaper.close()
-    return {"backend": "tc", "capacity_mbit": round(capacity["steady_mbit"], 1),
+    steady = capacity["steady_mbit"]
+    return {"backend": "tc", "capacity_mbit": None if steady is None else round(steady, 1),
             "burst_ms": burst_ms, **rows}
 
 
@@ -170,10 +172,8 @@ async def _tc_models(shaper: Any, src: Any, dst: Any) -> list[dict[str, Any]]:
                    for i, sent in enumerate(got["sent_at"])]
         return records, steps
 
-    base, _ = await trace(LinkSpec(), 300, 1000.0, 64)
-    base_ms = pct([(r[2] - r[1]) * 1e3 for r in base if r[2] is not None], 0.5)
     try:
-        return await run_models(trace, base_ms)
+        return await run_models(trace)
     finally:
         await shaper.set_link("n2", LinkSpec())
 
@@ -322,10 +322,10 @@ async def _app_models(shaper: Any) -> list[dict[str, Any]]:
         return records, steps
 
     try:
-        rows = await run_models(trace, 0.0)
+        rows = await run_models(trace)
     finally:
         await shaper.set_link("n2", LinkSpec())
-    for row, (p50, p99) in zip(rows, late_ms, strict=False):
+    for row, (p50, p99) in zip(rows, late_ms[1:], strict=False):  # [0]: the lateness run
         row["host_late_ms"] = [round(p50, 3), round(p99, 3)]
     return rows
 
@@ -351,6 +351,8 @@ async def _grid(shaper: Any, peer: str, delays: Sequence[float], rates: Sequence
 
     overhead: dict[float, float] = {}
     rows: list[dict[str, Any]] = []
+    if not delays:  # only the model rows
+        return {"overhead_ms": None, "rows": rows}
     for r in rates:
         await shaper.set_link(peer, LinkSpec(delay_ms=0, rate_mbit=r))
         overhead[r] = pct(await rtts(), 0.10)
@@ -416,15 +418,18 @@ async def run_grid(backend: str, *, delays: Sequence[float] = DELAYS_MS,
     }
     if "model_rows" in out:
         out["summary"]["model_rows"] = len(out["model_rows"])
-        out["summary"]["model_ok"] = sum(r["ok"] for r in out["model_rows"])
+        out["summary"]["model_ok"] = sum(r["ok"] is True for r in out["model_rows"])
+        out["summary"]["model_not_judged"] = sum(r["ok"] is None for r in out["model_rows"])
     return out
 
 
 def render(doc: dict[str, Any]) -> str:
     """A plain table of the document (one line per row)."""
-    lines = [f"backend {doc['backend']}: overhead {doc['overhead_ms']:.3f} ms RTT at zero delay"
+    overhead = doc["overhead_ms"]
+    lines = [f"backend {doc['backend']}: "
+             + ("no grid" if overhead is None else f"overhead {overhead:.3f} ms RTT at zero delay")
              + (f", unshaped capacity {doc['capacity_mbit']} Mbit/s, HTB burst "
-                f"{doc['burst_ms']:g} ms" if "capacity_mbit" in doc else ""),
+                f"{doc['burst_ms']:g} ms" if doc.get("capacity_mbit") is not None else ""),
              f"{'delay':>6} {'rate':>6} {'loss':>5} | {'delay':>8} {'err':>7} | {'rate':>8} "
              f"{'err%':>6} | {'loss':>6} {'95% CI':>14} | ok"]
     for row in doc["rows"]:
@@ -441,7 +446,8 @@ def render(doc: dict[str, Any]) -> str:
         from bench.link_models import render_models
 
         lines += ["models:", *render_models(doc["model_rows"]),
-                  f"models within target: {s['model_ok']}/{s['model_rows']}"]
+                  f"models within target: {s['model_ok']}/{s['model_rows']}"
+                  f" ({s['model_not_judged']} not judged)"]
     lines.append(f"within target: delay {s['delay_ok']}/{s['rows']}, rate {s['rate_ok']}/"
                  f"{s['rows'] - s['rate_not_judged']} (+{s['rate_not_judged']} not judged), "
                  f"loss {s['loss_ok']}/{s['rows']}  (ok columns: delay rate loss; ? = not judged)")

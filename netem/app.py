@@ -73,6 +73,7 @@ class AppShaper:
         self._origin: dict[str, float] = {}  # `now()` when each link was applied (schedules)
         self._jitter: dict[str, CorrelatedRandom] = {}
         self._chain: dict[str, GeChain] = {}
+        self._emulated: dict[str, tuple[LinkSpec, LinkSpec]] = {}  # peer -> (given, dilated)
         self.stalls = 0  # sends that paid at least one retransmission timeout
         self.sends = 0
 
@@ -182,7 +183,7 @@ class AppShaper:
         spec = self._links.get(peer)
         if spec is None:  # cleared while we waited
             return None
-        full = spec.dilated(self.time_dilation)
+        full = self._dilated(peer, spec)
         origin = self._origin.setdefault(peer, t)
         link = full.at(t - origin)  # the step in force when the bytes are handed over
         start = max(t, self._free_at.get(peer, t))
@@ -196,6 +197,15 @@ class AppShaper:
                                      jitter.next())
         self.sends += 1
         return on_wire + delay_ms / 1e3 + self._loss_stall_s(peer, link, nbytes)
+
+    def _dilated(self, peer: str, spec: LinkSpec) -> LinkSpec:
+        """The link in emulated time, made once per applied spec (a schedule's steps are each
+        validated when it is built: too slow to redo per send)."""
+        cached = self._emulated.get(peer)
+        if cached is None or cached[0] is not spec:
+            cached = (spec, spec.dilated(self.time_dilation))
+            self._emulated[peer] = cached
+        return cached[1]
 
     def _loss_stall_s(self, peer: str, link: LinkSpec, nbytes: int) -> float:
         chain = self._chain.get(peer) if link.loss_model is not None else None

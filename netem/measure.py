@@ -383,14 +383,7 @@ async def udp_rate(netns: str | None, host: str, port: int, rate_mbit: float,
     finally:
         sock.close()
     await asyncio.sleep(0.3)  # let the queue drain into the sink
-    reader, writer = await connect(netns, host, port, b"Q")
-    try:
-        writer.write(struct.pack("!I", run))
-        stats = json.loads(await reader.readline())
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+    stats = await _query(netns, host, port, b"Q", run)
     count = int(stats.get("count", 0))
     span = stats.get("last", 0.0) - stats.get("first", 0.0)
     rate = (count - 1) * wire * 8 / span / 1e6 if count > 1 and span > 0 else 0.0
@@ -431,15 +424,19 @@ async def udp_trace(netns: str | None, host: str, port: int, count: int, rate_pp
     finally:
         sock.close()
     await asyncio.sleep(wait_s)
-    reader, writer = await connect(netns, host, port, b"T")
+    return {"sent_at": sent_at, "received": await _query(netns, host, port, b"T", run)}
+
+
+async def _query(netns: str | None, host: str, port: int, mode: bytes, run: int) -> object:
+    """Ask the server what its UDP sink saw of one run (mode b"Q": rate, b"T": trace)."""
+    reader, writer = await connect(netns, host, port, mode)
     try:
         writer.write(struct.pack("!I", run))
-        received = json.loads(await reader.readline())
+        return json.loads(await reader.readline())
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
-    return {"sent_at": sent_at, "received": received}
 
 
 def median(values: list[float]) -> float:

@@ -86,7 +86,7 @@ async def test_model_rows_through_the_kernel(pair: dict) -> None:
     finally:
         await shaper.close()
     print(json.dumps(rows, indent=1))
-    failed = [r["kind"] for r in rows if not r["ok"]]
+    failed = [r["kind"] for r in rows if r["ok"] is False]
     assert not failed, f"model rows off target: {failed}"
 
 
