@@ -332,8 +332,9 @@ def _fidelity_lines(meta: RunMeta) -> list[str]:
               f"{SMALL} one-row and {LARGE} large messages over the data plane before the "
               f"first policy (one-way delay = half the round trip's propagation, goodput from "
               f"the large messages' extra time); 'run': the median one-way delay of the run's "
-              f"own single-node transfers (n layers). Delay is the mean of both directions, "
-              f"rate the one the probe's bytes see over the round trip. **off**: delay off by "
+              f"layers whose slowest branch went to one other node (n of them). Delay is the "
+              f"mean of both directions, rate the one the probe's bytes see over the round "
+              f"trip. **off**: delay off by "
               f"more than max({DELAY_ABS_MS:g} ms, {100 * DELAY_REL:g}%), goodput by more "
               f"than {100 * RATE_REL:g}%.", ""]
     table = []
