@@ -10,16 +10,9 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from .commands import _duration
+
 __all__ = ["register"]
-
-
-def _duration(text: str) -> float:
-    from orchestrator.units import parse_duration_s
-
-    try:
-        return parse_duration_s(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
