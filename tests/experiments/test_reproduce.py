@@ -1,0 +1,126 @@
+"""The reproduction table: throughput only from a capacity run, the loaded-mesh claims from
+its folders (ladder steps, paired SLO shares), and the table over several folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.metrics import policy_stats
+from experiments.repro_table import folder_rows, main, markdown
+from experiments.reproduce_load import load_rows, paired_slo, slo_passes
+from experiments.rows import RequestRow, TokenRow
+from tests.experiments.conftest import arm, make_rows, write_run
+
+ARMS = [arm("edgeshard", "greedy", placement="layer-shard"),
+        arm("prism", "greedy", placement="prism"), arm("hetroute")]
+
+
+def _rows(means: dict[str, float], seed: int = 0) -> tuple[list[TokenRow], list[RequestRow]]:
+    tokens, requests = [], []
+    for i, (name, mean) in enumerate(means.items()):
+        t, r = make_rows(name, mean, n_requests=30, seed=seed + i)
+        tokens += t
+        requests += r
+    return tokens, requests
+
+
+def _figure(name: str, load: float, share: float, tput: float, burst: bool = False
+            ) -> dict[str, Any]:
+    return {"load": load, "time_dilation": 2.0, "slo_share": share, "throughput_tok_s": tput,
+            "mean_ms": 1.0, "p99_ms": 2.0, "overhead_share": 0.01, "tokens": 10,
+            "failed_tokens": 0, "faithful": True, "reasons": [], "notes": [],
+            "in_flight": 1.0, "requests": 30, "burst": burst}
+
+
+def _capacity_folder(tmp: Path, caps: dict[str, tuple[float | None, float | None, str]],
+                     means80: dict[str, float]) -> Path:
+    """capacity.json with `caps` (policy → load, tok/s, limit) and two loads; the 80 req/s
+    folder holds rows with the given mean token latencies."""
+    out = tmp / "cap"
+    points = []
+    for load, means in ((10.0, {k: 5.0 for k in means80}), (80.0, means80)):
+        folder = f"rate={load:g}"
+        tokens, requests = _rows(means, seed=int(load))
+        write_run(out / folder, ARMS, tokens, requests)
+        points.append({"load": load, "time_dilation": 2.0, "folder": folder, "wall_s": 1.0,
+                       "faithful": True,
+                       "policies": {k: _figure(k, load, 1.0, 100.0) for k in means}})
+    capacity = {k: {"policy": k, "load": c[0], "throughput_tok_s": c[1], "crossing": None,
+                    "limit": c[2], "limit_load": None, "skipped": []} for k, c in caps.items()}
+    (out / "capacity.json").write_text(json.dumps({
+        "format": 1, "scenario": "synthetic", "knob": "rate", "unit": "req/s", "slo_ms": 300.0,
+        "target": 0.9, "requests_per_load": 30, "base": {"load": 2.0, "time_dilation": 2.0},
+        "points": points, "capacity": capacity}))
+    return out
+
+
+def _row(rows: list, text: str):
+    return next(r for r in rows if text in r.what)
+
+
+def test_an_open_loop_run_does_not_claim_a_throughput_ratio(tmp_path: Path) -> None:
+    tokens, requests = _rows({"edgeshard": 60.0, "prism": 40.0, "hetroute": 20.0})
+    rows = folder_rows(write_run(tmp_path / "run", ARMS, tokens, requests))
+    tput = _row(rows, "throughput, hetroute vs EdgeShard")
+    assert tput.holds == "not tested here (open loop)" and "--capacity" in tput.note
+    assert _row(rows, "mean latency, hetroute vs EdgeShard").holds == "yes"  # 60 → 20 ms
+
+
+def test_capacity_claims_hold_only_on_a_ladder_step_and_a_paired_interval(
+        tmp_path: Path) -> None:
+    caps = {"edgeshard": (10.0, 50.0, "slo"), "prism": (40.0, 150.0, "ladder"),
+            "hetroute": (40.0, 160.0, "ladder")}
+    # at 80 req/s: edgeshard misses the 300 ms SLO, prism and hetroute do not
+    out = _capacity_folder(tmp_path, caps, {"edgeshard": 900.0, "prism": 100.0,
+                                            "hetroute": 60.0})
+    rows = load_rows(out)
+    assert _row(rows, "max throughput at the SLO, hetroute vs EdgeShard").holds.startswith("yes")
+    prism_tput = _row(rows, "max throughput at the SLO, hetroute vs Prism")
+    assert prism_tput.holds.startswith("not tested: both passed")
+    share = _row(rows, "share within the SLO at 80 req/s, hetroute vs EdgeShard")
+    assert share.holds == "yes" and "0% → 100%" in share.measured_text
+    assert _row(rows, "share within the SLO at 80 req/s, hetroute vs Prism").holds == \
+        "not significant"  # both 100%
+    assert _row(rows, "mean latency at 80 req/s, hetroute vs Prism").holds == "yes"
+    assert "rate=80" in share.note
+    table = markdown([out])
+    assert table.count(f"`{out}`") == len(rows) == 6
+
+
+def test_a_baseline_that_misses_the_first_load_loses_and_a_faster_one_reverses(
+        tmp_path: Path) -> None:
+    caps = {"edgeshard": (None, None, "slo"), "prism": (80.0, 300.0, "ladder"),
+            "hetroute": (40.0, 160.0, "slo")}
+    rows = load_rows(_capacity_folder(tmp_path, caps, {"edgeshard": 50.0, "prism": 50.0,
+                                                       "hetroute": 50.0}))
+    es = _row(rows, "max throughput at the SLO, hetroute vs EdgeShard")
+    assert es.holds.startswith("yes") and "< 10 req/s" in es.measured_text
+    assert _row(rows, "max throughput at the SLO, hetroute vs Prism").holds == "no: reversed"
+
+
+def test_slo_passes_agree_with_the_policy_tables() -> None:
+    tokens, requests = make_rows("p", 280.0, n_requests=40, fail_request=7)
+    passes = slo_passes(tokens, requests, 300.0)
+    stats = policy_stats("p", tokens, requests, slo_ms=300.0)
+    assert 0 < sum(passes.values()) < len(passes)
+    assert sum(passes.values()) / len(passes) == pytest.approx(stats.slo_share)
+    assert not passes[(0, 7)]  # a request with a failed token never passes
+
+
+def test_paired_slo_interval() -> None:
+    a = {(0, i): i % 2 == 0 for i in range(40)}
+    b = {(0, i): True for i in range(40)}
+    sa, sb, d, lo, hi, n = paired_slo(a, b, seed=1)
+    assert (sa, sb, d, n) == (50.0, 100.0, 50.0, 40)
+    assert 0 < lo < 50 < hi <= 100
+    same = paired_slo(b, b)
+    assert same[2:5] == (0.0, 0.0, 0.0)
+
+
+def test_the_table_command_names_a_bad_folder(tmp_path: Path, capsys) -> None:
+    assert main([str(tmp_path / "nothing")]) == 2
+    assert "no run.json" in capsys.readouterr().err
