@@ -30,11 +30,13 @@ ArmInfo = Mapping[str, Any]
 Select = Callable[[ArmInfo, Mapping[str, Any]], bool]
 
 
-def plain(policy: str) -> Select:
-    """The policy on the scenario's own placement, redundancy, budget and settings."""
+def plain(policy: str, placement: str | None = None) -> Select:
+    """The policy on the scenario's own placement, redundancy, budget and settings (and that
+    placement must be `placement`, when given)."""
     def sel(arm: ArmInfo, meta: Mapping[str, Any]) -> bool:
         base = meta.get("scenario_data", {}).get("placement", {})
         return (arm["policy"] == policy
+                and placement in (None, base.get("policy"))
                 and arm.get("placement") in (None, base.get("policy"))
                 and arm.get("redundancy") in (None, base.get("redundancy"))
                 and arm.get("budget_pct") in (None, meta.get("quality_budget_pct"))
@@ -81,7 +83,7 @@ class Claim:
 def claims() -> tuple[Claim, ...]:
     het, greedy = plain("hetroute"), plain("greedy")
     es, prism = with_placement("layer-shard"), with_placement("prism", "greedy")
-    om = plain("ordermoe")
+    om = plain("ordermoe", "ordermoe")  # OrderMoE is its router on its own placement
     out = []
     for name, base in (("EdgeShard (layer-shard placement)", es), ("Prism (prism + greedy)",
                                                                     prism)):

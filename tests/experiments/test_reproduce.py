@@ -124,3 +124,15 @@ def test_paired_slo_interval() -> None:
 def test_the_table_command_names_a_bad_folder(tmp_path: Path, capsys) -> None:
     assert main([str(tmp_path / "nothing")]) == 2
     assert "no run.json" in capsys.readouterr().err
+
+
+def test_ordermoe_claims_need_ordermoe_on_its_own_placement(tmp_path: Path) -> None:
+    arms = [*ARMS, arm("ordermoe")]
+    tokens, requests = _rows({"edgeshard": 60.0, "prism": 40.0, "hetroute": 20.0,
+                              "ordermoe": 25.0})
+    hetroute_base = folder_rows(write_run(tmp_path / "a", arms, tokens, requests))
+    assert not [r for r in hetroute_base if r.paper == "OrderMoE"]
+    own = folder_rows(write_run(tmp_path / "b", arms, tokens, requests, scenario_data={
+        "placement": {"policy": "ordermoe", "redundancy": 2.0}}))
+    es = _row(own, "mean latency, ordermoe vs EdgeShard")
+    assert es.paper == "OrderMoE" and es.holds == "yes"
