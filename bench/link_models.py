@@ -54,6 +54,7 @@ Trace = Callable[[LinkSpec, int, float, int], Awaitable[tuple[list[Record], list
 # variance, small enough to subtract; at 4 ms it would be 8%.
 JITTER_DELAY_MS, JITTER_MS = 50.0, 10.0
 SETTLE_S = 0.2
+STALL_SLACK_MS = 0.1
 AFTER_S = 0.005  # the change's own netlink round trip: later packets get the new delay
 RATE_STEPS = Schedule((Step(0.0, None, 24.0), Step(1.5, None, 8.0), Step(3.0, None, 16.0)),
                       source="bench: 24 -> 8 -> 16 Mbit/s every 1.5 s")
@@ -89,8 +90,10 @@ def judge_jitter(spec: LinkSpec, delays_ms: Sequence[float],
     mean, std = moments(spec.jitter_dist, spec.delay_ms, spec.jitter_ms)
     late_cut = _pct(late_ms, 0.99)
     late = [x for x in late_ms if x <= late_cut]
-    top = (spec.delay_ms + spec.jitter_ms * max(table(spec.jitter_dist)) / SCALE + late_cut
-           if spec.jitter_dist != "uniform" else spec.delay_ms + spec.jitter_ms + late_cut)
+    widest = (max(table(spec.jitter_dist)) / SCALE if spec.jitter_dist != "uniform" else 1.0)
+    # + 0.1 ms: the path's own serialisation and stack (the pareto table's top value is a lump
+    # of ~1% of the draws, which any extra microsecond would push over an exact bound)
+    top = spec.delay_ms + spec.jitter_ms * widest + late_cut + STALL_SLACK_MS
     kept = [d for d in delays_ms if d <= top]
     raw_mean, raw_std = statistics.fmean(kept), statistics.pstdev(kept)
     late_mean, late_std = statistics.fmean(late), statistics.pstdev(late)

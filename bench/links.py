@@ -47,6 +47,7 @@ PORT = 9000
 TCP_WIRE_OVERHEAD = 66  # TCP (20 + 12 timestamp option) + IPv4 20 + Ethernet 14
 STREAMS = 4  # parallel TCP streams for the rate: the link stays busy while one backs off
 RATE_QUEUE_PKTS = 4000  # queue while measuring the rate: the guest's stalls must not idle it
+MODEL_SEED = 1  # the app shaper of the model rows: its own, so the grid before does not move it
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -267,7 +268,7 @@ async def _app_grid(delays: Sequence[float], rates: Sequence[float], losses: Seq
 
         rows = await _grid(shaper, "n2", delays, rates, losses, rtts, rate, loss)
         if models:
-            rows["model_rows"] = await _app_models(shaper)
+            rows["model_rows"] = await _app_models(AppShaper(seed=MODEL_SEED))
     finally:
         await shaper.close()
         server.cancel()
@@ -289,6 +290,7 @@ async def _app_models(shaper: Any) -> list[dict[str, Any]]:
     from netem.timing import now, sleep_until
 
     late_ms: list[tuple[float, float]] = []
+    await shaper.apply({"n2": LinkSpec()})
 
     async def trace(spec: LinkSpec, count: int, rate_pps: float, payload: int
                     ) -> tuple[list[Any], list[float]]:
@@ -296,7 +298,7 @@ async def _app_models(shaper: Any) -> list[dict[str, Any]]:
         origin = shaper.origin("n2")
         nbytes = payload + 42  # the datagram's wire size, as tc's rate counts it
         stall_s = (spec.delay_ms + 4 * spec.jitter_ms) / 1e3 + RTO_S / 2
-        records: list[Any] = [(i, 0.0, None, nbytes) for i in range(count)]
+        records: list[Any] = [None] * count
         lateness: list[float] = []
 
         async def one(i: int, sent: float) -> None:
@@ -310,7 +312,9 @@ async def _app_models(shaper: Any) -> list[dict[str, Any]]:
         while len(tasks) < count:
             due = min(count, int((now() - start) * rate_pps) + 1)
             while len(tasks) < due:
-                tasks.append(asyncio.ensure_future(one(len(tasks), now())))
+                i, sent = len(tasks), now()
+                records[i] = (i, sent - origin, None, nbytes)  # not arrived (yet)
+                tasks.append(asyncio.ensure_future(one(i, sent)))
             await asyncio.sleep(0.0005)
         _, late = await asyncio.wait(tasks, timeout=1.0 + RTO_S * 4)
         for task in late:  # still queued behind a saturated link: not arrived in the run
@@ -324,7 +328,7 @@ async def _app_models(shaper: Any) -> list[dict[str, Any]]:
     try:
         rows = await run_models(trace)
     finally:
-        await shaper.set_link("n2", LinkSpec())
+        await shaper.close()
     for row, (p50, p99) in zip(rows, late_ms[1:], strict=False):  # [0]: the lateness run
         row["host_late_ms"] = [round(p50, 3), round(p99, 3)]
     return rows

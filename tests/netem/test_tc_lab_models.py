@@ -19,7 +19,7 @@ import pytest
 
 from bench.links import _tc_models
 from netem import LinkSpec
-from netem.gemodel import GeLoss
+from netem.gemodel import GeLoss, burst_interval, loss_interval
 from netem.schedule import Schedule, Step
 from netem.tc import TcShaper
 from orchestrator.runtimes.base import Endpoint, NodeLaunch
@@ -86,8 +86,14 @@ async def test_model_rows_through_the_kernel(pair: dict) -> None:
     finally:
         await shaper.close()
     print(json.dumps(rows, indent=1))
-    failed = [r["kind"] for r in rows if r["ok"] is False]
+    failed = [r["kind"] for r in rows if r["ok"] is False and r["kind"] != "gemodel"]
     assert not failed, f"model rows off target: {failed}"
+    # The bench's 95% intervals fail 1 run in 20 by design; the test holds 99.9% ones.
+    (ge,) = [r for r in rows if r["kind"] == "gemodel"]
+    model, got = GeLoss(**{k: ge["configured"][k] for k in "prhk"}), ge["measured"]
+    lo, hi = loss_interval(model, got["packets"], z=3.29)
+    b_lo, b_hi = burst_interval(model, got["bursts"], z=3.29)
+    assert lo <= got["loss_pct"] <= hi and b_lo <= got["mean_burst"] <= b_hi, ge
 
 
 async def test_schedule_changes_the_leaf_in_place(pair: dict, kernel: SimpleNamespace) -> None:
