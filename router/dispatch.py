@@ -280,7 +280,8 @@ class Dispatcher:
                 try:
                     plan = policy.plan(view, req)
                 except NoFeasiblePlan as exc:
-                    stuck[row] = (slots, self._replica_at(layer, exc.expert), exc)
+                    stuck[row] = (slots, self._replica_at(layer, exc.expert,
+                                                          excluded.get(row, ())), exc)
                     continue
                 self.counters.plans += 1
                 if first:
@@ -303,13 +304,14 @@ class Dispatcher:
             view.fixed[:] = saved
         return batches
 
-    def _replica_at(self, layer: int, expert: int) -> float:
-        """When the breakers let some full-precision replica of `expert` serve next (inf: no
-        such replica is placed)."""
+    def _replica_at(self, layer: int, expert: int, tried) -> float:
+        """When the breakers let a replica of `expert` serve next: a full-precision one, or
+        one this row already chose (its quality fitted); inf: none is placed."""
         now = now_ms()
-        return min((self.breakers.usable_at(self.view.names[c.node], now)
-                    for c in self.view.exact(layer, expert) if c.replica.variant == "fp16"),
-                   default=math.inf)
+        names = self.view.names
+        return min((self.breakers.usable_at(names[c.node], now)
+                    for c in self.view.exact(layer, expert)
+                    if c.replica.variant == "fp16" or names[c.node] in tried), default=math.inf)
 
     async def _await_replica(self, layer, stuck, excluded, tokens, deadline: float) -> bool:
         """Rows no replica can serve now wait for the first breaker to let a full-precision
