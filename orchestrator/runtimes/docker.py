@@ -26,14 +26,22 @@ import contextlib
 import os
 import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from netem.spec import LinkSpec
-from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure, wait_listening
+from orchestrator.runtimes.base import (
+    Endpoint,
+    NodeLaunch,
+    Runtime,
+    RuntimeFailure,
+    check_launches,
+    wait_listening,
+)
 
-__all__ = ["DEFAULT_IMAGE", "LABEL_RUN", "DockerRuntime", "open_engine", "status_of"]
+__all__ = ["DEFAULT_IMAGE", "LABEL_RUN", "DockerRuntime", "EngineRuntime", "open_engine",
+           "status_of"]
 
 DEFAULT_IMAGE = "moemesh/moemesh:latest"
 LABEL_RUN = "io.moemesh.run"  # on every container and network the start mode creates
@@ -58,7 +66,38 @@ def _python_argv(argv: Sequence[str]) -> list[str]:
     return list(argv)
 
 
-class DockerRuntime(Runtime):
+class EngineRuntime(Runtime):
+    """What the docker and swarm runtimes share: nodes by name, each with an address and a
+    port, found or made by the subclass, then waited for until they listen."""
+
+    _nodes: dict[str, Any]
+
+    async def _ready(self, node: Any) -> None:
+        raise NotImplementedError
+
+    async def _start_with(self, find: Callable[[], Awaitable[None]]) -> dict[str, Endpoint]:
+        """Run `find` (fills `_nodes`), wait for every node; on any failure, `stop()`."""
+        try:
+            await find()
+            await asyncio.gather(*(self._ready(n) for n in self._nodes.values()))
+        except BaseException:
+            await asyncio.shield(self.stop())
+            raise
+        return self.endpoints()
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        return {name: Endpoint(name=name, host=n.address, port=n.port, address=n.address)
+                for name, n in self._nodes.items()}
+
+    def _node(self, name: str) -> Any:
+        node = self._nodes.get(name)
+        if node is None:
+            known = ", ".join(self._nodes) or "none"
+            raise ValueError(f"unknown node {name!r} ({self.name} runtime's nodes: {known})")
+        return node
+
+
+class DockerRuntime(EngineRuntime):
     """Containers on a bridge (see the module docstring)."""
 
     name = "docker"
@@ -109,28 +148,14 @@ class DockerRuntime(Runtime):
     async def start(self, nodes: Sequence[NodeLaunch]) -> dict[str, Endpoint]:
         if self._started:
             raise RuntimeFailure(f"docker runtime {self.id} is already started")
-        if not nodes:
-            raise ValueError("no nodes to start")
-        names = [n.name for n in nodes]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"node name(s) given twice: {', '.join(dupes)}")
+        check_launches(nodes)
         self._started = True
-        try:
-            docker = await self._engine()
-            if self.attach:
-                await self._attach(docker, nodes)
-            else:
-                await self._create(docker, nodes)
-            await asyncio.gather(*(self._ready(n) for n in self._nodes.values()))
-        except BaseException:
-            await asyncio.shield(self.stop())
-            raise
-        return self.endpoints()
 
-    def endpoints(self) -> dict[str, Endpoint]:
-        return {name: Endpoint(name=name, host=n.address, port=n.port, address=n.address)
-                for name, n in self._nodes.items()}
+        async def find() -> None:
+            docker = await self._engine()
+            await (self._attach(docker, nodes) if self.attach else self._create(docker, nodes))
+
+        return await self._start_with(find)
 
     def container_id(self, name: str) -> str:
         return self._node(name).container_id
@@ -324,13 +349,6 @@ class DockerRuntime(Runtime):
         return projects[0]
 
     # -- shared --------------------------------------------------------------------------
-    def _node(self, name: str) -> _Node:
-        node = self._nodes.get(name)
-        if node is None:
-            known = ", ".join(self._nodes) or "none"
-            raise ValueError(f"unknown node {name!r} (this runtime runs: {known})")
-        return node
-
     async def _container(self, node: _Node) -> Any:
         return (await self._engine()).containers.container(node.container_id)
 

@@ -14,7 +14,7 @@ Faults through the engine's API, one node = one service with one replica:
 - node-up: replicas 1 and `ForceUpdate` + 1 (what `docker service update --force` sends), so
   Swarm starts a fresh task: a new container, usually a new address (the mesh then re-sends
   every node's links and router view). It is ready once Swarm's health check passed (dnsrr
-  lists only healthy tasks) and it listens: about 10-20 s here, most of it the health interval.
+  lists only healthy tasks) and it listens: 10-22 s here (docs/docker.md).
 
 Needs a running engine that is a Swarm manager (`docker swarm init`), as the controller of
 compose.yaml is (`placement: node.role == manager`).
@@ -32,8 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure, wait_listening
-from orchestrator.runtimes.docker import open_engine, status_of
+from orchestrator.runtimes.base import (
+    Endpoint,
+    NodeLaunch,
+    RuntimeFailure,
+    check_launches,
+    wait_listening,
+)
+from orchestrator.runtimes.docker import EngineRuntime, open_engine, status_of
 
 __all__ = ["SwarmRuntime", "stack_from_env"]
 
@@ -59,7 +65,7 @@ class _Node:
     task_id: str = ""
 
 
-class SwarmRuntime(Runtime):
+class SwarmRuntime(EngineRuntime):
     """A stack's services as nodes (see the module docstring)."""
 
     name = "swarm"
@@ -77,25 +83,18 @@ class SwarmRuntime(Runtime):
         self._nodes: dict[str, _Node] = {}
 
     async def start(self, nodes: Sequence[NodeLaunch]) -> dict[str, Endpoint]:
-        if not nodes:
-            raise ValueError("no nodes to attach to")
+        check_launches(nodes)
         if not self.stack:
             raise RuntimeFailure("swarm runtime: which stack? pass stack=... (the name given to "
                                  "docker stack deploy), or run as the stack's controller")
-        try:
+
+        async def find() -> None:
             self._docker = await open_engine(self.docker_url)
             await self._check_manager()
             for launch in nodes:
                 self._nodes[launch.name] = await self._service(launch)
-            await asyncio.gather(*(self._ready(n) for n in self._nodes.values()))
-        except BaseException:
-            await asyncio.shield(self.stop())
-            raise
-        return self.endpoints()
 
-    def endpoints(self) -> dict[str, Endpoint]:
-        return {name: Endpoint(name=name, host=n.address, port=n.port, address=n.address)
-                for name, n in self._nodes.items()}
+        return await self._start_with(find)
 
     async def stop(self) -> None:
         """Nothing to remove (the stack owns the services); close the engine connection."""
@@ -239,13 +238,6 @@ class SwarmRuntime(Runtime):
                 raise RuntimeFailure(f"node {node.launch.name}: its task still runs "
                                      f"{timeout_s:g} s after node-down")
             await asyncio.sleep(0.2)
-
-    def _node(self, name: str) -> _Node:
-        node = self._nodes.get(name)
-        if node is None:
-            raise ValueError(f"unknown node {name!r} (this runtime attached to: "
-                             f"{', '.join(self._nodes) or 'none'})")
-        return node
 
     def _record(self, name: str, state: str, how: str, t0: float) -> None:
         self.fault_times.setdefault(name, []).append(
