@@ -154,6 +154,9 @@ async def run_chaos(scenario: Scenario, arms: Sequence[Arm], spec: ChaosSpec, *,
     except (KeyboardInterrupt, asyncio.CancelledError):
         result.interrupted = True
         raise
+    except Exception as exc:  # the run itself broke: say so under the tables, then raise
+        result.errors.append(Violation("error", f"{type(exc).__name__}: {exc}"))
+        raise
     finally:
         result.wall_s = time.monotonic() - t0
         with contextlib.suppress(OSError):
