@@ -60,3 +60,29 @@ def test_bad_input_is_exit_2_naming_it(capsys: pytest.CaptureFixture[str]) -> No
     assert "fastest" in capsys.readouterr().err
     assert moemesh("chaos", str(QUICKSTART), "--rate", "0") == 2
     assert "--rate" in capsys.readouterr().err
+
+
+def test_exit_code_follows_the_invariants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's wiring alone (the run replaced: the live runs are the slow tests above):
+    a violation is exit 1, none is exit 0, and the spec carries the flags."""
+    from experiments import chaos
+    from orchestrator.chaos import ChaosPlan, Invariants, Violation
+
+    seen = []
+
+    async def fake_run(scenario, arms, spec, *, rate_rps=None, console=None):
+        seen.append((spec, [a.label for a in arms], rate_rps))
+        result = chaos.ChaosResult(ChaosPlan(spec, (), 0), Invariants(0.02))
+        result.invariants.violations.extend(violations)
+        return result
+
+    monkeypatch.setattr(chaos, "run_chaos", fake_run)
+    violations: list[Violation] = []
+    assert moemesh("chaos", str(QUICKSTART), "--duration", "7s", "--seed", "4",
+                   "--policies", "greedy,hetroute", "--rate", "1.5") == 0
+    spec, labels, rate = seen[-1]
+    assert (spec.duration_s, spec.seed, spec.homes, labels, rate) == (
+        7.0, 4, ("edge1", "edge2", "edge3"), ["greedy", "hetroute"], 1.5)
+    violations.append(Violation("failure", "a token failed: deadline"))
+    assert moemesh("chaos", str(QUICKSTART), "--homes", "edge4") == 1
+    assert seen[-1][0].homes == ("edge4",)
