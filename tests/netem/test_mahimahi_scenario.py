@@ -55,6 +55,10 @@ def test_mahimahi_scenario_with_the_app_backend(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.lab
+@pytest.mark.timeout(1500)
 def test_mahimahi_scenario_with_tc_in_namespaces(tmp_path: Path) -> None:
+    """About 10 minutes in the lab on this host (three torch imports in the guest, tokens at
+    UML's syscall speed), so .ci/lab.sh runs it only with MOEMESH_LAB_E2E=1. Quality scoring is
+    left out (--quality-windows 0): it says nothing about the links."""
     check(run_scenario(tmp_path / "tc", "--runtime", "netns", "--shaper", "tc",
-                       timeout_s=1200, slow_start=True), "tc")
+                       "--quality-windows", "0", timeout_s=1400, slow_start=True), "tc")
