@@ -16,10 +16,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TypeVar
 
 __all__ = ["Endpoint", "NodeLaunch", "Runtime", "RuntimeFailure", "check_launches",
-           "wait_listening"]
+           "node_named", "wait_listening"]
 
+T = TypeVar("T")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 
 
@@ -78,6 +80,15 @@ class Endpoint:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+def node_named(nodes: Mapping[str, T], name: str) -> T:
+    """The runtime's node called `name`; a ValueError that lists the ones it runs."""
+    node = nodes.get(name)
+    if node is None:
+        known = ", ".join(nodes) or "none"
+        raise ValueError(f"unknown node {name!r} (this runtime runs: {known})")
+    return node
 
 
 def check_launches(nodes: Sequence[NodeLaunch]) -> None:

@@ -28,6 +28,7 @@ from orchestrator.runtimes.base import (
     NodeLaunch,
     Runtime,
     RuntimeFailure,
+    node_named,
     wait_listening,
 )
 
@@ -216,11 +217,7 @@ class ProcessRuntime(Runtime):
         return "\n".join(node.log.read_text(errors="replace").splitlines()[-lines:])
 
     def _node(self, name: str) -> ProcessNode:
-        node = self._nodes.get(name)
-        if node is None:
-            known = ", ".join(self._nodes) or "none"
-            raise ValueError(f"unknown node {name!r} (this runtime runs: {known})")
-        return node
+        return node_named(self._nodes, name)
 
     async def _ready(self, node: ProcessNode) -> None:
         """Wait until the node listens (or its process ends), then give it its priority."""
