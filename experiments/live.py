@@ -21,6 +21,7 @@ from typing import Any
 
 from orchestrator.runtimes.base import Runtime
 from orchestrator.scenario import Scenario
+from services.client import ClientSettings
 
 from .target import MeshTarget
 
@@ -50,7 +51,12 @@ async def open_live(scenario: Scenario, placement: Mapping[str, Sequence[Mapping
     runtime = make_runtime(scenario.runtime, token)
     token = getattr(runtime, "token", None) or token  # docker may bring its own
     health_s = max(180.0, 30.0 * len(scenario.topology.nodes))
+    # A container node's first PUT /v1/links with shaper auto runs the tc probe in a child
+    # process (netem.probe, up to 20 s); ten of them at once on a busy host took longer than
+    # the default 30 s for the whole call (seen twice on Swarm at a load average of 25-30).
+    client = (ClientSettings(token=token, control_s=max(30.0, 9.0 * len(scenario.topology.nodes)))
+              if runtime.name in ("docker", "swarm") else None)
     async with LiveMesh(scenario, runtime, dict(placement), token=token,
                         shaper=scenario.shaper, work_dir=work_dir,
-                        health_timeout_s=health_s) as mesh:
+                        health_timeout_s=health_s, client=client) as mesh:
         yield mesh
