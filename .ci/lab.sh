@@ -4,13 +4,14 @@
 # Needs root, iproute2, kmod (modprobe, used by the guest) and apt (to fetch user-mode-linux
 # once into ~/.cache/moemesh/uml); a missing piece is a clear failure, never a silent skip.
 # The slow lab tests run too (--run-slow), except the Mahimahi scenario end to end with tc
-# (about 10 minutes in the lab): MOEMESH_LAB_E2E=1 adds it. Extra arguments go to pytest:
-# .ci/lab.sh -x -k rate
+# (about 3 minutes more, and a 3 GiB guest for its three tiny-moe nodes): MOEMESH_LAB_E2E=1
+# adds it. Extra arguments go to pytest: .ci/lab.sh -x -k rate
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 MOEMESH_LAB_REQUIRED=1
 E2E=(--deselect tests/netem/test_mahimahi_scenario.py::test_mahimahi_scenario_with_tc_in_namespaces)
-[ "${MOEMESH_LAB_E2E:-0}" = 1 ] && E2E=()
+MEM=768
+if [ "${MOEMESH_LAB_E2E:-0}" = 1 ]; then E2E=(); MEM=3072; fi
 
 if python3 -c 'import sys; from netem.probe import probe_tc; v = probe_tc(); print("tc:", v.reason); sys.exit(0 if v.ok else 1)'; then
   echo "== lab tests on this host's kernel"
@@ -23,4 +24,4 @@ if ! command -v modprobe >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
 fi
 
 echo "== lab tests inside the UML kernel lab"
-exec python3 -m netem.lab run --timeout 1500 -- --run-slow -m lab tests/netem ${E2E[@]+"${E2E[@]}"} "$@"
+exec python3 -m netem.lab run --timeout 1500 --mem "$MEM" -- --run-slow -m lab tests/netem ${E2E[@]+"${E2E[@]}"} "$@"
