@@ -401,6 +401,10 @@ def capacity_lines(data: Mapping[str, Any]) -> list[str]:
             ended += "; not judged (host): " + ", ".join(f"{x:g}" for x in c["skipped"])
         first = data["points"][0]["load"]
         load = _cell(c["load"], "g") if c["load"] is not None else f"< {first:g}"
+        at = next((pt["policies"].get(name) for pt in data["points"]
+                   if pt["load"] == c["load"]), None)
+        if at and at.get("burst"):  # the figure is a burst's, not a held load's
+            load += " (burst)"
         lines.append(f"| {name} | {load} | {_cell(c['throughput_tok_s'])} | "
                      f"{_cell(c['crossing'])} | {ended} |")
     return lines

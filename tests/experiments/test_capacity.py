@@ -18,9 +18,11 @@ from experiments.capacity import (
     at_load,
     capacity_arms,
     capacity_data,
+    capacity_lines,
     capacity_of,
     default_loads,
     figures_of,
+    rebuild_capacity,
     should_stop,
     write_capacity,
 )
@@ -178,17 +180,33 @@ def test_a_capacity_folder_is_redrawn_from_its_loads(tmp_path: Path) -> None:
     stale = capacity_data("small", "rate", points, 0.9, 300.0,
                           {"load": 5.0, "time_dilation": 1.0}, 16)
     (tmp_path / "capacity.json").write_text(json.dumps(stale))
-    # at 20 req/s, 4 requests of 1 s each: a steady state would hold 20 at once
-    write_rows(tmp_path / "rate=20" / "requests.csv",
-               [RequestRow("hetroute", i, "edge1", -1, False, 0.05 * i, 0.05 * i,
-                           0.05 * i + 1.0, 8, 4, 4, 0, 10.0, 1000.0, "") for i in range(4)],
-               RequestRow)
+    # 4 requests of 1 s each: a steady state would hold 10 at once at 10 req/s, 20 at 20
+    for load, count in ((10, 24), (20, 4)):
+        write_rows(tmp_path / f"rate={load}" / "requests.csv",
+                   [RequestRow("hetroute", i, "edge1", -1, False, 0.05 * i, 0.05 * i,
+                               0.05 * i + 1.0, 8, 4, 4, 0, 10.0, 1000.0, "")
+                    for i in range(count)], RequestRow)
     assert moemesh("report", str(tmp_path)) == 0
     data = json.loads((tmp_path / "capacity.json").read_text())
     assert data["capacity"]["hetroute"]["load"] == 10
     assert data["capacity"]["hetroute"]["limit_load"] == 20
     low, high = (p["policies"]["hetroute"] for p in data["points"])
-    assert (low["in_flight"], low["burst"]) == (None, False)  # no requests.csv: not known
+    assert (low["in_flight"], low["requests"], low["burst"]) == (10.0, 24, False)
     assert (high["in_flight"], high["requests"], high["burst"]) == (20.0, 4, True)
-    assert "burst: 4 sent, ~20 in flight" in (tmp_path / "capacity.md").read_text()
+    md = (tmp_path / "capacity.md").read_text()
+    assert "burst: 4 sent, ~20 in flight" in md and "| hetroute | 10 | 320 |" in md
+    (tmp_path / "rate=10" / "requests.csv").unlink()  # unknown: not called a burst
+    rebuild_capacity(tmp_path)
+    low = json.loads((tmp_path / "capacity.json").read_text())["points"][0]
+    assert (low["policies"]["hetroute"]["in_flight"], low["policies"]["hetroute"]["burst"]) == (
+        None, False)
     assert (tmp_path / "capacity.png").is_file()
+
+
+def test_a_capacity_reached_in_a_burst_says_so(tmp_path: Path) -> None:
+    figs = {"hetroute": replace(fig(10, 1.0), in_flight=10.0, requests=4)}
+    point = {"load": 10, "time_dilation": 20.0, "folder": "rate=10", "wall_s": 1.0,
+             "faithful": True, "policies": {k: f.to_json() for k, f in figs.items()}}
+    data = capacity_data("small", "rate", [point], 0.9, 300.0,
+                         {"load": 5.0, "time_dilation": 1.0}, 4)
+    assert any("| hetroute | 10 (burst) | 160 |" in line for line in capacity_lines(data))
