@@ -35,9 +35,10 @@ from typing import Any
 import aiohttp
 
 from orchestrator.topology import Topology
+from services.wire import MAX_ROWS
 
-__all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "base_rows", "link_samples", "pair_rows",
-           "passive", "probe_base", "probe_mesh", "summary_of"]
+__all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "base_rows", "combine", "link_samples",
+           "pair_rows", "passive", "probe_base", "probe_mesh", "summary_of"]
 
 SMALL = 20  # one-row messages per pair
 LARGE = 4  # large messages per pair
@@ -71,7 +72,7 @@ def configured(topology: Topology, a: str, b: str) -> dict[str, float]:
 
 def _large_rows(rate_mbit: float, row_bytes: int) -> int:
     nbytes = min(MAX_LARGE_BYTES, rate_mbit * 1e3 / 8 * LARGE_MS)
-    return max(2, math.ceil(nbytes / row_bytes))
+    return min(MAX_ROWS, max(2, math.ceil(nbytes / row_bytes)))  # a node refuses more
 
 
 async def _probe_pair(session: aiohttp.ClientSession, url: str, token: str, a: str, b: str,
@@ -85,13 +86,15 @@ async def _probe_pair(session: aiohttp.ClientSession, url: str, token: str, a: s
     return data
 
 
-def _fit(samples: Sequence[Mapping[str, Any]], tdf: float) -> dict[str, Any]:
-    """Delay and goodput from one pair's probe samples (see the module docstring)."""
+def _fit(samples: Sequence[Mapping[str, Any]], tdf: float, clock: str = "rtt_ms"
+         ) -> dict[str, Any]:
+    """Delay and goodput from one pair's probe samples (see the module docstring); `clock`:
+    the emulated round trip (`rtt_ms`) or the real one (`wall_ms`, the base network)."""
     small = [s for s in samples if s["rows"] == 1]
     large = [s for s in samples if s["rows"] > 1]
 
     def link(s: Mapping[str, Any]) -> float:
-        return (s["rtt_ms"] - s["queue_ms"] - s["load_ms"] - s["compute_ms"]) / tdf
+        return (s.get(clock, s["rtt_ms"]) - s["queue_ms"] - s["load_ms"] - s["compute_ms"]) / tdf
 
     ls, ll = statistics.median(map(link, small)), statistics.median(map(link, large))
     out_s = statistics.median(s["bytes_out"] for s in small)
@@ -105,8 +108,8 @@ def _fit(samples: Sequence[Mapping[str, Any]], tdf: float) -> dict[str, Any]:
             "link_small_ms": ls, "link_large_ms": ll}
 
 
-async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int
-                     ) -> dict[str, dict[str, Any]]:
+async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
+                     clock: str = "rtt_ms") -> dict[str, dict[str, Any]]:
     """Probe every pair (from its first node); "a-b" → the fit, or {"error": why}."""
     token = getattr(mesh, "token", None)
     urls = mesh.urls
@@ -125,7 +128,7 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int
             try:
                 async with asyncio.timeout(timeout_s * 4):
                     data = await _probe_pair(session, urls[a], token, a, b, rows, timeout_s)
-                out[f"{a}-{b}"] = _fit(data["samples"], tdf)
+                out[f"{a}-{b}"] = _fit(data["samples"], tdf, clock)
             except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
                     statistics.StatisticsError) as exc:
                 out[f"{a}-{b}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -139,16 +142,24 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int
 async def probe_base(mesh: Any, topology: Topology, row_bytes: int
                      ) -> dict[str, dict[str, Any]]:
     """The real network under the emulated links: the same probe with every link at zero
-    delay and unlimited rate (`zero_links`), in wall-clock ms (no dilation), links restored
-    afterwards. The emulated delay is ADDED to this base (a shaper cannot take it away): a
-    pair's round trip is about 2 x its base delay + the configured delays (each / TDF)."""
+    delay and unlimited rate (`zero_links`), timed on the wall clock (`wall_ms`: the app
+    shaper's emulated timeline would show zero), in wall ms (no dilation), links restored
+    afterwards. How it combines with the emulated delay depends on the shaper (`combine`)."""
     from .target import zero_links
 
     await mesh.use_links(zero_links(topology))
     try:
-        return await probe_mesh(mesh, topology, 1.0, row_bytes)
+        return await probe_mesh(mesh, topology, 1.0, row_bytes, clock="wall_ms")
     finally:
         await mesh.use_links(None)
+
+
+def combine(shaper: str) -> str:
+    """How the emulated delay meets the base network: `tc` delays packets in the kernel on top
+    of the wire ("added"); `app` releases a message at its emulated arrival time counted from
+    the send, so the wire's own time hides inside it while it is shorter ("absorbed": the base
+    is in effect subtracted; that needs one clock, i.e. one host)."""
+    return "added" if shaper == "tc" else "absorbed"
 
 
 def base_rows(fidelity: Mapping[str, Any] | None, tdf: float) -> list[dict[str, Any]]:
@@ -165,7 +176,9 @@ def base_rows(fidelity: Mapping[str, Any] | None, tdf: float) -> list[dict[str, 
             rtt = 2 * base["delay_ms"]
             row.update(base_rtt_ms=rtt, base_goodput_mbit=base["rate_mbit"],
                        base_scenario_rtt_ms=rtt / tdf,
-                       expected_rtt_ms=2 * conf["delay_ms"] + rtt / tdf)
+                       expected_rtt_ms=(2 * conf["delay_ms"] + rtt / tdf
+                                        if fidelity.get("combine") == "added"
+                                        else max(2 * conf["delay_ms"], rtt / tdf)))
         rows.append(row)
     return rows
 

@@ -364,11 +364,17 @@ def _base_lines(meta: RunMeta) -> list[str]:
     rows = base_rows(meta.fidelity, tdf)
     if not rows:
         return []
+    added = (meta.fidelity or {}).get("combine") == "added"
+    how = (f"**added** to this base (tc delays packets on top of the wire): a pair's round trip "
+           f"is its configured one plus the base ÷ {tdf:g} (time dilation)" if added else
+           "**absorbed** by it (the app shaper releases a message at its emulated arrival, "
+           "counted from the send, so the base is in effect subtracted while it is shorter; "
+           "one clock, so one host only): a pair's round trip is the larger of the configured "
+           f"one and the base ÷ {tdf:g} (time dilation)")
     lines = ["## Base network", "",
              f"Measured at the start on the {meta.runtime} runtime with every link "
-             "at zero delay and unlimited rate (the same probe, wall-clock). The emulated delay "
-             "is **added** to this base, never the base subtracted: a pair's round trip is its "
-             f"configured one plus the base ÷ {tdf:g} (time dilation).", ""]
+             "at zero delay and unlimited rate (the same probe, timed on the wall clock). The "
+             f"emulated delay is {how}.", ""]
     table = []
     for r in rows:
         measured = ([r["error"], "–", "–"] if r.get("error") else

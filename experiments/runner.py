@@ -36,7 +36,7 @@ from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
 
 from .driver import DriveLimits, Driver, DriveResult, first_error
-from .fidelity import configured, pairs_of, passive, probe_base, probe_mesh
+from .fidelity import combine, configured, pairs_of, passive, probe_base, probe_mesh
 from .looplag import collect_loop_lag
 from .metrics import DEFAULT_SLO_MS
 from .progress import RunProgress
@@ -373,7 +373,7 @@ class _Run:
         base = await probe_base(mesh, topo, _row_bytes(self.scenario))  # links at zero first
         self.meta["fidelity"] = {
             "configured": {f"{a}-{b}": configured(topo, a, b) for a, b in pairs_of(topo)},
-            "base": base, "combine": "added",
+            "base": base, "combine": combine(mesh.shaper),
             "probe": await probe_mesh(mesh, topo, self.tdf, _row_bytes(self.scenario)),
             "passive": {}}
         self._time("probe_s", t)

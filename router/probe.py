@@ -77,6 +77,7 @@ async def probe_peer(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
         t = res.timing
         samples.append({"rows": rows, "bytes_out": res.body_bytes[0],
                         "bytes_in": res.body_bytes[1], "rtt_ms": round((back - sent) * 1e3, 6),
+                        "wall_ms": round((now() - sent) * 1e3, 6),  # the real round trip
                         "queue_ms": t.queue_ms, "load_ms": t.load_ms,
                         "compute_ms": t.compute_ms, "late_ms": t.late_ms})
     return {"home": svc.home, "peer": peer, "layer": layer, "expert": expert,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.fidelity import base_rows
+from experiments.fidelity import _fit, base_rows, combine
 from experiments.report import _base_lines
 from experiments.runmeta import RunMeta
 
@@ -15,7 +15,7 @@ def fidelity() -> dict:
     return {"configured": {"a-b": {"delay_ms": 4.0}, "a-c": {"delay_ms": 10.0}},
             "base": {"a-b": {"delay_ms": 0.25, "rate_mbit": 900.0},
                      "a-c": {"error": "TimeoutError: no answer"}},
-            "combine": "added"}
+            "combine": combine("tc")}
 
 
 def test_base_is_added_to_the_configured_round_trip_in_scenario_time() -> None:
@@ -35,3 +35,23 @@ def test_the_report_states_the_runtime_and_that_the_delay_is_added() -> None:
     assert "| a-b | 0.5 | 900 | 0.125 | 8 | 8.12 |" in text
     assert "TimeoutError" in text
     assert _base_lines(RunMeta("s", ())) == []  # a run without the probe: no section
+
+
+def test_under_the_app_shaper_the_base_is_absorbed_not_added() -> None:
+    data = {**fidelity(), "combine": combine("app")}
+    (ab, _) = base_rows(data, tdf=4.0)
+    assert ab["expected_rtt_ms"] == pytest.approx(8.0)  # max(configured, base / TDF)
+    text = "\n".join(_base_lines(RunMeta("s", (), runtime="docker", time_dilation=4.0,
+                                          fidelity=data)))
+    assert "**absorbed**" in text and "one host only" in text
+
+
+def test_the_base_is_fitted_on_the_wall_clock() -> None:
+    """The app shaper's emulated round trip of a zero link is zero; the wall one is real."""
+    small = [{"rows": 1, "bytes_out": 100, "bytes_in": 100, "rtt_ms": 0.0, "wall_ms": 0.5,
+              "queue_ms": 0.0, "load_ms": 0.0, "compute_ms": 0.0}] * 5
+    large = [{"rows": 9, "bytes_out": 100_100, "bytes_in": 100, "rtt_ms": 0.0, "wall_ms": 1.3,
+              "queue_ms": 0.0, "load_ms": 0.0, "compute_ms": 0.0}] * 2
+    fit = _fit(small + large, 1.0, "wall_ms")
+    assert fit["rate_mbit"] == pytest.approx(1000.0)  # 100 kB in 0.8 ms more
+    assert fit["delay_ms"] == pytest.approx((0.5 - 0.8 * 200 / 100_000) / 2)
