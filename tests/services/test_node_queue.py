@@ -11,6 +11,7 @@ import asyncio
 import pytest
 import torch
 
+from netem.timing import now
 from services import DeviceProfile, Node, NodeClient, NodeRefused, TorchCompute
 from services.tiers import parse_placement
 from services.wire import expert_group
@@ -133,3 +134,24 @@ async def test_an_expert_dropped_while_queued_is_answered_404(
             await queued
     assert info.value.status == 404
     assert "expert 1 not on this node; layer 0 holds 0" in info.value.detail
+
+
+async def test_a_job_arriving_later_does_not_hold_back_the_batch_before_it(
+    compute: TorchCompute, make_settings
+) -> None:
+    """Batches follow the emulated arrivals, not whatever piled up in the real queue: a job
+    due later (the home node's own rows may be queued ahead of the clock) starts a batch of its
+    own instead of making an earlier job wait for it."""
+    prof = _profile(compute, compute_s=0.1)
+    async with Node(make_settings(profile=prof), compute=compute) as node:
+        _place(node, (0, 1, "fp16", "gpu"))
+        x = torch.randn(1, node.shape.d_model)
+        t0 = now()
+        busy = asyncio.ensure_future(node.forward([expert_group(0, 1, x)], arrival=t0))
+        await asyncio.sleep(0)  # the device takes it: busy until t0 + 100 ms (emulated)
+        early = asyncio.ensure_future(node.forward([expert_group(0, 1, x)], arrival=t0))
+        late = asyncio.ensure_future(node.forward([expert_group(0, 1, x)], arrival=t0 + 0.5))
+        await asyncio.gather(busy, early, late)
+        (_, early_t, _, _), (_, late_t, _, _) = early.result(), late.result()
+    assert 100.0 <= early_t.queue_ms < 300.0  # behind the busy batch, not behind the late job
+    assert late_t.queue_ms < 100.0  # the device is free again when it arrives
