@@ -31,9 +31,10 @@ class Settings:
     Dispatch: request_ms bounds one batched request to one node; layer_ms one layer with its
     replans; token_ms a whole token; max_replans is not used any more (a layer replans until
     no replica is left or its deadline passes, router/dispatch.py) and is kept so that
-    settings naming it still load. A request's own limit is min(request_ms, max(min_request_ms, timeout_factor × predicted)), counted
-    from when it left on the emulated timeline: predictions are of emulated time, which the
-    host's own work does not stretch (docs/measurement.md), so the limits can be tight and a
+    settings naming it still load. A request's own limit is min(request_ms,
+    max(min_request_ms, timeout_factor × predicted)), counted from when it left on the
+    emulated timeline: predictions are of emulated time, which the host's own work does not
+    stretch (docs/measurement.md), so the limits can be tight and a
     cut link costs one short wait, not three long ones. breaker_failures consecutive failures
     open a node's or link's circuit for breaker_open_ms, then one probe may pass (half-open).
     """
