@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
@@ -42,6 +43,8 @@ from orchestrator.runtimes.base import (
 from orchestrator.runtimes.docker import EngineRuntime, open_engine, status_of
 
 __all__ = ["SwarmRuntime", "stack_from_env"]
+
+log = logging.getLogger(__name__)
 
 SERVICE_ENV = "MOEMESH_SWARM_SERVICE"  # set in compose.yaml to Swarm's {{.Service.Name}}
 CONTROLLER_SUFFIX = "_controller"
@@ -94,7 +97,15 @@ class SwarmRuntime(EngineRuntime):
             for launch in nodes:
                 self._nodes[launch.name] = await self._service(launch)
 
-        return await self._start_with(find)
+        endpoints = await self._start_with(find)
+        hosts = {t.get("NodeID") for n in self._nodes.values()
+                 for t in await self._tasks(n) if t["ID"] == n.task_id}
+        if len(hosts) > 1:
+            note = (f"nodes run on {len(hosts)} hosts: only tc shapes them faithfully (the app "
+                    "shaper times arrivals on each host's own monotonic clock)")
+            self.notes.append(note)
+            log.warning("swarm runtime: %s", note)
+        return endpoints
 
     async def stop(self) -> None:
         """Nothing to remove (the stack owns the services); close the engine connection."""
