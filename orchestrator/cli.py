@@ -62,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if threading.current_thread() is threading.main_thread():
+        # A shell starting a job in the background (`cmd &`, nohup) ignores SIGINT for it;
+        # then neither Ctrl-C nor the SIGTERM below would stop it. Take SIGINT back.
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
         return int(args.handler(args) or 0)

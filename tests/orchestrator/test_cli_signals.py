@@ -1,0 +1,45 @@
+"""SIGTERM stops any `moemesh` command the way Ctrl-C does, even where the shell that started
+it in the background ignores SIGINT for it (`cmd &` in a script, nohup)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+from tests.helpers import ROOT
+
+# A command whose handler blocks, run through the real `main` with SIGINT ignored beforehand.
+PROGRAM = textwrap.dedent("""\
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from orchestrator import cli
+
+    class Args:
+        @staticmethod
+        def handler(args):
+            print("running", flush=True)
+            time.sleep(60)
+            return 0
+
+    class Parser:
+        def parse_args(self, argv):
+            return Args()
+
+    cli.build_parser = Parser
+    sys.exit(cli.main([]))
+""")
+
+
+def test_sigterm_interrupts_a_command_whose_sigint_was_ignored() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", PROGRAM], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
