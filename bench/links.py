@@ -30,6 +30,7 @@ import asyncio
 import json
 import math
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -173,8 +174,15 @@ async def _tc_models(shaper: Any, src: Any, dst: Any) -> list[dict[str, Any]]:
                    for i, sent in enumerate(got["sent_at"])]
         return records, steps
 
+    def dropped() -> int:
+        """netem's own drop counter on the link's leaf, read with `tc -s -j` (iproute2)."""
+        out = subprocess.run(["ip", "netns", "exec", src.netns, "tc", "-s", "-j", "qdisc",
+                              "show", "dev", src.iface], capture_output=True, text=True,
+                             check=True).stdout
+        return sum(q.get("drops", 0) for q in json.loads(out) if q.get("kind") == "netem")
+
     try:
-        return await run_models(trace)
+        return await run_models(trace, dropped=dropped)
     finally:
         await shaper.set_link("n2", LinkSpec())
 
