@@ -148,15 +148,17 @@ class LocalRuntime(ProcessRuntime):
                 for name, n in self._nodes.items()}
 
     async def stop(self) -> None:
-        await self._end_all()
-        if self._forks is not None:
-            await self._forks.close()
-            self._forks = None
-        if self.log_dir is not None and not self.keep_logs:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
-            self.log_dir = None
-        self._nodes.clear()
-        self._started = False
+        try:
+            await self._end_all()
+        finally:  # the template ends whatever it forked that is still there
+            if self._forks is not None:
+                await self._forks.close()
+                self._forks = None
+            if self.log_dir is not None and not self.keep_logs:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
+                self.log_dir = None
+            self._nodes.clear()
+            self._started = False
 
     # -- internals ----------------------------------------------------------------------
     async def _start_template(self, nodes: Sequence[NodeLaunch]) -> None:

@@ -198,7 +198,10 @@ class NetnsRuntime(ProcessRuntime):
 
     async def stop(self) -> None:
         errors: list[str] = []
-        await self._end_all()
+        try:
+            await self._end_all()
+        except RuntimeFailure as exc:
+            errors.append(str(exc))
         # Delete our veth ends first: a removed namespace frees its devices asynchronously.
         for veth in list(self._veths_made):
             await _undo(errors, "ip", "link", "del", veth)

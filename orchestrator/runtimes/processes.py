@@ -233,4 +233,16 @@ class ProcessRuntime(Runtime):
             restore_priority(proc.pid)
 
     async def _end_all(self) -> None:
-        await together(*(end_process(n.proc, self.stop_grace_s) for n in self._nodes.values()))
+        """End every node's process group at once; one that cannot be ended does not stop the
+        others (a RuntimeFailure names it after all are done)."""
+        errors: list[str] = []
+
+        async def end(node: ProcessNode) -> None:
+            try:
+                await end_process(node.proc, self.stop_grace_s)
+            except OSError as exc:
+                errors.append(f"node {node.launch.name}: {exc}")
+
+        await together(*(end(n) for n in self._nodes.values()))
+        if errors:
+            raise RuntimeFailure(f"could not end: {'; '.join(errors)}")

@@ -161,4 +161,6 @@ async def test_the_owner_killed_takes_template_and_nodes_with_it(tmp_path: Path)
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
     assert await asyncio.to_thread(wait_gone, marker) == []
-    assert not any(process_alive(pid, None) for pid in pids)
+    # a dying process loses its command line before it is gone: wait for the pids themselves
+    await wait_until(lambda: not any(process_alive(pid, None) for pid in pids),
+                     "the template and its nodes to be gone", timeout_s=15, every_s=0.05)
