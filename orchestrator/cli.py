@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "netem.commands",
     "orchestrator.commands",
     "orchestrator.mesh_commands",
+    "orchestrator.meshd",
     "orchestrator.docker_commands",
     "orchestrator.doctor",
     "experiments.commands",

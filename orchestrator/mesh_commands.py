@@ -151,7 +151,7 @@ def _up(args: argparse.Namespace) -> int:
         _clean_stale(folder, state)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
-    argv = [sys.executable, "-m", "orchestrator.meshd", "--detach", "--dir", str(folder),
+    argv = [sys.executable, "-m", "orchestrator.cli", "meshd", "--detach", "--dir", str(folder),
             "--scenario", str(args.scenario.resolve())]
     for key in ("runtime", "shaper", "policy"):
         if getattr(args, key):

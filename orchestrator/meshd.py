@@ -1,6 +1,6 @@
 """The mesh supervisor: one process that owns a mesh between `moemesh up` and `moemesh down`.
 
-`moemesh up` starts `python -m orchestrator.meshd --dir DIR --scenario FILE ...` in a session
+`moemesh up` starts `moemesh meshd --dir DIR --scenario FILE ...` in a session
 of its own and returns once DIR/state.json says `ready` (or `failed`). The supervisor holds the
 `LiveMesh` (so the runtime that created nodes, namespaces or containers is the one that removes
 them), answers the CLI on a Unix socket (DIR/control.sock, one JSON line in, one out) and stops
@@ -22,14 +22,13 @@ import json
 import os
 import secrets
 import signal
-import sys
 import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SOCKET_FILE", "STATE_FILE", "main", "make_runtime", "read_state", "request",
+__all__ = ["SOCKET_FILE", "STATE_FILE", "make_runtime", "read_state", "register", "request",
            "write_state"]
 
 STATE_FILE = "state.json"
@@ -233,17 +232,25 @@ def _detach(folder: Path) -> None:
     os.close(log)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.meshd")
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "meshd", help="the supervisor of a mesh that `moemesh up` starts (not run by hand)",
+        description="Own a mesh between `moemesh up` and `moemesh down`: start it, answer "
+        "the CLI on DIR/control.sock, stop it on SIGTERM, SIGINT or a down request.")
     parser.add_argument("--dir", type=Path, required=True, help="the mesh's state folder")
     parser.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
-    parser.add_argument("--runtime", choices=("local", "netns", "docker"))
-    parser.add_argument("--shaper", choices=("tc", "app", "auto"))
+    from orchestrator.scenario import RUNTIMES, SHAPERS
+
+    parser.add_argument("--runtime", choices=RUNTIMES)
+    parser.add_argument("--shaper", choices=SHAPERS)
     parser.add_argument("--policy", help="placement policy (default: the scenario's)")
     parser.add_argument("--detach", action="store_true",
                         help="fork, print the supervisor's pid and return at once; the "
                         "supervisor runs in a session of its own, its output in DIR/meshd.log")
-    args = parser.parse_args(argv)
+    parser.set_defaults(handler=_supervise)
+
+
+def _supervise(args: argparse.Namespace) -> int:
     folder = args.dir
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if args.detach:
@@ -258,7 +265,3 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(FileNotFoundError):
             (folder / STATE_FILE).unlink()
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,23 +1,8 @@
-"""`python -m services node ...`: the node commands without the whole `moemesh` CLI."""
+"""`python -m services node ...` is `moemesh node ...`: one command line (orchestrator/cli.py),
+reachable where the `moemesh` script is not installed."""
 
-from __future__ import annotations
-
-import argparse
 import sys
 
-from .commands import register
+from orchestrator.cli import main
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services")
-    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.handler(args) or 0)
-    except ValueError as exc:  # bad input: the message names it (exit 2, as moemesh does)
-        print(f"moemesh: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main(sys.argv[1:]))
