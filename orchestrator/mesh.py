@@ -39,6 +39,7 @@ from typing import Any
 
 from netem.spec import LinkSpec
 from orchestrator.faults import Fault
+from orchestrator.lifetime import to_the_end, together
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure
 from services.client import ClientSettings, NodeClient
 from services.device import builtin_profiles
@@ -151,12 +152,7 @@ class LiveMesh:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        task = asyncio.ensure_future(self.stop())
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await task
-            raise
+        await to_the_end(self.stop())
 
     async def start(self) -> dict[str, Endpoint]:
         if self.work_dir is None:
@@ -166,12 +162,12 @@ class LiveMesh:
         try:
             self._client = NodeClient(self.client_settings)
             self.endpoints = dict(await self.launcher.start(launches))
-            await _together(*(self._healthy(n) for n in self.endpoints))
-            await _together(*(self._push_placement(n) for n in self.endpoints))
-            await _together(*(self._push_links(n) for n in self.endpoints))
+            await together(*(self._healthy(n) for n in self.endpoints))
+            await together(*(self._push_placement(n) for n in self.endpoints))
+            await together(*(self._push_links(n) for n in self.endpoints))
             await self._push_router_mesh()
         except BaseException:
-            await asyncio.shield(self.stop())
+            await to_the_end(self.stop())
             raise
         return self.endpoints
 
@@ -284,7 +280,7 @@ class LiveMesh:
                 else:
                     st.current = fault.change.apply(st.current)
             senders = sorted({a for a, _ in fault.directions()} - self.down)
-            await _together(*(self._push_links(a) for a in senders))
+            await together(*(self._push_links(a) for a in senders))
             return {"links": [{"from": a, "to": b, "state": self.links[(a, b)].state}
                               for a, b in fault.directions()], "pushed_to": senders}
         (name,) = fault.target
@@ -315,7 +311,7 @@ class LiveMesh:
         await self._healthy(name)
         await self._push_placement(name)
         moved = self.endpoints[name].address != old.address
-        await _together(*(self._push_links(n) for n in (self.endpoints if moved
+        await together(*(self._push_links(n) for n in (self.endpoints if moved
                                                               else [name])))
         # A new container (Swarm starts a new task) holds no router view, and when it moved
         # every other router must learn its new address.
@@ -335,7 +331,7 @@ class LiveMesh:
         """Hold exactly these experts from now on; routers learn it (with these settings)."""
         self.placement = _placement_by_node(by_node, self.scenario.topology.names)
         self.router_settings = dict(router_settings or {})
-        await _together(*(self._push_placement(n) for n in self.endpoints
+        await together(*(self._push_placement(n) for n in self.endpoints
                                if n not in self.down))
         await self._push_router_mesh()
 
@@ -349,7 +345,7 @@ class LiveMesh:
                 raise ValueError(f"links: no such one-way link(s) {', '.join(unknown)}")
             base.update(links)
         self.links = {pair: LinkState(spec, spec) for pair, spec in base.items()}
-        await _together(*(self._push_links(n) for n in self.endpoints))
+        await together(*(self._push_links(n) for n in self.endpoints))
 
     async def reset(self) -> None:
         """A fresh start with the current placement and links: every node up and at full
@@ -358,15 +354,15 @@ class LiveMesh:
             st.down, st.current = False, st.base
         for name in sorted(self.down):
             await self._node_up(name)
-        await _together(*(self.client.post_faults(ep.url, {"clear": True})
+        await together(*(self.client.post_faults(ep.url, {"clear": True})
                                for ep in self.endpoints.values()))
         self.slow.clear()
-        await _together(*(self._push_links(n) for n in self.endpoints))
-        await _together(*(self._drained(n) for n in self.endpoints))
+        await together(*(self._push_links(n) for n in self.endpoints))
+        await together(*(self._drained(n) for n in self.endpoints))
         if self.placement is not None:  # an empty placement first: the GPU caches go too
-            await _together(*(self.client.put_placement(ep.url, [])
+            await together(*(self.client.put_placement(ep.url, [])
                                    for ep in self.endpoints.values()))
-            await _together(*(self._push_placement(n) for n in self.endpoints))
+            await together(*(self._push_placement(n) for n in self.endpoints))
         await self._push_router_mesh()
 
     async def _drained(self, name: str, timeout_s: float = 60.0) -> None:
@@ -392,7 +388,7 @@ class LiveMesh:
             except (NodeUnreachable, NodeTimeout, NodeRefused) as exc:
                 return name, {"error": str(exc)}
 
-        return dict(await _together(*(one(n) for n in self.endpoints)))
+        return dict(await together(*(one(n) for n in self.endpoints)))
 
     # -- status -----------------------------------------------------------------------------
     async def status(self) -> dict[str, Any]:
@@ -413,7 +409,7 @@ class LiveMesh:
                           "jobs": stats["device"]["jobs"], "experts": len(stats["placement"]),
                           "links": applied}
 
-        nodes = dict(await _together(*(one(n) for n in self.endpoints)))
+        nodes = dict(await together(*(one(n) for n in self.endpoints)))
         links = []
         for (a, b), st in self.links.items():
             if st.state == "up":
@@ -426,17 +422,6 @@ class LiveMesh:
         return {"scenario": self.scenario.name, "runtime": self.runtime,
                 "shaper": self.shaper, "router_mounted": self.router_mounted,
                 "nodes": nodes, "links": links}
-
-
-async def _together(*coros: Any) -> list[Any]:
-    """Run the calls at once; if one fails the others are cancelled (no task outlives it)."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _placement_by_node(placement: Any, names: Sequence[str]) -> dict[str, list[dict]] | None:

@@ -28,6 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.lifetime import to_the_end
+
 __all__ = ["SOCKET_FILE", "STATE_FILE", "make_runtime", "read_state", "register", "request",
            "write_state"]
 
@@ -82,6 +84,7 @@ class Supervisor:
         self.state: dict[str, Any] = {}
         self.mesh: Any = None
         self.pending: set[asyncio.Task[Any]] = set()  # reverts of faults given `--for`
+        self.reverts: asyncio.TaskGroup | None = None  # owns them while the mesh serves
         self.history: list[dict[str, Any]] = []
 
     def save(self, **changes: Any) -> None:
@@ -139,16 +142,16 @@ async def _main(folder: Path, args: argparse.Namespace) -> int:
                  endpoints={n: {"url": ep.url, "address": ep.address, "port": ep.port}
                             for n, ep in mesh.endpoints.items()},
                  processes={n: list(p) for n, p in procs.items()})
-        server = await asyncio.start_unix_server(lambda r, w: _serve(sup, r, w),
-                                                 path=str(folder / SOCKET_FILE))
-        try:
-            os.chmod(folder / SOCKET_FILE, 0o600)
-            await sup.stop.wait()
-        finally:
-            server.close()
-            for task in list(sup.pending):
-                task.cancel()
-            await asyncio.gather(*sup.pending, return_exceptions=True)
+        async with asyncio.TaskGroup() as sup.reverts:
+            server = await asyncio.start_unix_server(lambda r, w: _serve(sup, r, w),
+                                                     path=str(folder / SOCKET_FILE))
+            try:
+                os.chmod(folder / SOCKET_FILE, 0o600)
+                await sup.stop.wait()
+            finally:
+                server.close()
+                for task in list(sup.pending):  # a revert not yet due is not applied
+                    task.cancel()
         sup.save(status="stopping")
         return 0
     except Exception as exc:
@@ -156,7 +159,7 @@ async def _main(folder: Path, args: argparse.Namespace) -> int:
         traceback.print_exc()
         return 1
     finally:
-        await asyncio.shield(mesh.stop())
+        await to_the_end(mesh.stop())
 
 
 def make_runtime(name: str, log_dir: Path, token: str) -> Any:
@@ -205,10 +208,17 @@ async def _answer(sup: Supervisor, req: Any) -> dict[str, Any]:
     if undo is not None:
         async def later() -> None:
             await asyncio.sleep(fault.for_s or 0.0)
-            await sup.mesh.apply_fault(undo)
+            try:
+                await sup.mesh.apply_fault(undo)
+            except Exception as exc:  # a failed revert is told, and the mesh goes on
+                sup.history.append({"time": time.time(), "fault": undo.describe(),
+                                    "error": f"{type(exc).__name__}: {exc}"})
+                return
             sup.history.append({"time": time.time(), "fault": undo.describe()})
 
-        task = asyncio.create_task(later(), name=f"{undo.describe()} in {fault.for_s:g} s")
+        if sup.reverts is None:
+            raise RuntimeError("the mesh is not serving")
+        task = sup.reverts.create_task(later(), name=f"{undo.describe()} in {fault.for_s:g} s")
         sup.pending.add(task)
         task.add_done_callback(sup.pending.discard)
     return {"ok": True, "fault": fault.describe(), "detail": detail,

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeVar
 
+from orchestrator.lifetime import to_the_end
+
 __all__ = ["Endpoint", "NodeLaunch", "Runtime", "RuntimeFailure", "check_launches",
            "node_named", "wait_listening"]
 
@@ -127,13 +129,7 @@ class Runtime(abc.ABC):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # Clean-up gets its own task so a cancelled parent (Ctrl-C) cannot cut it short.
-        task = asyncio.ensure_future(self.stop())
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await task
-            raise
+        await to_the_end(self.stop())  # a cancelled parent (Ctrl-C) cannot cut it short
 
 
 async def wait_listening(host: str, port: int, *, timeout_s: float, alive: object = None) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from netem.spec import LinkSpec
+from orchestrator.lifetime import to_the_end, together
 from orchestrator.runtimes.base import (
     Endpoint,
     NodeLaunch,
@@ -79,9 +80,9 @@ class EngineRuntime(Runtime):
         """Run `find` (fills `_nodes`), wait for every node; on any failure, `stop()`."""
         try:
             await find()
-            await asyncio.gather(*(self._ready(n) for n in self._nodes.values()))
+            await together(*(self._ready(n) for n in self._nodes.values()))
         except BaseException:
-            await asyncio.shield(self.stop())
+            await to_the_end(self.stop())
             raise
         return self.endpoints()
 
@@ -207,7 +208,7 @@ class DockerRuntime(EngineRuntime):
                 if peer not in eps:
                     raise ValueError(f"links: unknown node {peer!r} (running: {', '.join(eps)})")
         async with NodeClient(ClientSettings(token=self.token)) as client:
-            answers = await asyncio.gather(*(
+            answers = await together(*(
                 client.put_links(eps[node].url, {
                     peer: {**spec.to_json(), "address": eps[peer].address}
                     for peer, spec in peers.items()}, backend)
@@ -224,8 +225,8 @@ class DockerRuntime(EngineRuntime):
         if unknown:
             raise ValueError(f"placement: unknown node(s) {', '.join(unknown)}")
         async with NodeClient(ClientSettings(token=self.token)) as client:
-            await asyncio.gather(*(client.put_placement(eps[n].url, [dict(e) for e in experts])
-                                   for n, experts in placement.items()))
+            await together(*(client.put_placement(eps[n].url, [dict(e) for e in experts])
+                             for n, experts in placement.items()))
 
     async def stop(self) -> None:
         errors: list[str] = []

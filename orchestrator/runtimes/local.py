@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from orchestrator.lifetime import to_the_end, together
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.forkserver import ForkServer, forkable
 from orchestrator.runtimes.processes import (
@@ -41,7 +42,6 @@ from orchestrator.runtimes.processes import (
     process_alive,
     process_start_ticks,
     starting_nice,
-    together,
 )
 
 __all__ = ["NODE_PRELOAD", "LocalRuntime", "process_alive", "process_start_ticks"]
@@ -139,7 +139,7 @@ class LocalRuntime(ProcessRuntime):
                 await self._start_template(nodes)
             await together(*(self._bring_up(n) for n in self._nodes.values()))
         except BaseException:
-            await asyncio.shield(self.stop())
+            await to_the_end(self.stop())
             raise
         return self.endpoints()
 

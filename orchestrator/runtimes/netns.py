@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import doctor
+from orchestrator.lifetime import to_the_end, together
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.processes import (
     ProcessNode,
@@ -47,7 +48,6 @@ from orchestrator.runtimes.processes import (
     preexec,
     process_start_ticks,
     starting_nice,
-    together,
 )
 
 __all__ = ["COMMAND_TIMEOUT_S", "NetnsRuntime", "missing_prerequisites"]
@@ -185,7 +185,7 @@ class NetnsRuntime(ProcessRuntime):
                 await self._spawn(node)
             await together(*(self._ready(n) for n in self._nodes.values()))
         except BaseException:
-            await asyncio.shield(self.stop())
+            await to_the_end(self.stop())
             raise
         return self.endpoints()
 

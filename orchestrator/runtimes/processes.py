@@ -17,12 +17,13 @@ import contextlib
 import ctypes
 import os
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from netem.probe import has_capability
+from orchestrator.lifetime import together
 from orchestrator.runtimes.base import (
     Endpoint,
     NodeLaunch,
@@ -34,7 +35,7 @@ from orchestrator.runtimes.base import (
 
 __all__ = ["STARTING_NICE", "NodeProcess", "ProcessNode", "ProcessRuntime", "can_renice",
            "end_process", "preexec", "process_alive", "process_start_ticks",
-           "restore_priority", "starting_nice", "together"]
+           "restore_priority", "starting_nice"]
 
 STARTING_NICE = 10
 T = TypeVar("T")
@@ -134,21 +135,6 @@ async def end_process(proc: NodeProcess | None, grace_s: float) -> None:
             continue
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-async def together(*aws: Coroutine[Any, Any, T]) -> list[T]:
-    """Run `aws` in one TaskGroup and return their results in order: the first failure
-    cancels the others and is raised as itself (callers and users see the node's
-    RuntimeFailure, not an ExceptionGroup)."""
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(aw) for aw in aws]
-        return [t.result() for t in tasks]
-    except BaseExceptionGroup as group:
-        first = group.exceptions[0]
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise first from None
 
 
 @dataclass
