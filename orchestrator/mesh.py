@@ -313,9 +313,12 @@ class LiveMesh:
         moved = self.endpoints[name].address != old.address
         await together(*(self._push_links(n) for n in (self.endpoints if moved
                                                               else [name])))
-        # A new container (Swarm starts a new task) holds no router view, and when it moved
-        # every other router must learn its new address.
-        await self._push_router_mesh(None if moved else [name])
+        # The control plane tells every router the node is back (the mesh again: a fresh
+        # router view, breakers closed), as a membership service would: the revived node's
+        # own router starts from nothing (Swarm starts a new task), and the others would
+        # otherwise learn it only from a half-open probe, after an open period that doubled
+        # with every failed probe during the outage (up to 30 s), failing tokens meanwhile.
+        await self._push_router_mesh()
         if self.slow.get(name, 1.0) != 1.0:
             await self.client.post_faults(self.endpoints[name].url, {"slow": self.slow[name]})
         return {"node": name, "state": "up", "restarted": True}

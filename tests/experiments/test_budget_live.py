@@ -86,11 +86,9 @@ def test_run_quality_delta_stays_within_the_budget(tight_run) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 12 finding: the breaker the kill opened on edge3 stays open "
-                   "after the revive (the router learns it only from a later probe), so "
-                   "tokens sent after node-up still fail no_replica_reachable although its "
-                   "replicas are reachable again")
 def test_no_token_fails_once_the_node_is_back(tight_run) -> None:
+    """Once a revived node is up, every router knows (the control plane pushes the mesh
+    again): no token sent after it fails, its replicas being reachable."""
     _, meta, out = tight_run
     late = []
     for r in read_rows(out / "tokens.csv", TokenRow):
