@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from moe.vocab import FULL_PRECISION, PlacementEntry
+
 __all__ = ["TARGETS", "main", "register", "run_bench", "summarize"]
 
 PROMPT = "def fibonacci(n):\n    "
@@ -141,7 +143,7 @@ async def _generate(session: Any, url: str, prompt: str, tokens: int, policy: st
 
 
 def _experts(shape: Any) -> list[dict[str, Any]]:
-    return [{"layer": layer, "expert": e, "variant": "fp16", "tier": "gpu"}
+    return [PlacementEntry(layer, e, FULL_PRECISION, "gpu").to_json()
             for layer in range(shape.layers) for e in range(shape.experts)]
 
 
@@ -215,7 +217,7 @@ async def run_bench(rounds: int = 5, tokens: int = 48, generations: int = 3, ech
             await _configure(token, p_url, h_url, _experts(shape))
             x = torch.randn(1, shape.d_model, generator=torch.Generator().manual_seed(0))
             hop_body = pack_request([make_group(  # one token, its top-k on one node
-                0, x, [[(e, "fp16", 1 / shape.top_k) for e in range(shape.top_k)]], wire)],
+                0, x, [[(e, FULL_PRECISION, 1 / shape.top_k) for e in range(shape.top_k)]], wire)],
                 req="bench")
             headers = {"Content-Type": CONTENT_TYPE}
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as session:

@@ -30,6 +30,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from moe.vocab import FULL_PRECISION, PlacementEntry
+
 __all__ = ["main", "run_bench"]
 
 ITEMS = (1, 2, 8)
@@ -163,7 +165,7 @@ async def run_bench(requests: int = 2000, model: str = "tiny-moe",
         procs.append(echo)
         async with NodeClient(ClientSettings(token=token)) as client:
             await client.put_placement(node_url, [
-                {"layer": 0, "expert": e, "variant": "fp16", "tier": "gpu"}
+                PlacementEntry(0, e, FULL_PRECISION, "gpu").to_json()
                 for e in range(shape.experts)])
             connector = aiohttp.TCPConnector(limit=max(INFLIGHT))
             replies: dict[int, int] = {}

@@ -25,6 +25,7 @@ import time
 from contextlib import AsyncExitStack
 
 from moe import profiles
+from moe.vocab import FULL_PRECISION, PlacementEntry
 from router.policies import POLICIES, make_policy
 from router.policies.search import evaluate, exhaustive, joint
 from router.synthetic import random_mesh, random_request
@@ -131,7 +132,7 @@ async def _dispatch(seconds: float, concurrency: int) -> tuple[float, int]:
             node = Node(NodeSettings(name=name, profile=fast), compute=ModeledCompute(prof))
             await stack.enter_async_context(node)
             node.set_placement(parse_placement({"experts": [
-                {"layer": 0, "expert": e, "variant": "fp16", "tier": "gpu"}
+                PlacementEntry(0, e, FULL_PRECISION, "gpu").to_json()
                 for e in range(prof.experts)]}, node.shape))
             nodes[name] = node
         client = await stack.enter_async_context(NodeClient(ClientSettings(name="h")))

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from moe.vocab import is_number
+
 __all__ = ["register"]
 
 
@@ -188,7 +190,7 @@ def _options(args: argparse.Namespace, scenario: Any = None) -> Any:
     from .runner import RunOptions
 
     repeat = args.repeat if args.repeat is not None else getattr(scenario, "repeat", 1)
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+    if not is_number(repeat, integer=True) or repeat < 1:
         raise ValueError(f"--repeat must be a whole number >= 1, got {repeat!r}")
     return RunOptions(quality_windows=args.quality_windows,
                       overhead_requests=args.overhead_requests, slo_ms=args.slo_ms,

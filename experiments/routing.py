@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from moe.vocab import is_number
+
 __all__ = ["ROUTING_FILE", "RoutingTrace", "TraceFileError", "export_trace", "load_trace",
            "read_routing", "request_offsets", "routing_line"]
 
@@ -128,7 +130,7 @@ def _load_jsonl(path: Path) -> RoutingTrace:
             if key not in data:
                 raise TraceFileError(f"{where}: field {key!r} is missing")
         for key in ("request", "token"):
-            if isinstance(data[key], bool) or not isinstance(data[key], int):
+            if not is_number(data[key], integer=True):
                 raise TraceFileError(f"{where}: field {key!r} must be an integer")
         if "policy" in data:
             policies.add(str(data["policy"]))

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from moe.vocab import is_number
+
 __all__ = ["RunMeta"]
 
 _MISSING = object()
@@ -89,11 +91,11 @@ def _typed(source: str, name: str, kind: str, raw: Any) -> Any:
     if kind == "str":
         return str(raw)
     if kind == "int":
-        if isinstance(raw, bool) or not isinstance(raw, int):
+        if not is_number(raw, integer=True):
             raise ValueError(f"{where} must be an integer, got {raw!r}")
         return raw
     if kind == "float":
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
+        if not is_number(raw, finite=False):
             raise ValueError(f"{where} must be a number, got {raw!r}")
         return float(raw) if math.isfinite(raw) else math.nan
     if kind.startswith("tuple"):

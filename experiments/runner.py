@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from moe.vocab import is_number
 from orchestrator.arms import Arm
 from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
@@ -71,11 +72,11 @@ class RunOptions:
     link_probe: bool = True  # probe every pair's link before the first arm (.fidelity)
 
     def __post_init__(self) -> None:
-        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
+        if not is_number(self.repeat, integer=True) or self.repeat < 1:
             raise ValueError(f"repeat must be a whole number >= 1, got {self.repeat!r}")
         for name in ("quality_windows", "quality_seq", "overhead_requests"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_number(value, integer=True) or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
         if self.quality_windows and self.quality_seq < 2:
             raise ValueError(f"quality_seq must be >= 2, got {self.quality_seq}")

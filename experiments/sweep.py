@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from moe.vocab import is_number
 from netem.spec import LinkSpec
 from orchestrator.scenario import Scenario
 from orchestrator.topology import Node, Topology
@@ -49,7 +50,7 @@ DEFAULT_VALUES = {
 
 def grow_topology(topology: Topology, n: int) -> Topology:
     """The topology with exactly `n` nodes (see the module docstring)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if not is_number(n, integer=True) or n < 1:
         raise ValueError(f"nodes: must be a whole number >= 1, got {n!r}")
     base = list(topology.nodes)
     m = len(base)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .registry import DEFAULT_MODEL, WEIGHTS_DIR
-from .vocab import VARIANTS
+from .vocab import FULL_PRECISION, VARIANTS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,22 +70,22 @@ def _eval(args: argparse.Namespace) -> int:
         raise ValueError(f"--windows must be >= 1, got {args.windows}")
     model = load(args.model)
     batch = heldout_batch(count=args.windows)
-    variants = args.variant or ["fp16"]
-    if "fp16" not in variants:
-        variants = ["fp16", *variants]
+    variants = args.variant or [FULL_PRECISION]
+    if FULL_PRECISION not in variants:
+        variants = [FULL_PRECISION, *variants]
     results: dict[str, dict] = {}
     started = time.perf_counter()
     with _progress() as bar:
         for variant in variants:
             task = bar.add_task(f"eval {variant}", total=batch.shape[0], info="")
-            executor = None if variant == "fp16" else variant_executor(model, variant)
+            executor = None if variant == FULL_PRECISION else variant_executor(model, variant)
             results[variant] = evaluate(
                 model,
                 batch,
                 executor,
                 progress=lambda d, t, task=task: bar.update(task, completed=d),
             )
-    exact = results["fp16"]
+    exact = results[FULL_PRECISION]
     out = {"model": str(args.model), **exact, "variants": {}}
     for variant, res in results.items():
         out["variants"][variant] = {**res, "perplexity_delta_pct": perplexity_delta_pct(exact, res)}

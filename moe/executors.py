@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .model import Executor, MoEModel, combine_experts
+from .vocab import FULL_PRECISION
 
 
 def variant_executor(model: MoEModel, variant: str) -> Executor:
@@ -30,7 +31,7 @@ def mixed_executor(model: MoEModel, variants: dict[tuple[int, int], str]) -> Exe
             x,
             idx,
             weights,
-            lambda e, rows: model.expert(layer, e, variants.get((layer, e), "fp16"))(rows),
+            lambda e, rows: model.expert(layer, e, variants.get((layer, e), FULL_PRECISION))(rows),
         )
 
     return run

@@ -444,7 +444,7 @@ class MoEModel(nn.Module):
                 f"this model has experts 0–{self.config.experts - 1}"
             )
 
-    def expert(self, layer: int, e: int, variant: str = "fp16") -> nn.Module:
+    def expert(self, layer: int, e: int, variant: str = FULL_PRECISION) -> nn.Module:
         """Expert e of a layer as a callable module, full precision or a quantized copy."""
         self._check_expert(layer, e)
         if variant == FULL_PRECISION:
@@ -458,7 +458,7 @@ class MoEModel(nn.Module):
             self._quantized[key] = quantize_expert(self.layers[layer].experts[e], variant)
         return self._quantized[key]
 
-    def expert_bytes(self, variant: str = "fp16") -> int:
+    def expert_bytes(self, variant: str = FULL_PRECISION) -> int:
         """Bytes one expert occupies in a variant (weights as stored, with scales)."""
         from .quant import variant_bytes
 

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe.vocab import FULL_PRECISION
 from orchestrator.faults import Fault, LinkChange
 from orchestrator.topology import Topology
 
 __all__ = ["ALLOWED_FAILURES", "ChaosPlan", "ChaosSpec", "Invariants", "LeakProbe",
            "Violation", "cut_off", "fp_holders", "plan_chaos"]
 
-FULL_PRECISION = "fp16"
 # The router's reasons for a token with no reachable replica (router.dispatch); every other
 # failure under a planned timeline is a broken promise.
 ALLOWED_FAILURES = frozenset({"no_replica", "no_replica_reachable"})

@@ -49,7 +49,7 @@ from moe import DEFAULT_MODEL, MoEError
 from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
-from moe.vocab import VARIANTS, is_number
+from moe.vocab import FULL_PRECISION, VARIANTS, is_number
 from orchestrator.faults import (  # the one copy of these validators
     FAULT_ACTIONS,
     Fault,
@@ -139,7 +139,8 @@ class PlacementSpec:
         _finite(self.redundancy, "redundancy", ge=1.0)
         object.__setattr__(self, "variants", tuple(self.variants))
         bad = [v for v in self.variants if v not in VARIANTS]
-        if bad or len(set(self.variants)) != len(self.variants) or "fp16" not in self.variants:
+        if (bad or len(set(self.variants)) != len(self.variants)
+                or FULL_PRECISION not in self.variants):
             raise ValueError(f"variants: must be distinct values of {', '.join(VARIANTS)}"
                              f" including fp16 (every expert keeps a full-precision replica), "
                              f"got {list(self.variants)}")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from moe.vocab import is_number
 from netem import classes
 from netem.gemodel import FIELDS as GE_FIELDS
 from netem.gemodel import GeLoss
@@ -72,7 +73,7 @@ class Node:
                 f"name: must be 1-32 lowercase letters, digits or '-' starting with a letter "
                 f"(it becomes a host and namespace name), got {describe(self.name)}"
             )
-        if isinstance(self.users, bool) or not isinstance(self.users, int | float):
+        if not is_number(self.users, finite=False):
             raise ValueError(f"users: must be a number, got {describe(self.users)}")
         if not 0 <= self.users < float("inf"):
             raise ValueError(f"users: must be >= 0, got {self.users!r}")

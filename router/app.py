@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from moe.vocab import ACTIVATION_BYTES, is_number
 from services.client import ClientSettings, NodeClient
 from services.errors import NodeError, ServiceError
-from services.wire import DTYPE_BYTES
 
 from .dispatch import Dispatcher
 from .engine import Engine, Routing
@@ -81,7 +81,7 @@ class RouterService:
         self.model = node.compute.model if node.compute.real else None
         self.base_settings = settings or Settings()
         self.shape = ModelShape.from_profile(
-            node.shape, act_bytes=DTYPE_BYTES[self.base_settings.wire_dtype]
+            node.shape, act_bytes=ACTIVATION_BYTES[self.base_settings.wire_dtype]
         )
         self.quality = quality or load_quality(
             node.settings.model, node.shape.layers, node.shape.experts
@@ -181,7 +181,7 @@ def _tokens(data: dict[str, Any], text_key: str) -> torch.Tensor:
     if "tokens" in data:
         toks = data["tokens"]
         if not isinstance(toks, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in toks
+            is_number(t, integer=True) and 0 <= t < 2**31 for t in toks
         ):
             raise BadRouterInput("tokens must be a list of token ids (integers >= 0)")
         return torch.tensor(toks, dtype=torch.long)
@@ -197,11 +197,11 @@ def _common(data: dict[str, Any], allowed: set[str]) -> tuple[Any, float | None,
         raise BadRouterInput(f"unknown field(s) {', '.join(unknown)}; known: "
                              f"{', '.join(sorted(allowed))}")
     budget = data.get("budget")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
+    if budget is not None and (not is_number(budget, finite=False)
                                or not 0 <= budget <= 1):
         raise BadRouterInput(f"budget is a fraction in 0..1 (0.02 = 2%), got {budget!r}")
     seed = data.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+    if not is_number(seed, integer=True) or not 0 <= seed < 2**63:
         raise BadRouterInput(f"seed must be an integer in 0..2^63-1, got {_short(seed)}")
     policy = data.get("policy", "hetroute")
     if not isinstance(policy, str):
@@ -227,7 +227,7 @@ async def _generate(request: web.Request) -> web.Response:
                    "trace", "routing"})
         trace = None if data.get("trace") is None else Routing.from_json(data["trace"])
         max_tokens = data.get("max_tokens", 16)
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        if not is_number(max_tokens, integer=True):
             raise BadRouterInput(f"max_tokens must be an integer, got {max_tokens!r}")
         engine = svc.engine()
         policy = make_policy(name, engine.dispatcher.settings, seed)

@@ -40,9 +40,10 @@ import torch
 from torch import Tensor
 
 from moe import MoEModel
+from moe.vocab import ACTIVATION_BYTES, FULL_PRECISION
 from netem.timing import now as clock_now
 from services.errors import NodeRefused
-from services.wire import DTYPE_BYTES, ForwardResponse, Group, Work, decode_tensor, encode_tensor
+from services.wire import ForwardResponse, Group, Work, decode_tensor, encode_tensor
 
 from .breaker import Breakers
 from .cost import branch_cost
@@ -311,7 +312,8 @@ class Dispatcher:
         names = self.view.names
         return min((self.breakers.usable_at(names[c.node], now)
                     for c in self.view.exact(layer, expert)
-                    if c.replica.variant == "fp16" or names[c.node] in tried), default=math.inf)
+                    if c.replica.variant == FULL_PRECISION or names[c.node] in tried),
+                   default=math.inf)
 
     async def _await_replica(self, layer, stuck, excluded, tokens, deadline: float) -> bool:
         """Rows no replica can serve now wait for the first breaker to let a full-precision
@@ -340,7 +342,7 @@ class Dispatcher:
         of its full-precision replicas behind an open breaker."""
         view = self.view
         cut_off = {view.names[c.node] for c in view.exact(layer, expert)
-                   if c.replica.variant == "fp16" and not view.up[c.node]}
+                   if c.replica.variant == FULL_PRECISION and not view.up[c.node]}
         return Failure(layer, expert, tuple(sorted(tried)), tuple(sorted(cut_off)), why)
 
     async def _scatter(self, layer, x, batches, layer_deadline, ready):
@@ -443,7 +445,7 @@ class Dispatcher:
         """An answer must carry one sum of the right size per row (else: a node fault)."""
         if len(res.ys) != 1:
             raise NodeRefused(node, 200, "bad_answer", f"{len(res.ys)} outputs for 1 group")
-        need = group.rows * self.shape.d_model * DTYPE_BYTES[group.dtype]
+        need = group.rows * self.shape.d_model * ACTIVATION_BYTES[group.dtype]
         if len(res.ys[0]) != need:
             raise NodeRefused(node, 200, "bad_answer",
                               f"output of {len(res.ys[0])} bytes for {group.rows} rows")
@@ -453,7 +455,7 @@ class Dispatcher:
         count once per node: its activation out, its combined answer back."""
         d = self.shape.d_model
         local = node == self.home
-        row_bytes = d * DTYPE_BYTES[self.settings.wire_dtype]
+        row_bytes = d * ACTIVATION_BYTES[self.settings.wire_dtype]
         y = decode_tensor(res.ys[0], self.settings.wire_dtype, len(batch.rows), d).float()
         for j, (row, members) in enumerate(batch.rows.items()):
             tok = tokens[row]
@@ -497,7 +499,7 @@ class Dispatcher:
             if tok.done:
                 continue
             for e in idx[r].tolist():
-                tok.choices.append(ChoiceRecord(layer, e, e, self.home, "fp16", "exact",
+                tok.choices.append(ChoiceRecord(layer, e, e, self.home, FULL_PRECISION, "exact",
                                                 True, False))
             tok.layers.append(LayerRecord(layer, wall, wall, (self.home,)))
         return y

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from moe.vocab import is_number
 from netem.timing import now
 
 from .errors import BadRouterInput
@@ -45,7 +46,7 @@ def _target(svc: Any, peer: str) -> tuple[int, int, str]:
 def _rows(data: dict[str, Any]) -> list[int]:
     rows = data.get("rows")
     if (not isinstance(rows, list) or not 1 <= len(rows) <= MAX_PROBES
-            or not all(isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= MAX_ROWS
+            or not all(is_number(r, integer=True) and 1 <= r <= MAX_ROWS
                        for r in rows)):
         raise BadRouterInput(f"rows must be a list of 1..{MAX_PROBES} message sizes in rows "
                              f"(integers 1..{MAX_ROWS})")
@@ -59,7 +60,7 @@ async def probe_peer(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
         raise BadRouterInput("peer must be a node name")
     rows_list = _rows(data)
     timeout_s = data.get("timeout_s", 30.0)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+    if not is_number(timeout_s, finite=False) or timeout_s <= 0:
         raise BadRouterInput(f"timeout_s must be > 0, got {timeout_s!r}")
     from services.wire import expert_group  # the per-node wire format (groups)
 

@@ -63,7 +63,7 @@ class Settings:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "wire_dtype":
-                if value not in ACTIVATION_BYTES:
+                if not isinstance(value, str) or value not in ACTIVATION_BYTES:
                     raise BadRouterInput(f"wire_dtype must be one of "
                                          f"{', '.join(ACTIVATION_BYTES)}, got {value!r}")
                 continue

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 
 from moe import profiles
-from moe.vocab import QUANT_VARIANTS
+from moe.vocab import FULL_PRECISION, QUANT_VARIANTS
 
 from .cost import Estimates
 from .quality import QualityTable
@@ -77,7 +77,7 @@ def random_mesh(
         for e in range(experts):
             holders = rng.sample(names, min(nodes, rng.randint(1, replicas)))
             for i, node in enumerate(holders):
-                variant = "fp16"
+                variant = FULL_PRECISION
                 if i > 0 and rng.random() < quantized_share:
                     variant = rng.choice(QUANT_VARIANTS)
                 tier = "cpu" if rng.random() < cpu_share else "gpu"

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe.vocab import FULL_PRECISION
+
 from .cost import Estimates
 from .errors import BadRouterInput
 from .quality import QualityTable
@@ -117,7 +119,7 @@ class PlanView:
         if r.expert != expert:
             kind = "substitute"
         else:
-            kind = "exact" if r.variant == "fp16" else "quantized"
+            kind = "exact" if r.variant == FULL_PRECISION else "quantized"
         load = self.shape.expert_bytes[r.variant] if r.tier == "cpu" else 0
         return Candidate(r, self.index[r.node], expert, penalty, load, kind)
 

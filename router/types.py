@@ -8,17 +8,16 @@ estimate for (a, b) describes what a sends to b.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from moe.vocab import FULL_PRECISION, TIERS, VARIANTS, PlacementEntry, is_number
 
 from .errors import BadRouterInput
 
 __all__ = [
     "KINDS",
-    "TIERS",
-    "VARIANTS",
     "Choice",
     "LinkEstimate",
     "ModelShape",
@@ -30,15 +29,13 @@ __all__ = [
     "Scales",
 ]
 
-VARIANTS = ("fp16", "int8", "int4")
-TIERS = ("gpu", "cpu")
 # How a chosen replica serves the expert the gate asked for (summary.json's "mix",
 # docs/contracts.md).
 KINDS = ("exact", "quantized", "substitute", "fallback")
 
 
 def _positive(name: str, value: Any, *, zero_ok: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_number(value):
         raise BadRouterInput(f"{name} must be a finite number, got {value!r}")
     if value < 0 or (value == 0 and not zero_ok):
         raise BadRouterInput(f"{name} must be {'>= 0' if zero_ok else '> 0'}, got {value!r}")
@@ -46,7 +43,7 @@ def _positive(name: str, value: Any, *, zero_ok: bool = False) -> float:
 
 
 def _index(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_number(value, integer=True) or value < 0:
         raise BadRouterInput(f"{name} must be an integer >= 0, got {value!r}")
     return value
 
@@ -62,8 +59,8 @@ class Replica:
     layer: int
     expert: int
     node: str
-    variant: str = "fp16"
-    tier: str = "gpu"
+    variant: str = FULL_PRECISION
+    tier: str = TIERS[0]
 
     def __post_init__(self) -> None:
         _index("layer", self.layer)
@@ -82,6 +79,11 @@ class Replica:
     def key(self) -> tuple[int, int, str]:
         """(layer, expert, variant): how a node names what it has resident."""
         return (self.layer, self.expert, self.variant)
+
+    @property
+    def entry(self) -> PlacementEntry:
+        """This replica as its node's placement lists it."""
+        return PlacementEntry(self.layer, self.expert, self.variant, self.tier)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class Placement:
                 out.append(
                     Replica(
                         item["layer"], item["expert"], node,
-                        item.get("variant", "fp16"), item.get("tier", "gpu"),
+                        item.get("variant", FULL_PRECISION), item.get("tier", TIERS[0]),
                     )
                 )
         return cls(tuple(out))
@@ -135,9 +137,7 @@ class Placement:
     def to_json(self) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}
         for r in self.replicas:
-            out.setdefault(r.node, []).append(
-                {"layer": r.layer, "expert": r.expert, "variant": r.variant, "tier": r.tier}
-            )
+            out.setdefault(r.node, []).append(r.entry.to_json())
         return out
 
     def of_expert(self, layer: int, expert: int) -> tuple[Replica, ...]:
@@ -161,7 +161,7 @@ class Placement:
                 raise BadRouterInput(f"replica {r} on unknown node {r.node!r}")
         for layer in range(layers):
             for e in range(experts):
-                if not any(r.variant == "fp16" for r in self.of_expert(layer, e)):
+                if not any(r.variant == FULL_PRECISION for r in self.of_expert(layer, e)):
                     raise BadRouterInput(
                         f"expert {e} of layer {layer} has no full-precision (fp16) replica"
                     )

@@ -23,9 +23,10 @@ from moe import MoEModel, profiles
 from moe.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from moe.config import ModelConfig
 from moe.registry import model_dir
+from moe.vocab import ACTIVATION_BYTES
 
 from .tiers import ExpertShape
-from .wire import DTYPE_BYTES, Group, Key, Output, Work, decode_tensor, encode_tensor
+from .wire import Group, Key, Output, Work, decode_tensor, encode_tensor
 
 __all__ = ["COMPUTE_MODES", "ExpertCompute", "ModeledCompute", "TorchCompute", "make_compute"]
 
@@ -55,8 +56,8 @@ class ExpertCompute:
     def run(self, groups: Sequence[Group], parts: Sequence[bool] = ()) -> list[Output]:
         """Each group's combined output (and, where `parts[i]`, its per-expert outputs)."""
         d = self.shape.d_model
-        return [(bytes(g.rows * d * DTYPE_BYTES[g.dtype]),
-                 bytes(g.entries * d * DTYPE_BYTES[g.dtype]) if _wants(parts, i) else None)
+        return [(bytes(g.rows * d * ACTIVATION_BYTES[g.dtype]),
+                 bytes(g.entries * d * ACTIVATION_BYTES[g.dtype]) if _wants(parts, i) else None)
                 for i, g in enumerate(groups)]
 
 
@@ -90,7 +91,7 @@ class TorchCompute(ExpertCompute):
         d = self.shape.d_model
 
         def one(key: Key, dtype: str, rows: int = 1) -> Group:
-            return Group(key[0], dtype, bytes(DTYPE_BYTES[dtype] * d * rows),
+            return Group(key[0], dtype, bytes(ACTIVATION_BYTES[dtype] * d * rows),
                          ((Work(key[1], key[2], 1.0),),) * rows)
 
         warm = [one(key, "f32") for key in keys]

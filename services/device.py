@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from moe.vocab import is_number
+
 __all__ = ["DEFAULT_PROFILE", "DeviceProfile", "builtin_profiles", "load_profile"]
 
 
@@ -40,7 +42,7 @@ class DeviceProfile:
             if f.name == "name":
                 continue
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not is_number(value, finite=False):
                 raise ValueError(f"profile {self.name!r}: {f.name} must be a number, "
                                  f"got {value!r}")
             if not (math.isfinite(value) and value > 0):

@@ -28,16 +28,16 @@ import msgpack
 import torch
 from torch import Tensor
 
+from moe.vocab import ACTIVATION_BYTES, FULL_PRECISION, VARIANTS, is_number
+
 from .errors import BadRequest
 
 __all__ = [
     "ARRIVE_HEADER",
     "CONTENT_TYPE",
     "DTYPES",
-    "DTYPE_BYTES",
     "FORWARD_PATH",
     "SELF_HEADER",
-    "VARIANTS",
     "WIRE_VERSION",
     "ForwardRequest",
     "ForwardResponse",
@@ -66,11 +66,10 @@ SELF_HEADER = "X-Moemesh-From"  # the requester names itself; the answer is shap
 # (a `netem.timing.now()` value, repr of a float): the receiver waits until then, so the host's
 # own transfer time hides under the emulated link (docs/measurement.md). Absent: now.
 ARRIVE_HEADER = "X-Moemesh-Arrive"
-DTYPES: dict[str, torch.dtype] = {
-    "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-}
-DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
-VARIANTS = ("fp16", "int8", "int4")
+# The torch dtype of each activation dtype that moe.vocab names (their bytes: ACTIVATION_BYTES);
+# a dtype added there without a torch type here fails at import.
+_TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+DTYPES: dict[str, torch.dtype] = {name: _TORCH_DTYPE[name] for name in ACTIVATION_BYTES}
 GROUP_FIELDS = ("layer", "dtype", "x", "work")
 BODY_FIELDS = ("v", "req", "groups", "parts")
 MAX_ROWS = 4096  # rows of one request, all groups together
@@ -195,7 +194,7 @@ def make_group(layer: int, x: Tensor, work: Sequence[Sequence[tuple[int, str, fl
 
 
 def expert_group(
-    layer: int, expert: int, x: Tensor, variant: str = "fp16", dtype: str = "f32"
+    layer: int, expert: int, x: Tensor, variant: str = FULL_PRECISION, dtype: str = "f32"
 ) -> Group:
     """A group whose every row of x [rows, d_model] runs one expert at gate weight 1, so its
     answer is that expert's output (tests, benchmarks)."""
@@ -236,7 +235,7 @@ def _short(value: Any) -> str:
 
 
 def _int(where: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_number(value, integer=True):
         raise BadRequest(f"{where} must be an int, got {type(value).__name__} {_short(value)}")
     return value
 
@@ -251,8 +250,7 @@ def _work(where: str, raw: Any) -> Work:
     if not isinstance(variant, str) or variant not in VARIANTS:
         raise BadRequest(f"{where}[1] (variant): unknown variant {_short(variant)}; known: "
                          f"{', '.join(VARIANTS)}")
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(
-            weight):
+    if not is_number(weight):
         raise BadRequest(f"{where}[2] (weight) must be a finite number, got {_short(weight)}")
     return Work(expert, variant, float(weight))
 
@@ -292,7 +290,7 @@ def _group(i: int, raw: Any, d_model: int) -> Group:
     if not isinstance(x, bytes):
         raise BadRequest(f"{where}.x must be bytes (msgpack bin), got {type(x).__name__}")
     work = _rows(f"{where}.work", raw["work"])
-    need = len(work) * d_model * DTYPE_BYTES[dtype]
+    need = len(work) * d_model * ACTIVATION_BYTES[dtype]
     if len(x) != need:
         raise BadRequest(
             f"{where}: {len(work)} rows (one per work list) of d_model {d_model} in {dtype} "

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from moe.vocab import FULL_PRECISION, TIERS
 from router.types import Replica
 
 from .problem import PlacementError, PlacementProblem
@@ -32,7 +33,6 @@ __all__ = ["Key", "Ledger", "PlacementResult", "Policy", "check", "need_one_copy
            "popularity_benefit", "retier", "retier_by_popularity", "spread_base"]
 
 Key = tuple[int, int, int, str]  # (node index, layer, expert, variant)
-TIERS = ("gpu", "cpu")
 
 
 class Ledger:
@@ -118,7 +118,8 @@ class Ledger:
         return [k for k in self.tier if k[0] == n]
 
     def fp16_count(self, layer: int, expert: int) -> int:
-        return sum(1 for n in range(self.p.nodes) if (n, layer, expert, "fp16") in self.tier)
+        return sum(1 for n in range(self.p.nodes)
+                   if (n, layer, expert, FULL_PRECISION) in self.tier)
 
     def describe(self, key: Key) -> str:
         n, layer, expert, variant = key
@@ -162,7 +163,7 @@ def check(problem: PlacementProblem, replicas: Iterable[Replica]) -> Ledger:
 
 def need_one_copy(problem: PlacementProblem) -> None:
     """Raise when not even one fp16 copy of every expert fits the nodes' memory."""
-    b = problem.bytes_of("fp16")
+    b = problem.bytes_of(FULL_PRECISION)
     room = sum(0 if gpu < b else max(gpu // b, (gpu - b) // b + cpu // b)
                for gpu, cpu in zip(problem.gpu_bytes, problem.cpu_bytes, strict=True))
     need = problem.layers * problem.experts
@@ -243,8 +244,7 @@ class PlacementResult:
         """Node → its PUT /v1/placement experts (every node listed, maybe empty)."""
         out: dict[str, list[dict[str, Any]]] = {n: [] for n in self.problem.names}
         for r in self.replicas:
-            out[r.node].append({"layer": r.layer, "expert": r.expert, "variant": r.variant,
-                                "tier": r.tier})
+            out[r.node].append(r.entry.to_json())
         return out
 
     def memory(self) -> dict[str, dict[str, float]]:
@@ -274,8 +274,7 @@ class PlacementResult:
             "expected_cost_ms": round(self.expected_cost_ms, 6),
             "local_group_coverage": round(float(self.notes.get("local_group_coverage", 0.0)), 6),
             "nodes": self.memory(),
-            "replicas": [{"layer": r.layer, "expert": r.expert, "node": r.node,
-                          "variant": r.variant, "tier": r.tier} for r in self.replicas],
+            "replicas": [asdict(r) for r in self.replicas],  # layer, expert, node, variant, tier
         }
 
 
@@ -308,11 +307,11 @@ def spread_base(ledger: Ledger, order: Iterable[tuple[int, int]],
     among the node indices where it fits (GPU first), PlacementError when none does."""
     p = ledger.p
     for layer, e in order:
-        fitting = [n for n in range(p.nodes) if ledger.best_tier(n, "fp16") is not None]
+        fitting = [n for n in range(p.nodes) if ledger.best_tier(n, FULL_PRECISION) is not None]
         if not fitting:
             need_one_copy(p)
             raise PlacementError(f"no node has room for expert {e} of layer {layer} "
                                  f"(fp16, {p.bytes_of('fp16') / 1e9:.6g} GB) after "
                                  f"{len(ledger.tier)} replicas: the memory is too fragmented")
         n = choose(layer, e, fitting)
-        ledger.add((n, layer, e, "fp16"), ledger.best_tier(n, "fp16") or "cpu")
+        ledger.add((n, layer, e, FULL_PRECISION), ledger.best_tier(n, FULL_PRECISION) or "cpu")

@@ -25,7 +25,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from router.types import VARIANTS, Replica
+from moe.vocab import VARIANTS
+from router.types import Replica
 
 from .problem import PlacementProblem
 

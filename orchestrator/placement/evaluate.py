@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moe.vocab import TIERS
 from router.cost import branch_cost
 from router.errors import NoFeasiblePlan
 from router.policies import make_policy
 from router.tables import PlanView
-from router.types import TIERS, Placement, PlanRequest, Replica
+from router.types import Placement, PlanRequest, Replica
 
 from .problem import PlacementProblem
 

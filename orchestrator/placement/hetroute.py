@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from router.types import TIERS
+from moe.vocab import FULL_PRECISION, TIERS
 
 from .base import Key, Ledger, Policy, need_one_copy, retier
 from .evaluate import CostTables, cost_tables, simulate
@@ -67,7 +67,7 @@ class HetRoutePlacement(Policy):
         return ledger
 
     def notes(self, problem: PlacementProblem, ledger: Ledger) -> dict[str, Any]:
-        quantized = sum(1 for k in ledger.tier if k[3] != "fp16")
+        quantized = sum(1 for k in ledger.tier if k[3] != FULL_PRECISION)
         return {**getattr(self, "_stats", {}), "quantized_replicas": quantized}
 
     # -- steps 1 and 2, priced -----------------------------------------------------------
@@ -96,7 +96,7 @@ class HetRoutePlacement(Policy):
         """One fp16 copy per expert, most used first, where Σ demand x cost + the memory's
         price (ms per byte, per node and tier; from the previous pass) is least."""
         p = ledger.p
-        fp = tables.variants.index("fp16")
+        fp = tables.variants.index(FULL_PRECISION)
         use = tables.demand.sum(axis=0)
         order = sorted(((layer, e) for layer in range(p.layers) for e in range(p.experts)),
                        key=lambda le: (-use[le], le))
@@ -105,17 +105,18 @@ class HetRoutePlacement(Policy):
             w = tables.demand[:, layer, e]
             score = np.einsum("h,hnt->nt", w, cost) if w.any() else cost.mean(axis=0)
             if price is not None:
-                score = score + price * p.bytes_of("fp16")
+                score = score + price * p.bytes_of(FULL_PRECISION)
             best: tuple[float, int, str] | None = None
             for n in range(p.nodes):
                 for ti, tier in enumerate(TIERS):
-                    if ledger.fits(n, "fp16", tier) and (best is None or score[n, ti] < best[0]):
+                    if ledger.fits(n, FULL_PRECISION, tier) and (best is None
+                                                                 or score[n, ti] < best[0]):
                         best = (float(score[n, ti]), n, tier)
             if best is None:
                 raise PlacementError(
                     f"no node has room for expert {e} of layer {layer} (fp16, "
                     f"{p.bytes_of('fp16') / 1e9:.6g} GB) after {len(ledger.tier)} replicas")
-            ledger.add((best[1], layer, e, "fp16"), best[2])
+            ledger.add((best[1], layer, e, FULL_PRECISION), best[2])
 
     # -- step 2 ---------------------------------------------------------------------------
     def _fill(self, ledger: Ledger, tables: CostTables, banned: set[Key]) -> None:
@@ -204,19 +205,19 @@ class HetRoutePlacement(Policy):
         moves: list[tuple[Key, ...]] = []
         fp16_of: dict[tuple[int, int], list[Key]] = {}
         for key in ledger.tier:
-            if key[3] == "fp16":
+            if key[3] == FULL_PRECISION:
                 fp16_of.setdefault(key[1:3], []).append(key)
-        lower = sorted((k for k in ledger.tier if k[3] != "fp16"),
+        lower = sorted((k for k in ledger.tier if k[3] != FULL_PRECISION),
                        key=lambda k: (-loss.get(k, 0.0), k))  # the most useful copies first
         for k in lower:
             sole = fp16_of.get(k[1:3], [])
             if len(sole) == 1:
                 moves.append(("merge", sole[0], k))
-        drops = sorted((k for k in ledger.tier if not (k[3] == "fp16"
+        drops = sorted((k for k in ledger.tier if not (k[3] == FULL_PRECISION
                                                         and len(fp16_of[k[1:3]]) == 1)),
                        key=lambda k: (loss.get(k, 0.0) / ledger.size[k[3]], k))
         moves += [("drop", k) for k in drops]
-        moves += [("move", k) for k in sorted(ledger.tier) if k[3] == "fp16"
+        moves += [("move", k) for k in sorted(ledger.tier) if k[3] == FULL_PRECISION
                   and ledger.tier[k] == "gpu" and len(fp16_of[k[1:3]]) == 1]
         done = 0
         for move in moves[: self.max_moves]:
@@ -229,8 +230,8 @@ class HetRoutePlacement(Policy):
                 tier = trial.tier[low]
                 trial.remove(fp)
                 trial.remove(low)
-                target = (low[0], low[1], low[2], "fp16")
-                if target in trial.tier or not trial.fits(low[0], "fp16", tier, exact=True):
+                target = (low[0], low[1], low[2], FULL_PRECISION)
+                if target in trial.tier or not trial.fits(low[0], FULL_PRECISION, tier, exact=True):
                     continue
                 trial.add(target, tier, exact=True)
             else:
@@ -251,14 +252,14 @@ class HetRoutePlacement(Policy):
     def _relocate(ledger: Ledger, tables: CostTables, key: Key) -> bool:
         """Put the expert's fp16 copy on its cheapest other (node, tier) with room."""
         n0, layer, e, _ = key
-        fp = tables.variants.index("fp16")
+        fp = tables.variants.index(FULL_PRECISION)
         score = np.einsum("h,hnt->nt", tables.demand[:, layer, e],
                           tables.cost(layer, e)[:, :, fp, :])
         spots = sorted((float(score[n, ti]), n, tier) for n in range(ledger.p.nodes)
                        for ti, tier in enumerate(TIERS) if n != n0)
         for _, n, tier in spots:
-            if not ledger.has(n, layer, e, "fp16") and ledger.fits(n, "fp16", tier):
-                ledger.add((n, layer, e, "fp16"), tier)
+            if not ledger.has(n, layer, e, FULL_PRECISION) and ledger.fits(n, FULL_PRECISION, tier):
+                ledger.add((n, layer, e, FULL_PRECISION), tier)
                 return True
         return False
 
@@ -304,7 +305,7 @@ class HetRoutePlacement(Policy):
             if picks.get(key, 0.0) > 0:
                 continue
             _, layer, e, v = key
-            if v == "fp16" and ledger.fp16_count(layer, e) <= 1:
+            if v == FULL_PRECISION and ledger.fp16_count(layer, e) <= 1:
                 continue
             ledger.remove(key)
             dropped.add(key)

@@ -30,7 +30,8 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from router.types import TIERS, Replica
+from moe.vocab import FULL_PRECISION, TIERS
+from router.types import Replica
 
 from .evaluate import cost_tables
 from .problem import PlacementError, PlacementProblem
@@ -110,7 +111,7 @@ def solve(problem: PlacementProblem, time_limit_s: float = 60.0) -> IlpResult:
                 for t in range(T):
                     xi = base + (n * V + v) * T + t
                     rows.add([xi, y(n, layer, e, v, t)], [1.0, -1.0], -np.inf, 0.0)
-    fp = variants.index("fp16")
+    fp = variants.index(FULL_PRECISION)
     gpu, cpu = TIERS.index("gpu"), TIERS.index("cpu")
     for layer in range(L):
         for e in range(E):

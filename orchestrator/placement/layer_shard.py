@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import random
 
+from moe.vocab import FULL_PRECISION
+
 from .base import Ledger, Policy, retier_by_popularity
 from .problem import PlacementError
 
@@ -42,9 +44,9 @@ class LayerShardPlacement(Policy):
             start = order.index(home)
             for e in sorted(range(problem.experts), key=lambda e: (-pop[layer, e], e)):
                 for n in order[start:] + order[:start]:
-                    tier = ledger.best_tier(n, "fp16")
+                    tier = ledger.best_tier(n, FULL_PRECISION)
                     if tier is not None:
-                        ledger.add((n, layer, e, "fp16"), tier)
+                        ledger.add((n, layer, e, FULL_PRECISION), tier)
                         break
                 else:
                     raise PlacementError(f"no node has room for expert {e} of layer {layer} "

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from moe.vocab import FULL_PRECISION
+
 from .base import Ledger, Policy, retier_by_popularity
 from .coverage import CoverageState
 from .problem import PlacementError, PlacementProblem
@@ -89,12 +91,12 @@ class OrderMoEPlacement(Policy):
 
     def _gpu_slots(self, ledger: Ledger) -> int:
         """fp16 experts the nodes' GPU tiers can still take."""
-        b = ledger.size["fp16"]
+        b = ledger.size[FULL_PRECISION]
         return sum(max(0, ledger.gpu_room(n)) // b for n in range(ledger.p.nodes))
 
     def _fill(self, ledger: Ledger, cov: CoverageState) -> None:
         p = ledger.p
-        b16 = ledger.size["fp16"]
+        b16 = ledger.size[FULL_PRECISION]
         heap = [(-cov.gain(n, layer, x, v) / ledger.size[v], n, layer, x, v)
                 for n in range(p.nodes) for layer in range(p.layers)
                 for x in range(p.experts) for v in p.variants]
@@ -133,23 +135,23 @@ class OrderMoEPlacement(Policy):
     def _upgrade(self, ledger: Ledger, cov: CoverageState, layer: int, e: int) -> bool:
         p = ledger.p
         held = [(n, v) for n in range(p.nodes) for v in p.variants
-                if v != "fp16" and ledger.has(n, layer, e, v) and ledger.tier[(n, layer, e, v)]
-                == "gpu"]
+                if v != FULL_PRECISION and ledger.has(n, layer, e, v)
+                and ledger.tier[(n, layer, e, v)] == "gpu"]
         for n, v in sorted(held, key=lambda nv: (-cov.demand[nv[0], layer, e], nv)):
             ledger.remove((n, layer, e, v))
-            if ledger.fits(n, "fp16", "gpu"):
-                ledger.add((n, layer, e, "fp16"), "gpu")
-                cov.add(n, layer, e, "fp16")
+            if ledger.fits(n, FULL_PRECISION, "gpu"):
+                ledger.add((n, layer, e, FULL_PRECISION), "gpu")
+                cov.add(n, layer, e, FULL_PRECISION)
                 return True
             ledger.add((n, layer, e, v), "gpu")
         return False
 
     def _first_copy(self, ledger: Ledger, cov: CoverageState, layer: int, e: int) -> None:
         p = ledger.p
-        gpu = [n for n in range(p.nodes) if ledger.fits(n, "fp16", "gpu")]
+        gpu = [n for n in range(p.nodes) if ledger.fits(n, FULL_PRECISION, "gpu")]
         tier = "gpu"
         if not gpu:
-            gpu = [n for n in range(p.nodes) if ledger.fits(n, "fp16", "cpu")]
+            gpu = [n for n in range(p.nodes) if ledger.fits(n, FULL_PRECISION, "cpu")]
             tier = "cpu"
         if not gpu:
             raise PlacementError(f"no node has room for expert {e} of layer {layer} "
@@ -160,10 +162,10 @@ class OrderMoEPlacement(Policy):
         def members(n: int) -> int:
             return sum(1 for j in group if any(ledger.has(n, layer, j, v) for v in p.variants))
 
-        n = min(gpu, key=lambda n: (-cov.gain(n, layer, e, "fp16"), members(n),
+        n = min(gpu, key=lambda n: (-cov.gain(n, layer, e, FULL_PRECISION), members(n),
                                     -ledger.gpu_room(n), n))
-        ledger.add((n, layer, e, "fp16"), tier)
-        cov.add(n, layer, e, "fp16")
+        ledger.add((n, layer, e, FULL_PRECISION), tier)
+        cov.add(n, layer, e, FULL_PRECISION)
 
     def notes(self, problem: PlacementProblem, ledger: Ledger) -> dict[str, Any]:
         groups = getattr(self, "_groups", None)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import random
 
+from moe.vocab import FULL_PRECISION
+
 from .base import Ledger, Policy, retier_by_popularity, spread_base
 
 __all__ = ["PopularityPlacement"]
@@ -36,11 +38,11 @@ class PopularityPlacement(Policy):
         spread_base(ledger, sorted(experts), next_fitting)
         for layer, e in experts:
             for n in homes:
-                if ledger.has(n, layer, e, "fp16"):
+                if ledger.has(n, layer, e, FULL_PRECISION):
                     continue
-                tier = ledger.best_tier(n, "fp16")
+                tier = ledger.best_tier(n, FULL_PRECISION)
                 if tier is not None:
-                    ledger.add((n, layer, e, "fp16"), tier)
-            if ledger.total + ledger.size["fp16"] > problem.budget_bytes:
+                    ledger.add((n, layer, e, FULL_PRECISION), tier)
+            if ledger.total + ledger.size[FULL_PRECISION] > problem.budget_bytes:
                 break
         retier_by_popularity(ledger)

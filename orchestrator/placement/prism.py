@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe.vocab import FULL_PRECISION
 from router.types import Replica
 
 from .base import Ledger, Policy, retier_by_popularity, spread_base
@@ -131,7 +132,7 @@ def assign(freq: np.ndarray, counts: list[list[int]], spare: list[int]
 def prism_sets(problem: PlacementProblem, freq: np.ndarray, ledger: Ledger
                ) -> list[set[tuple[int, int]]]:
     """Stages 1 and 2 for activation counts `freq` [nodes, layers, experts]."""
-    b16 = ledger.size["fp16"]
+    b16 = ledger.size[FULL_PRECISION]
     caps = [max(0, ledger.gpu_room(n)) // b16 for n in range(problem.nodes)]
     whole = problem.layers * problem.experts
     if sum(caps) < whole:  # the GPU tiers cannot hold the model once: count the CPU tiers
@@ -160,7 +161,7 @@ class PrismPlacement(Policy):
                        key=lambda le: (-p.popularity()[le], le))
 
         def choose(layer: int, e: int, fitting: list[int]) -> int:
-            gpu = [n for n in fitting if ledger.fits(n, "fp16", "gpu")]  # GPU tier first
+            gpu = [n for n in fitting if ledger.fits(n, FULL_PRECISION, "gpu")]  # GPU tier first
             pool = gpu or fitting
             planned = [n for n in pool if (layer, e) in sets[n]] or pool
             return max(planned, key=lambda n: (freq[n, layer, e], -n))
@@ -168,9 +169,9 @@ class PrismPlacement(Policy):
         spread_base(ledger, order, choose)
         for layer, e in order:
             for n in range(p.nodes):
-                if (layer, e) in sets[n] and not ledger.has(n, layer, e, "fp16") \
-                        and ledger.fits(n, "fp16", "gpu"):
-                    ledger.add((n, layer, e, "fp16"), "gpu")
+                if (layer, e) in sets[n] and not ledger.has(n, layer, e, FULL_PRECISION) \
+                        and ledger.fits(n, FULL_PRECISION, "gpu"):
+                    ledger.add((n, layer, e, FULL_PRECISION), "gpu")
         retier_by_popularity(ledger)
 
 
@@ -201,7 +202,7 @@ def plan_migration(problem: PlacementProblem, current: tuple[Replica, ...], rece
     names = problem.names
     held = [{(r.layer, r.expert) for r in current if r.node == name} for name in names]
     target = prism_sets(problem, recent, Ledger(problem))
-    add = tuple(Replica(layer, e, names[n], "fp16", "gpu") for n in range(problem.nodes)
+    add = tuple(Replica(layer, e, names[n], FULL_PRECISION, "gpu") for n in range(problem.nodes)
                 for layer, e in sorted(target[n] - held[n]))
     drop = tuple(r for r in current if (r.layer, r.expert) not in target[names.index(r.node)])
     before, after = remote_share(recent, held), remote_share(recent, target)

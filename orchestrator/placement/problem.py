@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from moe import profiles as model_profiles
+from moe.vocab import FULL_PRECISION, VARIANTS
 from router.cost import Estimates
 from router.quality import QualityTable
 from router.settings import Settings
-from router.types import VARIANTS, LinkEstimate, ModelShape, NodeEstimate
+from router.types import LinkEstimate, ModelShape, NodeEstimate
 
 __all__ = [
     "CALIBRATION_TOKEN_LAYERS",
@@ -90,7 +91,7 @@ class PlacementProblem:
                              ("home_shares", self.home_shares)):
             if len(values) != n:
                 raise PlacementError(f"{what} has {len(values)} entries for {n} nodes")
-        if "fp16" not in self.variants or any(v not in VARIANTS for v in self.variants):
+        if FULL_PRECISION not in self.variants or any(v not in VARIANTS for v in self.variants):
             raise PlacementError(f"variants must be among {', '.join(VARIANTS)} and include "
                                  f"fp16, got {list(self.variants)}")
         if not (isinstance(self.redundancy, int | float) and self.redundancy >= 1.0):
@@ -122,7 +123,7 @@ class PlacementProblem:
     @property
     def full_copy_bytes(self) -> int:
         """One fp16 copy of every expert."""
-        return self.layers * self.experts * self.bytes_of("fp16")
+        return self.layers * self.experts * self.bytes_of(FULL_PRECISION)
 
     @property
     def budget_bytes(self) -> int:

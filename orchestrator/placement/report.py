@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from moe.vocab import TIER_MARK, VARIANT_SPECS
+
 from .base import PlacementResult
 
 __all__ = ["render"]
 
-TIER_MARK = {"gpu": "g", "cpu": "c"}
-VARIANT_MARK = {"fp16": "16", "int8": "8", "int4": "4"}
+VARIANT_MARK = {name: v.mark for name, v in VARIANT_SPECS.items()}
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from moe.vocab import FULL_PRECISION
+
 from ..errors import NoFeasiblePlan
 from ..settings import Settings
 from ..tables import Candidate, PlanView
@@ -132,7 +134,7 @@ def fallback_options(
     return [
         _option(view, c, w, req.rows, lam, extra, "fallback")
         for c in view.exact(req.layer, req.experts[slot])
-        if c.node not in skip and c.replica.variant == "fp16"
+        if c.node not in skip and c.replica.variant == FULL_PRECISION
     ]
 
 
@@ -195,14 +197,14 @@ def infeasible(
     slots = range(len(req.experts)) if slot is None else [slot]
     for i in slots:
         cands = view.exact(req.layer, req.experts[i])
-        if not any(c.node not in skip and c.replica.variant == "fp16" for c in cands):
+        if not any(c.node not in skip and c.replica.variant == FULL_PRECISION for c in cands):
             break
     else:
         i = slots[0]
     cands = view.exact(req.layer, req.experts[i])
     if not cands:
         return NoFeasiblePlan(req.layer, req.experts[i], "the placement holds no replica of it")
-    fp16 = sorted({view.names[c.node] for c in cands if c.replica.variant == "fp16"})
+    fp16 = sorted({view.names[c.node] for c in cands if c.replica.variant == FULL_PRECISION})
     down = sorted({view.names[c.node] for c in cands if c.node in skip})
     return NoFeasiblePlan(
         req.layer,

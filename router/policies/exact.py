@@ -5,6 +5,8 @@ node's own copy of the model. The predicted latency is the home node's compute a
 
 from __future__ import annotations
 
+from moe.vocab import FULL_PRECISION
+
 from ..tables import Candidate, PlanView
 from ..types import Choice, Plan, PlanRequest, Replica
 from .base import Policy
@@ -21,7 +23,7 @@ class Exact(Policy):
         choices = []
         lat = view.base(req.rows)[home]
         for slot, e in enumerate(req.experts):
-            r = Replica(req.layer, e, view.home, "fp16", "gpu")
+            r = Replica(req.layer, e, view.home, FULL_PRECISION, "gpu")
             lat += view.var_ms(Candidate(r, home, e, 0.0, 0, "exact"), req.rows)
             choices.append(Choice(slot, e, req.weights[slot], r, "exact", 0.0))
         return Plan(req.layer, tuple(choices), lat, 0.0, lat)

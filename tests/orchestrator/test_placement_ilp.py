@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from moe.vocab import TIERS
 from netem.spec import LinkSpec
 from orchestrator.placement import POLICIES, PlacementError, PlacementProblem, check, place
 from orchestrator.placement import ilp as ilp_mod
@@ -14,7 +15,7 @@ from orchestrator.placement.evaluate import cost_tables, separable_cost
 from orchestrator.placement.problem import estimates_from_topology
 from orchestrator.topology import Node, Topology
 from router.quality import QualityTable
-from router.types import TIERS, ModelShape, Replica
+from router.types import ModelShape, Replica
 from services.device import DeviceProfile
 
 B = 1000

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from moe import combine_experts, load, profiles
+from moe.vocab import VARIANTS
 from services import DeviceProfile, ModeledCompute, Node, NodeClient, TorchCompute
 from services.tiers import parse_placement
-from services.wire import DTYPES, VARIANTS, decode_tensor, expert_group, make_group
+from services.wire import DTYPES, decode_tensor, expert_group, make_group
 from tests.helpers import wait_until
 
 ULP = {"f32": 1e-5, "f16": 2.0**-10, "bf16": 2.0**-7}

@@ -21,10 +21,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from moe.vocab import ACTIVATION_BYTES
 from services import Node, TorchCompute
 from services.tiers import parse_placement
 from services.wire import (
-    DTYPE_BYTES,
     decode_tensor,
     expert_group,
     pack_request,
@@ -198,7 +198,7 @@ def near_valid(draw: st.DrawFn) -> bytes:
                 for _ in range(rows)]
         group: dict[Any, Any] = {
             "layer": draw(st.integers(0, 1)), "dtype": dtype, "work": work,
-            "x": bytes([draw(st.integers(0, 255))]) * rows * D * DTYPE_BYTES[dtype],
+            "x": bytes([draw(st.integers(0, 255))]) * rows * D * ACTIVATION_BYTES[dtype],
         }
         _flaw(draw, group, rows)
         groups.append(group)
