@@ -4,16 +4,18 @@
 failure cancels the others and is raised as itself (callers and users see the node's
 RuntimeFailure, not an ExceptionGroup). `to_the_end` runs a clean-up in a task of its own that a
 cancelled caller cannot cut short (Ctrl-C during a stop must not leave nodes, namespaces or
-containers behind), and re-raises the cancellation once the clean-up is done.
+containers behind), and re-raises the cancellation once the clean-up is done; `undone_on_error`
+does that for a start that fails or is cancelled half-way.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["to_the_end", "together"]
+__all__ = ["to_the_end", "together", "undone_on_error"]
 
 T = TypeVar("T")
 
@@ -38,4 +40,15 @@ async def to_the_end(cleanup: Awaitable[None]) -> None:
         await asyncio.shield(task)
     except asyncio.CancelledError:
         await task
+        raise
+
+
+@contextlib.asynccontextmanager
+async def undone_on_error(undo: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
+    """Run the block; if it fails or is cancelled, `undo()` to its end, then re-raise (a start
+    that stops half-way leaves nothing it made behind)."""
+    try:
+        yield
+    except BaseException:
+        await to_the_end(undo())
         raise

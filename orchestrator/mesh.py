@@ -39,7 +39,7 @@ from typing import Any
 
 from netem.spec import LinkSpec
 from orchestrator.faults import Fault
-from orchestrator.lifetime import to_the_end, together
+from orchestrator.lifetime import to_the_end, together, undone_on_error
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure
 from services.client import ClientSettings, NodeClient
 from services.device import builtin_profiles
@@ -159,16 +159,13 @@ class LiveMesh:
             self.work_dir = Path(tempfile.mkdtemp(prefix="moemesh-mesh-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
         launches = node_launches(self.scenario, self.runtime, self.token, self.work_dir)
-        try:
+        async with undone_on_error(self.stop):
             self._client = NodeClient(self.client_settings)
             self.endpoints = dict(await self.launcher.start(launches))
             await together(*(self._healthy(n) for n in self.endpoints))
             await together(*(self._push_placement(n) for n in self.endpoints))
             await together(*(self._push_links(n) for n in self.endpoints))
             await self._push_router_mesh()
-        except BaseException:
-            await to_the_end(self.stop())
-            raise
         return self.endpoints
 
     async def stop(self) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from netem.spec import LinkSpec
-from orchestrator.lifetime import to_the_end, together
+from orchestrator.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import (
     Endpoint,
     NodeLaunch,
@@ -78,12 +78,9 @@ class EngineRuntime(Runtime):
 
     async def _start_with(self, find: Callable[[], Awaitable[None]]) -> dict[str, Endpoint]:
         """Run `find` (fills `_nodes`), wait for every node; on any failure, `stop()`."""
-        try:
+        async with undone_on_error(self.stop):
             await find()
             await together(*(self._ready(n) for n in self._nodes.values()))
-        except BaseException:
-            await to_the_end(self.stop())
-            raise
         return self.endpoints()
 
     def endpoints(self) -> dict[str, Endpoint]:

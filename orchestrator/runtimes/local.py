@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.lifetime import to_the_end, together
+from orchestrator.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.forkserver import ForkServer, forkable
 from orchestrator.runtimes.processes import (
@@ -126,7 +126,7 @@ class LocalRuntime(ProcessRuntime):
             raise RuntimeFailure("local runtime is already started")
         check_launches(nodes)
         self._started = True
-        try:
+        async with undone_on_error(self.stop):
             if self._log_dir_given is not None:
                 self._log_dir_given.mkdir(parents=True, exist_ok=True)
                 self.log_dir = self._log_dir_given
@@ -138,9 +138,6 @@ class LocalRuntime(ProcessRuntime):
             if self.fork_server and any(forkable(n.argv) for n in nodes):
                 await self._start_template(nodes)
             await together(*(self._bring_up(n) for n in self._nodes.values()))
-        except BaseException:
-            await to_the_end(self.stop())
-            raise
         return self.endpoints()
 
     def endpoints(self) -> dict[str, Endpoint]:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import doctor
-from orchestrator.lifetime import to_the_end, together
+from orchestrator.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.processes import (
     ProcessNode,
@@ -168,7 +168,7 @@ class NetnsRuntime(ProcessRuntime):
         if missing:
             raise RuntimeFailure(f"the netns runtime cannot run here: {' | '.join(missing)}")
         self._started = True
-        try:
+        async with undone_on_error(self.stop):
             subnet = self._subnet or await _free_subnet()
             hosts = list(subnet.hosts())
             if len(hosts) < len(nodes) + 1:
@@ -184,9 +184,6 @@ class NetnsRuntime(ProcessRuntime):
             for node in self._nodes.values():
                 await self._spawn(node)
             await together(*(self._ready(n) for n in self._nodes.values()))
-        except BaseException:
-            await to_the_end(self.stop())
-            raise
         return self.endpoints()
 
     def endpoints(self) -> dict[str, Endpoint]:
