@@ -27,7 +27,7 @@ from contextlib import AsyncExitStack
 from moe import profiles
 from moe.vocab import FULL_PRECISION, PlacementEntry
 from router.policies import POLICIES, make_policy
-from router.policies.search import evaluate, exhaustive, joint
+from router.policies.search import Option, evaluate, exhaustive, joint
 from router.synthetic import random_mesh, random_request
 from router.types import ModelShape, PlanRequest
 
@@ -86,7 +86,8 @@ def bench_beam_gap(instances: int = 300, seed: int = 11) -> dict:
             slot = []
             for _ in range(rng.randint(2, 4)):
                 pen = 0.0 if rng.random() < 0.6 else rng.uniform(0, 0.01)
-                slot.append((rng.randrange(n), rng.uniform(0.1, 15), pen, 1000 * pen, None, ""))
+                slot.append(Option(rng.randrange(n), rng.uniform(0.1, 15), pen, 1000 * pen, None,
+                                   ""))
             opts.append(slot)
         budget = rng.choice([0.0, 0.005, 0.02])
         best = exhaustive(fixed, opts, budget)

@@ -71,7 +71,7 @@ def _option(
     view: PlanView, c: Candidate, weight: float, rows: int, lam: float, extra: float, kind: str
 ) -> Option:
     pen = weight * c.penalty
-    return (c.node, view.var_ms(c, rows), pen, lam * pen + extra, c, kind)
+    return Option(c.node, view.var_ms(c, rows), pen, lam * pen + extra, c, kind)
 
 
 def exact_options(
@@ -183,10 +183,10 @@ def add_fallbacks(
     """Give every slot its reachable full-precision replicas too (when the survivors cannot
     be combined within the budget): an all-fp16 pick spends nothing, so one then exists."""
     for slot, o in enumerate(opts):
-        have = {id(x[4]) for x in o}
+        have = {id(x.payload) for x in o}
         o.extend(
             f for f in fallback_options(view, req, slot, lam, skip, extras[slot])
-            if id(f[4]) not in have
+            if id(f.payload) not in have
         )
 
 
@@ -223,7 +223,7 @@ def build_plan(view: PlanView, req: PlanRequest, picks: Sequence[Option],
     traffic prices the objective counted, if any)."""
     j, lat, pen = evaluate(view.base(req.rows) if base is None else base, picks, once)
     choices = tuple(
-        Choice(slot, req.experts[slot], req.weights[slot], o[4].replica, o[5], o[2])
+        Choice(slot, req.experts[slot], req.weights[slot], o.payload.replica, o.kind, o.penalty)
         for slot, o in enumerate(picks)
     )
     return Plan(req.layer, choices, lat, pen, j)

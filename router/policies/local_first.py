@@ -29,7 +29,8 @@ class LocalFirst(Policy):
 
         def nearest(fits: list[Option]) -> Option:
             return min(
-                fits, key=lambda x: (x[0] != home, delay[x[0]], x[2], x[4].load_bytes > 0, x[0])
+                fits, key=lambda x: (x.node != home, delay[x.node], x.penalty,
+                                     x.payload.load_bytes > 0, x.node)
             )
 
         base = view.base(req.rows)

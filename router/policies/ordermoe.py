@@ -46,7 +46,7 @@ class OrderMoE(Policy):
             opts.append(o)
 
         def cheapest(fits: list[Option]) -> Option:
-            return min(fits, key=lambda x: fixed[x[0]] + x[1] + x[3])
+            return min(fits, key=lambda x: fixed[x.node] + x.var + x.add)
 
         picks = sequential(fixed, opts, req.budget_left, cheapest)
         if picks is None:

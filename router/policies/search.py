@@ -1,10 +1,11 @@
 """Joint assignment search over small option lists: exhaustive, beam + one-swap, greedy.
 
-Pure functions on plain tuples, so they are fast and testable on their own. An option is
-`(node, var_ms, penalty, add, payload, kind)`: the node index it runs on, what it adds to that
-node's branch, its gate-weighted quality penalty (spent from the budget), what it adds to the
-objective besides latency (quality priced in ms, plus any lookahead term), and what the caller
-wants back. For a pick of one option per slot:
+Pure functions on small NamedTuples, so they are fast and testable on their own. An `Option`
+is the node index it runs on, what it adds to that node's branch (`var`), its gate-weighted
+quality penalty (spent from the budget), what it adds to the objective besides latency (`add`:
+quality priced in ms, plus any lookahead term), and what the caller wants back (`payload`,
+`kind`); the hot loops unpack it positionally, in that field order. For a pick of one option
+per slot:
 
     L = max over used nodes n of fixed[n] + Σ var of the options on n      (the bottleneck)
     J = L + Σ add + Σ over used nodes n of once[n],  feasible when Σ penalty ≤ budget
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import product
 from math import prod
+from typing import Any, NamedTuple
 
 __all__ = [
     "EPS",
@@ -36,8 +38,20 @@ __all__ = [
 ]
 
 EPS = 1e-12
-Option = tuple  # (node: int, var: float, penalty: float, add: float, payload, kind: str)
-Picks = tuple
+
+
+class Option(NamedTuple):
+    """One way to serve one slot."""
+
+    node: int  # index into the PlanView's nodes
+    var: float  # ms it adds to that node's branch
+    penalty: float  # gate-weighted quality penalty, spent from the budget
+    add: float  # what it adds to the objective besides latency
+    payload: Any  # what the caller wants back (the policies: their Candidate)
+    kind: str  # how it serves the slot: exact, quantized, substitute, fallback
+
+
+Picks = tuple[Option, ...]
 
 
 Once = Sequence[float] | None
@@ -48,11 +62,10 @@ def evaluate(fixed: Sequence[float], picks: Sequence[Option], once: Once = None
     """(objective J, latency L, penalty Q) of one complete pick."""
     acc: dict[int, float] = {}
     add = pen = 0.0
-    for o in picks:
-        n = o[0]
-        acc[n] = acc.get(n, 0.0) + o[1]
-        pen += o[2]
-        add += o[3]
+    for n, var, penalty, extra, _, _ in picks:
+        acc[n] = acc.get(n, 0.0) + var
+        pen += penalty
+        add += extra
     lat = max(fixed[n] + a for n, a in acc.items())
     if once is not None:
         add += sum(once[n] for n in acc)
@@ -69,11 +82,10 @@ def exhaustive(
     for combo in product(*opts):
         acc: dict[int, float] = {}
         add = pen = 0.0
-        for o in combo:
-            n = o[0]
-            acc[n] = acc.get(n, 0.0) + o[1]
-            pen += o[2]
-            add += o[3]
+        for n, var, penalty, extra, _, _ in combo:
+            acc[n] = acc.get(n, 0.0) + var
+            pen += penalty
+            add += extra
         if pen > limit:
             continue
         lat = max(fixed[n] + a for n, a in acc.items())
@@ -92,7 +104,7 @@ def reserves(opts: Sequence[Sequence[Option]]) -> list[float]:
     cannot be completed; pruning those keeps every search from running into a dead end."""
     out = [0.0] * (len(opts) + 1)
     for i in range(len(opts) - 1, -1, -1):
-        out[i] = out[i + 1] + min((o[2] for o in opts[i]), default=float("inf"))
+        out[i] = out[i + 1] + min((o.penalty for o in opts[i]), default=float("inf"))
     return out
 
 
@@ -110,12 +122,12 @@ def sequential(
     limit = budget + EPS
     for i, slot_opts in enumerate(opts):
         room = limit - spent - rest[i + 1]
-        fits = [o for o in slot_opts if o[2] <= room]
+        fits = [o for o in slot_opts if o.penalty <= room]
         if not fits:
             return None
         best = choose(fits)
         picks.append(best)
-        spent += best[2]
+        spent += best.penalty
     return tuple(picks)
 
 
@@ -128,7 +140,7 @@ def greedy(
     price = once if once is not None else [0.0] * len(fixed)
 
     def cheapest(fits: list[Option]) -> Option:
-        return min(fits, key=lambda o: fixed[o[0]] + o[1] + o[3] + price[o[0]])
+        return min(fits, key=lambda o: fixed[o.node] + o.var + o.add + price[o.node])
 
     return sequential(fixed, opts, budget, cheapest)
 
@@ -155,7 +167,7 @@ def beam_swap(
     for i, slot_opts in enumerate(opts):
         grown = []
         room = limit - rest[i + 1]
-        prepared = [(o, o[0], fixed[o[0]], o[1], o[2], o[3]) for o in slot_opts]
+        prepared = [(o, o.node, fixed[o.node], o.var, o.penalty, o.add) for o in slot_opts]
         for _, lat, pen, add, acc, picks in beams:
             for o, n, fx, var, open_, oadd in prepared:
                 p2 = pen + open_
@@ -209,11 +221,11 @@ def _one_swap(
     acc: dict[int, float] = {}
     cnt: dict[int, int] = {}
     pen = add = 0.0
-    for o in picks:
-        acc[o[0]] = acc.get(o[0], 0.0) + o[1]
-        cnt[o[0]] = cnt.get(o[0], 0) + 1
-        pen += o[2]
-        add += o[3]
+    for n, var, penalty, extra, _, _ in picks:
+        acc[n] = acc.get(n, 0.0) + var
+        cnt[n] = cnt.get(n, 0) + 1
+        pen += penalty
+        add += extra
     add += sum(price[n] for n in acc)  # from here on, add holds the used nodes' prices too
     best_j = max(fixed[n] + acc[n] for n in acc) + add
     for _ in range(passes):
@@ -223,27 +235,27 @@ def _one_swap(
                 cur = picks[i]
                 if o is cur:
                     continue
-                p2 = pen - cur[2] + o[2]
+                p2 = pen - cur.penalty + o.penalty
                 if p2 > limit:
                     continue
-                a2 = add - cur[3] + o[3]
-                n0, n1 = cur[0], o[0]
-                acc[n0] -= cur[1]
+                a2 = add - cur.add + o.add
+                n0, n1 = cur.node, o.node
+                acc[n0] -= cur.var
                 cnt[n0] -= 1
                 if cnt[n0] == 0:
                     a2 -= price[n0]
                 if not cnt.get(n1):
                     a2 += price[n1]
-                acc[n1] = acc.get(n1, 0.0) + o[1]
+                acc[n1] = acc.get(n1, 0.0) + o.var
                 cnt[n1] = cnt.get(n1, 0) + 1
                 j = max(fixed[n] + a for n, a in acc.items() if cnt[n]) + a2
                 if j < best_j - EPS:
                     best_j, pen, add, improved = j, p2, a2, True
                     picks[i] = o
                 else:  # undo
-                    acc[n1] -= o[1]
+                    acc[n1] -= o.var
                     cnt[n1] -= 1
-                    acc[n0] += cur[1]
+                    acc[n0] += cur.var
                     cnt[n0] += 1
         if not improved:
             break
@@ -269,7 +281,7 @@ def joint(
         return exhaustive(fixed, opts, budget, once)
     seed = greedy(fixed, opts, budget, once)
     order = sorted(
-        range(len(opts)), key=lambda i: -min(fixed[o[0]] + o[1] + o[3] for o in opts[i])
+        range(len(opts)), key=lambda i: -min(fixed[o.node] + o.var + o.add for o in opts[i])
     )
     ordered = [opts[i] for i in order]
     seeds = (tuple(seed[i] for i in order),) if seed else ()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.policies.search import EPS, beam_swap, evaluate, exhaustive, greedy, joint
+from router.policies.search import EPS, Option, beam_swap, evaluate, exhaustive, greedy, joint
 
 BUDGETS = st.sampled_from([0.0, 0.002, 0.005, 0.02])
 
@@ -27,7 +27,7 @@ def instances(draw, max_slots: int = 6, max_opts: int = 4):
             n = draw(st.integers(0, nodes - 1))
             var = draw(st.floats(0.01, 15))
             pen = draw(st.sampled_from([0.0, 0.0, 0.001, 0.004, 0.01]))
-            slot.append((n, var, pen, 1000.0 * pen, object(), "exact"))
+            slot.append(Option(n, var, pen, 1000.0 * pen, object(), "exact"))
         opts.append(slot)
     once = draw(st.none() | st.lists(st.floats(0, 10), min_size=nodes, max_size=nodes))
     return fixed, opts, draw(BUDGETS), once  # once: a per-node price charged once per used node
@@ -98,8 +98,9 @@ def test_beam_gap_against_exhaustive_is_small_on_a_seeded_corpus() -> None:
         fixed = [rng.uniform(0, 30) for _ in range(nodes)]
         opts = [
             [
-                (rng.randrange(nodes), rng.uniform(0.1, 10),
-                 p := (0.0 if rng.random() < 0.6 else rng.uniform(0, 0.01)), 1000 * p, None, "x")
+                Option(rng.randrange(nodes), rng.uniform(0.1, 10),
+                       p := (0.0 if rng.random() < 0.6 else rng.uniform(0, 0.01)), 1000 * p, None,
+                       "x")
                 for _ in range(rng.randint(2, 4))
             ]
             for _ in range(rng.randint(4, 6))
@@ -123,15 +124,15 @@ def test_a_per_node_price_is_charged_once_by_the_joint_searches_and_per_slot_by_
     both; using a node costs 1 more (its traffic). Greedy, blind to sharing, takes 0 and 1
     and pays twice; the joint searches put both on 2 and pay once."""
     fixed = [5.0, 5.0, 5.1]
-    opts = [[(0, 0.1, 0.0, 0.0, "a0", "x"), (2, 0.1, 0.0, 0.0, "a2", "x")],
-            [(1, 0.1, 0.0, 0.0, "b1", "x"), (2, 0.1, 0.0, 0.0, "b2", "x")]]
+    opts = [[Option(0, 0.1, 0.0, 0.0, "a0", "x"), Option(2, 0.1, 0.0, 0.0, "a2", "x")],
+            [Option(1, 0.1, 0.0, 0.0, "b1", "x"), Option(2, 0.1, 0.0, 0.0, "b2", "x")]]
     once = [1.0, 1.0, 1.0]
     g = greedy(fixed, opts, 0.0, once)
-    assert [o[4] for o in g] == ["a0", "b1"]
+    assert [o.payload for o in g] == ["a0", "b1"]
     assert evaluate(fixed, g, once)[0] == pytest.approx(5.1 + 2.0)
     for found in (exhaustive(fixed, opts, 0.0, once), beam_swap(fixed, opts, 0.0, once=once),
                   joint(fixed, opts, 0.0, exhaustive_limit=1, once=once)):
-        assert [o[4] for o in found] == ["a2", "b2"]
+        assert [o.payload for o in found] == ["a2", "b2"]
         assert evaluate(fixed, found, once)[0] == pytest.approx(5.3 + 1.0)
-    assert [o[4] for o in exhaustive(fixed, opts, 0.0)] in (["a0", "b1"], ["a0", "b2"],
+    assert [o.payload for o in exhaustive(fixed, opts, 0.0)] in (["a0", "b1"], ["a0", "b2"],
                                                               ["a2", "b1"])  # no price: spread
