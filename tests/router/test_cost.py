@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from moe.vocab import VARIANTS
 from router.cost import Estimates, branch_cost, layer_cost
 from router.errors import BadRouterInput
 from router.quality import QualityTable
@@ -17,7 +18,7 @@ from router.types import LinkEstimate, ModelShape, NodeEstimate, Placement, Repl
 SHAPE = ModelShape(
     d_model=100,
     expert_flops=2e6,
-    expert_bytes={"fp16": 1_000_000, "int8": 500_000, "int4": 250_000},
+    expert_bytes={v: 1_000_000 >> i for i, v in enumerate(VARIANTS)},  # halved per variant
     act_bytes=4,
 )
 NODES = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from moe.vocab import VARIANTS
 from router.cost import Breakdown
 from router.errors import BadRouterInput
 from router.estimators import Estimators, Ewma
@@ -114,7 +115,7 @@ def test_a_tokens_two_experts_on_one_node_are_one_rows_serialisation() -> None:
     from router.types import ModelShape, Replica
 
     shape = ModelShape(d_model=250, expert_flops=1e6,
-                       expert_bytes={"fp16": 1000, "int8": 500, "int4": 250})  # 1000 B a row
+                       expert_bytes={v: 1000 >> i for i, v in enumerate(VARIANTS)})  # 1000 B a row
     slow = {("h", "a"): LinkEstimate(5.0, 0.8), ("a", "h"): LinkEstimate(5.0, 0.8)}  # 10 ms/kB
     two = [(Replica(0, 1, "a", "fp16", "gpu"), 1), (Replica(0, 2, "a", "fp16", "gpu"), 1)]
     pred = branch_cost(Estimates(NODES, slow), shape, "h", "h", "a", two)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moe.vocab import VARIANTS
 from router.cost import Estimates, layer_cost
 from router.errors import BadRouterInput, NoFeasiblePlan
 from router.policies import POLICIES, make_policy
@@ -19,7 +20,7 @@ from router.tables import PlanView
 from router.types import LinkEstimate, ModelShape, NodeEstimate, Placement, PlanRequest, Replica
 
 # One row through one expert: 1e6 FLOPs; rows are 100 bytes; experts 1 MB in fp16.
-SHAPE = ModelShape(100, 1e6, {"fp16": 1_000_000, "int8": 500_000, "int4": 250_000}, 1)
+SHAPE = ModelShape(100, 1e6, {v: 1_000_000 >> i for i, v in enumerate(VARIANTS)}, 1)
 FAST_LINK = 1e6  # Mbit/s: serialisation of 100 bytes is negligible (0.0008 ms)
 
 

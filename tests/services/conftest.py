@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from moe import MoEModel
+from moe.vocab import VARIANTS
 from services import ClientSettings, Node, NodeClient, NodeSettings, TorchCompute
 from tests.helpers import FAST, one_torch_thread  # noqa: F401 (autouse: nodes compute on one thread)
 
@@ -39,9 +40,9 @@ def make_settings() -> Any:
 
 @pytest.fixture
 async def node(compute: TorchCompute) -> AsyncIterator[Node]:
-    """A started node holding every fp16, int8 and int4 expert in its GPU tier."""
+    """A started node holding every expert in every variant in its GPU tier."""
     async with Node(settings(), compute=compute) as n:
-        entries = [p for v in ("fp16", "int8", "int4") for p in all_experts(n.shape, v)]
+        entries = [p for v in VARIANTS for p in all_experts(n.shape, v)]
         from services.tiers import parse_placement
 
         n.set_placement(parse_placement({"experts": entries}, n.shape))

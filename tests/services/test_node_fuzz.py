@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moe.vocab import ACTIVATION_BYTES
+from moe.vocab import ACTIVATION_BYTES, VARIANTS
 from services import Node, TorchCompute
 from services.tiers import parse_placement
 from services.wire import (
@@ -102,7 +102,7 @@ def served(compute: TorchCompute) -> Iterator[ThreadedNode]:
     shape = compute.shape
     entries = [{"layer": layer, "expert": e, "variant": v, "tier": "gpu" if e % 2 else "cpu"}
                for layer in range(shape.layers) for e in range(shape.experts) if e != 3
-               for v in ("fp16", "int8", "int4")]
+               for v in VARIANTS]
     node.set_placement(parse_placement({"experts": entries}, shape))
     with ThreadedNode(node) as t:
         t.placement = json.dumps({"experts": entries}).encode()
@@ -193,7 +193,7 @@ def near_valid(draw: st.DrawFn) -> bytes:
         dtype = draw(st.sampled_from(["f32", "f16", "bf16"]))
         rows = draw(st.integers(1, 3))
         work = [[[draw(st.sampled_from([0, 1, 2, 4, 7])),
-                  draw(st.sampled_from(["fp16", "int8", "int4"])),
+                  draw(st.sampled_from(VARIANTS)),
                   draw(st.floats(-2, 2))] for _ in range(draw(st.integers(1, 3)))]
                 for _ in range(rows)]
         group: dict[Any, Any] = {
