@@ -268,23 +268,23 @@ class Section:
 
         return self.value(key, parse, default)
 
-    def text(self, key: str, default: Any = _MISSING) -> Any:
-        """Any string, empty allowed (descriptions)."""
-        def parse(raw: Any, loc: Loc) -> str:
-            if not isinstance(raw, str):
-                raise loc.error(f"must be text, got {describe(raw)}")
-            return raw
+    def _typed(self, key: str, kind: type, what: str, default: Any,
+               convert: Any = None) -> Any:
+        """A value of one Python type (`what` names it in the error), optionally converted."""
+        def parse(raw: Any, loc: Loc) -> Any:
+            if not isinstance(raw, kind):
+                raise loc.error(f"must be {what}, got {describe(raw)}")
+            return raw if convert is None else convert(raw)
 
         return self.value(key, parse, default)
+
+    def text(self, key: str, default: Any = _MISSING) -> Any:
+        """Any string, empty allowed (descriptions)."""
+        return self._typed(key, str, "text", default)
 
     def list(self, key: str, default: Any = _MISSING) -> Any:
         """A YAML list, as a tuple."""
-        def parse(raw: Any, loc: Loc) -> tuple[Any, ...]:
-            if not isinstance(raw, list):
-                raise loc.error(f"must be a list, got {describe(raw)}")
-            return tuple(raw)
-
-        return self.value(key, parse, default)
+        return self._typed(key, list, "a list", default, tuple)
 
     def unit(self, key: str, parse: Any, default: Any = _MISSING) -> Any:
         """A number in the key's unit, or a string `parse` reads ("20ms", "1gbit", "10s").
@@ -311,12 +311,7 @@ class Section:
         return self.value(key, parse, default)
 
     def boolean(self, key: str, default: Any = _MISSING) -> Any:
-        def parse(raw: Any, loc: Loc) -> bool:
-            if not isinstance(raw, bool):
-                raise loc.error(f"must be true or false, got {describe(raw)}")
-            return raw
-
-        return self.value(key, parse, default)
+        return self._typed(key, bool, "true or false", default)
 
     def done(self) -> None:
         """Raise at the first key that no getter asked for, suggesting the closest known one."""
