@@ -258,51 +258,46 @@ class Dispatcher:
         """Plan every pending row; group the choices into one batch per node. A row with no
         replica usable now goes to `stuck` (its slots, when one may be, the planner's error).
 
-        Rows are planned one after another against the same view, and each row's work (its
-        one transfer to a node, its experts' compute there) is added to its nodes' fixed cost
-        while the group is planned (restored after), so a later row sees the batch the earlier
-        ones already make there: a branch's cost is that of the whole batched request, as the
-        node will serve it."""
+        Rows are planned one after another against the same view; each row's work (its one
+        transfer to a node, its experts' compute there, a CPU-tier expert's first load) is
+        summed per node and handed to the next row's plan (`PlanRequest.batch`), so a later
+        row sees the batch the earlier ones already make there: a branch's cost is that of the
+        whole batched request, as the node will serve it."""
         batches: dict[str, _Batch] = {}
         view = self.view
-        saved = view.fixed[:]
+        batch_ms = [0.0] * len(view.names)
         loaded: set[tuple[str, tuple[int, int, str]]] = set()
-        try:
-            for row, slots in pending.items():
-                tok = tokens[row]
-                req = PlanRequest(
-                    layer,
-                    tuple(experts[row][s] for s in slots),
-                    tuple(gate[row][s] for s in slots),
-                    max(tok.budget_left, 0.0),
-                    1,
-                    frozenset(excluded.get(row, ())),
-                )
-                try:
-                    plan = policy.plan(view, req)
-                except NoFeasiblePlan as exc:
-                    stuck[row] = (slots, self._replica_at(layer, exc.expert,
-                                                          excluded.get(row, ())), exc)
-                    continue
-                self.counters.plans += 1
-                if first:
-                    recs[row].predicted_ms = plan.latency_ms
-                for c in plan.choices:
-                    r = c.replica
-                    i = view.index[r.node]
-                    cpu_loaded = r.tier == "cpu" and r.key not in view.resident[i]
-                    batch = batches.setdefault(r.node, _Batch(r.node))
-                    if row not in batch.rows:
-                        view.fixed[i] += view.xfer[i]  # this row's activation and answer
-                    view.fixed[i] += view.per_row[i]
-                    if cpu_loaded and (r.node, r.key) not in loaded:
-                        loaded.add((r.node, r.key))
-                        view.fixed[i] += self.shape.expert_bytes[r.variant] * (
-                            view.load_per_byte[i])
-                    batch.rows.setdefault(row, []).append(
-                        _Member(row, slots[c.slot], c, cpu_loaded))
-        finally:
-            view.fixed[:] = saved
+        for row, slots in pending.items():
+            tok = tokens[row]
+            req = PlanRequest(
+                layer,
+                tuple(experts[row][s] for s in slots),
+                tuple(gate[row][s] for s in slots),
+                max(tok.budget_left, 0.0),
+                1,
+                frozenset(excluded.get(row, ())),
+                tuple(batch_ms),
+            )
+            try:
+                plan = policy.plan(view, req)
+            except NoFeasiblePlan as exc:
+                stuck[row] = (slots, self._replica_at(layer, exc.expert,
+                                                      excluded.get(row, ())), exc)
+                continue
+            self.counters.plans += 1
+            if first:
+                recs[row].predicted_ms = plan.latency_ms
+            for c in plan.choices:
+                r = c.replica
+                cpu_loaded = r.tier == "cpu" and r.key not in view.resident[view.index[r.node]]
+                batch = batches.setdefault(r.node, _Batch(r.node))
+                loads = cpu_loaded and (r.node, r.key) not in loaded
+                if loads:
+                    loaded.add((r.node, r.key))
+                batch_ms[view.index[r.node]] += view.item_ms(r, joins=row not in batch.rows,
+                                                             loads=loads)
+                batch.rows.setdefault(row, []).append(
+                    _Member(row, slots[c.slot], c, cpu_loaded))
         return batches
 
     def _replica_at(self, layer: int, expert: int, tried) -> float:

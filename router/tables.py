@@ -167,11 +167,25 @@ class PlanView:
             self.up[i] = up
             self.version += 1
 
-    def base(self, rows: int = 1) -> list[float]:
+    def base(self, rows: int = 1, batch: Sequence[float] | None = None) -> list[float]:
         """Per node, what its branch costs once used by `rows` rows, before their items: the
         delays, the wait, and the rows' transfer there and back (once, however many of their
-        experts run there). The searches take this as their `fixed`."""
-        return [f + rows * x for f, x in zip(self.fixed, self.xfer, strict=True)]
+        experts run there), plus `batch` (`PlanRequest.batch`: what the rows planned before
+        into the same batched request cost there). The searches take this as their `fixed`."""
+        if batch is None:
+            return [f + rows * x for f, x in zip(self.fixed, self.xfer, strict=True)]
+        return [f + b + rows * x
+                for f, b, x in zip(self.fixed, batch, self.xfer, strict=True)]
+
+    def item_ms(self, replica: Replica, *, joins: bool, loads: bool) -> float:
+        """What one planned row-item adds to its node's batched request: the row's transfer
+        there and back when it `joins` the request (its first item there), one row's compute,
+        and the load of a CPU-tier expert when this item `loads` it (the batch's first)."""
+        i = self.index[replica.node]
+        ms = self.per_row[i] + (self.xfer[i] if joins else 0.0)
+        if loads:
+            ms += self.shape.expert_bytes[replica.variant] * self.load_per_byte[i]
+        return ms
 
     def traffic(self, rows: int = 1, weight: float = 1.0) -> list[float] | None:
         """Per node, the price of using it at all: `weight` × the link time of the rows'

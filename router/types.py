@@ -272,7 +272,10 @@ class PlanRequest:
 
     weights are the renormalised gate weights (they weigh each expert's quality penalty);
     budget_left is what remains of the token's quality budget (a fraction: 0.02 = 2%);
-    exclude names nodes this token must not use (failed during this layer).
+    exclude names nodes this token must not use (failed during this layer); batch, when the
+    dispatcher plans several rows into one request per node, is per node (PlanView order)
+    what the rows planned before this one already cost there (`PlanView.item_ms`), so this
+    row's plan sees the batched request the node will serve.
     """
 
     layer: int
@@ -281,6 +284,7 @@ class PlanRequest:
     budget_left: float = 0.02
     rows: int = 1
     exclude: frozenset[str] = frozenset()
+    batch: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.experts) != len(self.weights) or not self.experts:

@@ -221,7 +221,8 @@ def build_plan(view: PlanView, req: PlanRequest, picks: Sequence[Option],
     """The Plan of one complete pick, with the compiled cost model's prediction (`base`: the
     nodes' `PlanView.base` for the request's rows, if the caller has it already; `once`: the
     traffic prices the objective counted, if any)."""
-    j, lat, pen = evaluate(view.base(req.rows) if base is None else base, picks, once)
+    j, lat, pen = evaluate(view.base(req.rows, req.batch) if base is None else base, picks,
+                           once)
     choices = tuple(
         Choice(slot, req.experts[slot], req.weights[slot], o.payload.replica, o.kind, o.penalty)
         for slot, o in enumerate(picks)

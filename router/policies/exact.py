@@ -21,7 +21,7 @@ class Exact(Policy):
     def plan(self, view: PlanView, req: PlanRequest) -> Plan:
         home = view.home_index
         choices = []
-        lat = view.base(req.rows)[home]
+        lat = view.base(req.rows, req.batch)[home]
         for slot, e in enumerate(req.experts):
             r = Replica(req.layer, e, view.home, FULL_PRECISION, "gpu")
             lat += view.var_ms(Candidate(r, home, e, 0.0, 0, "exact"), req.rows)

@@ -19,7 +19,7 @@ class Greedy(Policy):
         lam = self.settings.quality_ms
         skip = excluded(view, req)
         opts, extras = hetroute_options(view, req, lam, skip)
-        base = view.base(req.rows)
+        base = view.base(req.rows, req.batch)
         once = view.traffic(req.rows, self.settings.traffic_weight)  # charged to every slot
         picks = greedy(base, opts, req.budget_left, once)
         if picks is None:

@@ -43,7 +43,7 @@ class HetRoute(Policy):
             future=future,
             lookahead_weight=s.lookahead_weight if self.lookahead else 0.0,
         )
-        base = view.base(req.rows)  # a node's rows cross its link once: sharing it pays
+        base = view.base(req.rows, req.batch)  # a node's rows cross its link once: sharing it pays
         once = view.traffic(req.rows, s.traffic_weight)  # and their bytes are priced once
         args = (s.exhaustive_limit, s.beam_width, s.swap_passes, once)
         picks = joint(base, opts, req.budget_left, *args)

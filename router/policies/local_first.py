@@ -33,7 +33,7 @@ class LocalFirst(Policy):
                                      x.payload.load_bytes > 0, x.node)
             )
 
-        base = view.base(req.rows)
+        base = view.base(req.rows, req.batch)
         picks = sequential(base, opts, req.budget_left, nearest)
         if picks is None:
             raise infeasible(view, req, skip)

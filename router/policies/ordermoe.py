@@ -34,7 +34,7 @@ class OrderMoE(Policy):
         skip = excluded(view, req)
         future = view.future(s.lookahead)[req.layer]
         la = s.lookahead_weight
-        fixed = view.base(req.rows)
+        fixed = view.base(req.rows, req.batch)
         opts = []
         for slot, e in enumerate(req.experts):
             extra = la * req.weights[slot] * future[e]

@@ -33,7 +33,7 @@ class RandomPolicy(Policy):
         def draw(fits: list[Option]) -> Option:
             return fits[self.rng.randrange(len(fits))]
 
-        base = view.base(req.rows)
+        base = view.base(req.rows, req.batch)
         picks = sequential(base, opts, req.budget_left, draw)
         if picks is None:
             raise infeasible(view, req, skip)
