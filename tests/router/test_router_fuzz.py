@@ -164,8 +164,9 @@ def mesh_bodies(draw: st.DrawFn) -> bytes:
     for flaw in flaws:
         if flaw == "peer":  # valid: a peer that holds nothing (the router may never use it)
             nodes["peer"] = {"url": url, "capacity": draw(st.integers(1, 64) | wrong)}
-        elif flaw == "profile":
-            nodes["home"]["profile"] = draw(st.sampled_from(["no-such", ""]) | wrong)
+        elif flaw == "profile" and isinstance(nodes.get("home"), dict):  # a flaw before
+            nodes["home"]["profile"] = draw(st.sampled_from(["no-such", ""]) | wrong)  # may
+            # have taken the home node away or replaced it by a wrong value
         elif flaw == "link":
             links.setdefault(draw(st.sampled_from(names)), {})[
                 draw(st.sampled_from(names))] = {"delay_ms": 1.0, "rate_mbit": 100.0}
