@@ -72,8 +72,8 @@ def test_sizes_count_the_stored_bytes(d_model: int, d_ff: int) -> None:
         assert q.nbytes() == stored == variant_bytes(d_model, d_ff, variant)
     assert variant_bytes(d_model, d_ff, "int8") == params + 2 * (2 * d_ff + d_model)
     assert variant_bytes(d_model, d_ff, "int4") == params // 2 + 2 * params // INT4_GROUP
-    with pytest.raises(ValueError, match="unknown variant 'int2'"):
-        variant_bytes(d_model, d_ff, "int2")
+    with pytest.raises(ValueError, match="unknown variant 'int3'"):
+        variant_bytes(d_model, d_ff, "int3")
 
 
 def test_expert_output_error_int8_near_zero_and_below_int4(small_model: MoEModel) -> None:

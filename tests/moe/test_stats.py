@@ -20,6 +20,7 @@ from moe.stats import (
     compute_stats,
     replacing,
 )
+from moe.vocab import QUANT_VARIANTS
 
 CALIB = 2048
 WINDOW = 128
@@ -141,7 +142,7 @@ def test_substitution_loss(stats: GateStats, small_model: MoEModel, calib: torch
 
 
 def test_quantization_costs(stats: GateStats, small_model: MoEModel, calib: torch.Tensor) -> None:
-    assert stats.variants == ("int8", "int4")
+    assert stats.variants == QUANT_VARIANTS
     q8, q4 = stats.quant_error[..., 0], stats.quant_error[..., 1]
     assert (q8 < 0.02).all()
     assert (q8 < q4).all()

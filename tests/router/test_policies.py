@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moe.vocab import VARIANTS
+from moe.vocab import VARIANT_SPECS, VARIANTS
 from router.cost import Estimates, layer_cost
 from router.errors import BadRouterInput, NoFeasiblePlan
 from router.policies import POLICIES, make_policy
@@ -104,8 +104,8 @@ def similar_pair_quality(penalty: float = 0.004) -> QualityTable:
     sim[0, 0, 1] = sim[0, 1, 0] = 0.95
     subst = np.full((1, 4, 4), np.inf)
     subst[0, 0, 1] = subst[0, 1, 0] = penalty
-    quant = np.zeros((1, 4, 3))
-    quant[..., 1], quant[..., 2] = 0.001, 0.01
+    quant = np.zeros((1, 4, len(VARIANTS)))
+    quant[...] = [v.default_loss for v in VARIANT_SPECS.values()]  # fp16 0, int8 0.001, int4 0.01
     return QualityTable(quant, subst, sim, default_thresholds(1), np.zeros((0, 4, 4)))
 
 

@@ -44,7 +44,9 @@ async def test_forward_equals_the_models_expert(
 async def test_quantized_variants_really_differ(node: Node, client: NodeClient) -> None:
     x = torch.randn(4, node.shape.d_model)
     resp = await client.forward(node.url, [expert_group(0, 2, x, v) for v in VARIANTS])
-    fp, i8, i4 = (decode_tensor(y, "f32", 4, node.shape.d_model) for y in resp.ys)
+    ys = dict(zip(VARIANTS, (decode_tensor(y, "f32", 4, node.shape.d_model) for y in resp.ys),
+                  strict=True))
+    fp, i8, i4 = ys["fp16"], ys["int8"], ys["int4"]
     err8 = (i8 - fp).norm() / fp.norm()
     err4 = (i4 - fp).norm() / fp.norm()
     assert 0 < err8 < err4 < 0.5
