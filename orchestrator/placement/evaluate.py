@@ -45,7 +45,8 @@ class Simulation:
     expected_cost_ms: float
     objective_ms: float
     quality: float  # gate-weighted penalty spent per token (fraction)
-    traffic_bytes: float  # bytes crossing the network per token
+    traffic_bytes: float  # bytes crossing the network per token (one row out, one back per
+    # remote node a token-layer uses, however many of its experts run there: docs/cost-model.md)
     local_share: float  # expert executions on the token's home node
     failed: int  # token-layers without a feasible plan
     selections: Counter[Replica] = field(default_factory=Counter)  # picks per token
@@ -86,10 +87,8 @@ def simulate(problem: PlacementProblem, replicas: tuple[Replica, ...] | list[Rep
             for c in plan.choices:
                 picks[c.replica] += 1
                 total += 1
-                if c.replica.node == home:
-                    local += 1
-                else:
-                    traffic += 2 * row
+                local += c.replica.node == home
+            traffic += 2 * row * len({c.replica.node for c in plan.choices} - {home})
     n = problem.tokens
     return Simulation(router, latency / n, objective / n, quality / n, traffic / n,
                       local / max(total, 1), failed,

@@ -25,6 +25,7 @@ from orchestrator.placement import (
     problem_from_scenario,
 )
 from orchestrator.placement.base import Ledger
+from orchestrator.placement.evaluate import simulate
 from orchestrator.placement.ordermoe import similarity_groups
 from orchestrator.placement.prism import layer_counts
 from orchestrator.placement.problem import estimates_from_topology
@@ -314,3 +315,22 @@ def test_cli_text_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert moemesh("placement", str(QUICKSTART), "--policy", "best") == 2
     assert "policy: must be one of hetroute" in capsys.readouterr().err
     assert moemesh("placement", str(QUICKSTART), "--ilp", "--json") == 2
+
+
+def test_simulated_traffic_counts_one_row_per_remote_node_not_per_expert() -> None:
+    """The wire sends a token's row once to each node it uses (docs/cost-model.md): with one
+    replica per expert the plans are forced, so the bytes follow from the placement alone."""
+    nodes = [Node("h", DeviceProfile("d", 1, 20 * B16 / 1e9, 20 * B16 / 1e9, 1), 1.0)]
+    nodes += [Node(n, DeviceProfile("d", 1, 20 * B16 / 1e9, 20 * B16 / 1e9, 1), 0.0)
+              for n in ("a", "b")]
+    p = make_problem(Topology.build(nodes, default=LinkSpec(delay_ms=2)), layers=2,
+                     experts=4, top_k=3, tokens=16)
+    where = {0: "h", 1: "a", 2: "a", 3: "b"}  # experts 1 and 2 share node a
+    replicas = [Replica(layer, e, node) for layer in range(2) for e, node in where.items()]
+    sim = simulate(p, replicas, "greedy")
+    assert sim.failed == 0
+    remote = sum(len({where[e] for e in p.token_experts[t, layer]} - {"h"})
+                 for t in range(p.tokens) for layer in range(p.layers))
+    per_expert = sum(where[e] != "h" for e in p.token_experts.flatten())
+    assert remote < per_expert  # some token-layers use both of a's experts
+    assert sim.traffic_bytes == pytest.approx(2 * p.shape.row_bytes * remote / p.tokens)
