@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TypeVar
 
+from moe.vocab import is_number
 from orchestrator.lifetime import to_the_end
 
 __all__ = ["Endpoint", "NodeLaunch", "Runtime", "RuntimeFailure", "check_launches",
@@ -53,14 +54,19 @@ class NodeLaunch:
         if not self.argv or not all(isinstance(a, str) for a in self.argv):
             raise ValueError(f"node {self.name}: argv must be a non-empty list of strings")
         object.__setattr__(self, "argv", tuple(self.argv))
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not (
-            1 <= self.port <= 65535
-        ):
+        if not is_number(self.port, integer=True) or not 1 <= self.port <= 65535:
             raise ValueError(f"node {self.name}: port must be 1..65535, got {self.port!r}")
 
     def command(self, address: str, port: int | None = None) -> list[str]:
-        values = {"name": self.name, "port": str(port or self.port), "address": address}
-        return [a.format(**values) for a in self.argv]
+        """argv with the placeholders filled in; nothing else in it is read (a device profile
+        given as JSON keeps its braces, which str.format would take for fields)."""
+        values = {"{name}": self.name, "{port}": str(port or self.port), "{address}": address}
+        out = []
+        for arg in self.argv:
+            for key, value in values.items():
+                arg = arg.replace(key, value)
+            out.append(arg)
+        return out
 
 
 @dataclass(frozen=True)
