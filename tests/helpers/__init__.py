@@ -24,11 +24,13 @@ import pytest
 
 from services.device import DeviceProfile
 
-__all__ = ["FAST", "ROOT", "NodeProcess", "env", "free_port", "moemesh", "moemesh_process",
+__all__ = ["FAST", "ROOT", "TOKEN", "NodeProcess", "env", "free_port", "moemesh", "moemesh_process",
            "node_process", "one_torch_thread", "processes_with", "start_node", "wait_gone",
            "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[2]
+# The bearer token of the tests' nodes and routers (any value works; one spelling for all).
+TOKEN = "moemesh-test-token"
 
 # A device so fast that emulated times vanish beside the host's own: for tests about numbers,
 # routing and failures rather than time.

@@ -29,9 +29,7 @@ from orchestrator.runtimes.local import LocalRuntime, process_alive
 from orchestrator.yamlio import InputError, Loc
 from services.client import ClientSettings, NodeClient
 from services.wire import Group, Work
-from tests.helpers import wait_until
-
-TOKEN = "faults-test"
+from tests.helpers import TOKEN, wait_until
 
 
 class VirtualClock:

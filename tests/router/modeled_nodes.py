@@ -15,7 +15,7 @@ from router.app import attach
 from router.mesh import Mesh
 from services import DeviceProfile, ModeledCompute, Node, NodeSettings
 from services.tiers import parse_placement
-from tests.router.conftest import TOKEN
+from tests.helpers import TOKEN
 
 DEV = DeviceProfile("dev", gpu_tflops=0.001, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=10.0)
 

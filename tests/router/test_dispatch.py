@@ -19,8 +19,8 @@ from services.wire import (
     pack_request,
     pack_response,
 )
-from tests.helpers import wait_until
-from tests.router.conftest import TOKEN, experts, mesh_body, start_inproc_mesh
+from tests.helpers import TOKEN, wait_until
+from tests.helpers.mesh import experts, mesh_body, start_inproc_mesh
 
 # h holds experts 0-3, a holds all eight, b holds 4-7 in fp16 and all eight in int8.
 PLACEMENT = {

@@ -22,10 +22,9 @@ from router.app import attach
 from router.quality import QualityTable
 from services import Node, NodeSettings, TorchCompute
 from services.tiers import parse_placement
-from tests.helpers import FAST
+from tests.helpers import FAST, TOKEN
 from tests.services.test_node_fuzz import FUZZ, ThreadedNode, values
 
-TOKEN = "router-fuzz-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 JSON = {"Content-Type": "application/json"}
 PROMPT = [72, 101, 108, 108, 111]  # "Hello"

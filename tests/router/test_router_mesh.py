@@ -32,9 +32,9 @@ from router.policies import make_policy
 from router.quality import QualityTable
 from services import ClientSettings, DeviceProfile, Node, NodeClient, NodeSettings
 from services.tiers import parse_placement
-from tests.helpers import NodeProcess, wait_until
+from tests.helpers import TOKEN, NodeProcess, wait_until
 from tests.helpers import node_process as start_node_process
-from tests.router.conftest import TOKEN, experts, links_body, mesh_body
+from tests.helpers.mesh import experts, links_body, mesh_body
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from moe.model import Executor
 from router.engine import ScoreResult
 from router.policies import make_policy
 from router.quality import QualityTable
-from tests.router.conftest import experts, start_inproc_mesh
+from tests.helpers.mesh import experts, start_inproc_mesh
 
 LAYERS, EXPERTS = 2, 8
 

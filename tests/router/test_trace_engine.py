@@ -7,7 +7,7 @@ import contextlib
 import numpy as np
 
 from moe.profiles import ModelProfile
-from tests.router.conftest import experts
+from tests.helpers.mesh import experts
 from tests.router.modeled_nodes import modeled_nodes
 
 MINI = ModelProfile("mini", layers=3, experts=8, top_k=2, d_model=64, d_ff=128, heads=4,

@@ -11,9 +11,8 @@ import pytest
 from moe import MoEModel
 from moe.vocab import VARIANTS
 from services import ClientSettings, Node, NodeClient, NodeSettings, TorchCompute
-from tests.helpers import FAST, one_torch_thread  # noqa: F401 (autouse: nodes compute on one thread)
-
-TOKEN = "test-token"
+from tests.helpers import FAST, TOKEN, one_torch_thread  # noqa: F401 (autouse: nodes compute on one thread)
+from tests.helpers.mesh import all_experts
 
 
 @pytest.fixture(scope="session")
@@ -25,11 +24,6 @@ def compute(small_model: MoEModel) -> TorchCompute:
 def settings(**overrides: Any) -> NodeSettings:
     base = NodeSettings(name="n1", token=TOKEN, profile=FAST)
     return replace(base, **overrides)
-
-
-def all_experts(shape: Any, variant: str = "fp16", tier: str = "gpu") -> list[dict[str, Any]]:
-    return [{"layer": layer, "expert": e, "variant": variant, "tier": tier}
-            for layer in range(shape.layers) for e in range(shape.experts)]
 
 
 @pytest.fixture

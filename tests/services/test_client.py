@@ -20,7 +20,7 @@ from services import (
 )
 from services.tiers import parse_placement
 from services.wire import expert_group
-from tests.helpers import free_port
+from tests.helpers import TOKEN, free_port
 
 
 async def test_a_closed_port_is_node_unreachable() -> None:
@@ -40,7 +40,7 @@ async def test_a_slow_node_is_node_timeout_and_the_client_goes_on(
                          cpu_mem_gb=1, h2d_gbps=1)  # half a second per row
     async with (
         Node(make_settings(profile=slow), compute=compute) as node,
-        NodeClient(ClientSettings(token="test-token", forward_s=0.1)) as client,
+        NodeClient(ClientSettings(token=TOKEN, forward_s=0.1)) as client,
     ):
         node.set_placement(parse_placement({"experts": [
             {"layer": 0, "expert": 0, "variant": "fp16", "tier": "gpu"}]}, node.shape))

@@ -22,8 +22,8 @@ from netem.timing import now
 from services import Node, NodeClient, TorchCompute
 from services.looplag import LoopLag, lag_summary
 from services.wire import expert_group
+from tests.helpers import TOKEN
 
-TOKEN = "test-token"
 BLOCK_S = 0.3  # what the injected blocking work takes
 BOUND_MS = 100.0  # no lag sample may come near it while that work runs off the loop
 

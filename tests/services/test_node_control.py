@@ -18,8 +18,7 @@ from services.wire import (
     pack_request,
     unpack_error,
 )
-
-TOKEN = "test-token"
+from tests.helpers import TOKEN
 
 CONTROL_CALLS = [
     ("PUT", "/v1/placement", {"experts": []}),

@@ -31,9 +31,8 @@ from services.wire import (
     unpack_error,
     unpack_response,
 )
-from tests.helpers import FAST
+from tests.helpers import FAST, TOKEN
 
-TOKEN = "test-token"
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                       HealthCheck.too_slow])
 

@@ -14,9 +14,7 @@ import torch
 from moe import load
 from services import ClientSettings, NodeClient, NodeRefused
 from services.wire import decode_tensor, expert_group
-from tests.helpers import ROOT, env, node_process, wait_until
-
-TOKEN = "process-token"
+from tests.helpers import ROOT, TOKEN, env, node_process, wait_until
 
 
 async def test_sigterm_drains_requests_in_flight_then_exits_0(
