@@ -172,9 +172,14 @@ def base_rows(fidelity: Mapping[str, Any] | None, tdf: float) -> list[dict[str, 
             continue
         row: dict[str, Any] = {"pair": key, "configured_rtt_ms": 2 * conf["delay_ms"],
                                "error": base.get("error")}
-        if "error" not in base:
-            rtt = 2 * base["delay_ms"]
-            row.update(base_rtt_ms=rtt, base_goodput_mbit=base["rate_mbit"],
+        delay = base.get("delay_ms")
+        if "error" not in base and not (isinstance(delay, float | int) and math.isfinite(delay)):
+            # run.json keeps a failed fit as null: the large messages came back no slower
+            row["error"] = "no fit (large messages no slower than small ones)"
+        elif "error" not in base:
+            rtt = 2 * delay
+            rate = base.get("rate_mbit")
+            row.update(base_rtt_ms=rtt, base_goodput_mbit=math.nan if rate is None else rate,
                        base_scenario_rtt_ms=rtt / tdf,
                        expected_rtt_ms=(2 * conf["delay_ms"] + rtt / tdf
                                         if fidelity.get("combine") == "added"

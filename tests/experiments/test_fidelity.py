@@ -127,3 +127,14 @@ async def _probe_two_nodes() -> None:
         async with session.post(urls["h"] + "/v1/probe", json=body) as resp:
             assert resp.status == 401
     assert math.isfinite(fit["link_small_ms"])
+
+
+def test_a_base_probe_that_did_not_fit_is_shown_as_such_not_a_crash() -> None:
+    """run.json keeps a failed fit (NaN) as null: the redrawn report must say so."""
+    from experiments.fidelity import base_rows
+
+    fidelity = {"configured": {"a-b": {"delay_ms": 2.0}}, "combine": "added",
+                "base": {"a-b": {"delay_ms": None, "rate_mbit": None}}}
+    (row,) = base_rows(fidelity, tdf=4.0)
+    assert row["pair"] == "a-b" and row["configured_rtt_ms"] == 4.0
+    assert "no fit" in row["error"] and "base_rtt_ms" not in row
