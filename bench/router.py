@@ -27,8 +27,7 @@ from contextlib import AsyncExitStack
 from moe import profiles
 from moe.vocab import FULL_PRECISION, PlacementEntry
 from router.policies import POLICIES, make_policy
-from router.policies.search import Option, evaluate, exhaustive, joint
-from router.synthetic import random_mesh, random_request
+from router.synthetic import beam_gaps, random_mesh, random_request
 from router.types import ModelShape, PlanRequest
 
 __all__ = ["bench_beam_gap", "bench_dispatch", "bench_plans", "main"]
@@ -76,28 +75,10 @@ def bench_plans(samples: int = 2000, nodes_list: tuple[int, ...] = (10, 16),
 
 def bench_beam_gap(instances: int = 300, seed: int = 11) -> dict:
     """Beam + swap vs exhaustive on random 6-slot instances with 2-4 options per slot."""
-    rng = random.Random(seed)
-    misses, gaps, count = 0, [], 0
-    while count < instances:
-        n = rng.randint(2, 16)
-        fixed = [rng.uniform(0, 40) for _ in range(n)]
-        opts = []
-        for _ in range(6):
-            slot = []
-            for _ in range(rng.randint(2, 4)):
-                pen = 0.0 if rng.random() < 0.6 else rng.uniform(0, 0.01)
-                slot.append(Option(rng.randrange(n), rng.uniform(0.1, 15), pen, 1000 * pen, None,
-                                   ""))
-            opts.append(slot)
-        budget = rng.choice([0.0, 0.005, 0.02])
-        best = exhaustive(fixed, opts, budget)
-        if best is None:
-            continue
-        count += 1
-        found = joint(fixed, opts, budget, exhaustive_limit=1)
-        gap = evaluate(fixed, found)[0] / evaluate(fixed, best)[0] - 1.0
-        gaps.append(max(gap, 0.0))
-        misses += gap > 1e-9
+    gaps = beam_gaps(random.Random(seed), instances, nodes=(2, 16), slots=(6, 6),
+                     fixed_ms=40, var_ms=15)
+    count, misses = len(gaps), sum(g > 1e-9 for g in gaps)
+    gaps = [max(g, 0.0) for g in gaps]
     return {
         "instances": count, "misses": misses,
         "mean_gap_pct": round(100 * sum(gaps) / count, 4),

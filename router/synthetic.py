@@ -16,11 +16,12 @@ from moe import profiles
 from moe.vocab import FULL_PRECISION, QUANT_VARIANTS
 
 from .cost import Estimates
+from .policies.search import Option, evaluate, exhaustive, joint
 from .quality import QualityTable
 from .tables import PlanView
 from .types import LinkEstimate, ModelShape, NodeEstimate, Placement, Replica
 
-__all__ = ["SyntheticMesh", "random_mesh", "random_request"]
+__all__ = ["SyntheticMesh", "beam_gaps", "random_mesh", "random_request"]
 
 # Mixtral-8x7B's expert (moe.profiles), activations in f16 on the wire.
 MIXTRAL_SHAPE = ModelShape.from_profile(profiles.get("mixtral-8x7b"), act_bytes=2)
@@ -99,3 +100,29 @@ def random_request(rng: random.Random, layers: int, experts: int, top_k: int) ->
     raw = sorted((rng.random() ** 2 + 0.05 for _ in chosen), reverse=True)
     total = sum(raw)
     return layer, tuple(chosen), tuple(w / total for w in raw)
+
+
+def _random_option(rng: random.Random, nodes: int, var_ms: float) -> Option:
+    node, var = rng.randrange(nodes), rng.uniform(0.1, var_ms)
+    pen = 0.0 if rng.random() < 0.6 else rng.uniform(0, 0.01)  # most replicas are exact
+    return Option(node, var, pen, 1000 * pen, None, "x")
+
+
+def beam_gaps(rng: random.Random, instances: int, *, nodes: tuple[int, int],
+              slots: tuple[int, int], fixed_ms: float, var_ms: float) -> list[float]:
+    """How far the joint search's beam + one-swap lands above the exhaustive optimum (J ratio
+    - 1, per feasible instance) on random instances of 2-4 options per slot, forced down the
+    beam path; the router bench and tests/router/test_search.py read it."""
+    gaps: list[float] = []
+    while len(gaps) < instances:
+        n = rng.randint(*nodes)
+        fixed = [rng.uniform(0, fixed_ms) for _ in range(n)]
+        opts = [[_random_option(rng, n, var_ms) for _ in range(rng.randint(2, 4))]
+                for _ in range(rng.randint(*slots))]
+        budget = rng.choice([0.0, 0.005, 0.02])
+        best = exhaustive(fixed, opts, budget)
+        if best is None:
+            continue
+        found = joint(fixed, opts, budget, exhaustive_limit=1)
+        gaps.append(evaluate(fixed, found)[0] / evaluate(fixed, best)[0] - 1.0)
+    return gaps

@@ -15,7 +15,7 @@ fitting the budget alone; `substitute_options` are replicas of similar experts t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from moe.vocab import FULL_PRECISION
 
@@ -23,7 +23,7 @@ from ..errors import NoFeasiblePlan
 from ..settings import Settings
 from ..tables import Candidate, PlanView
 from ..types import Choice, Plan, PlanRequest
-from .search import EPS, Option, evaluate
+from .search import EPS, Option, evaluate, sequential
 
 __all__ = [
     "Policy",
@@ -34,6 +34,7 @@ __all__ = [
     "fallback_options",
     "hetroute_options",
     "infeasible",
+    "plan_exact_in_slot_order",
     "substitute_options",
 ]
 
@@ -213,6 +214,20 @@ def infeasible(
         f"unreachable now: {', '.join(down) or 'none'}) and no quantized replica or "
         f"substitute fits the remaining budget {req.budget_left:.4g}",
     )
+
+
+def plan_exact_in_slot_order(view: PlanView, req: PlanRequest, lam: float,
+                             choose: Callable[[list[Option]], Option]) -> Plan:
+    """The plan of the simple baselines: each slot, in order, takes `choose` of its expert's
+    own reachable replicas that leave the later slots their budget (`search.sequential`)."""
+    skip = excluded(view, req)
+    opts = [exact_options(view, req, slot, lam, skip, stable_only=False)
+            for slot in range(len(req.experts))]
+    base = view.base(req.rows, req.batch)
+    picks = sequential(base, opts, req.budget_left, choose)
+    if picks is None:
+        raise infeasible(view, req, skip)
+    return build_plan(view, req, picks, base)
 
 
 def build_plan(view: PlanView, req: PlanRequest, picks: Sequence[Option],

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ..tables import PlanView
 from ..types import Plan, PlanRequest
-from .base import Policy, build_plan, exact_options, excluded, infeasible
-from .search import Option, sequential
+from .base import Policy, plan_exact_in_slot_order
+from .search import Option
 
 __all__ = ["LocalFirst"]
 
@@ -18,14 +18,8 @@ class LocalFirst(Policy):
     name = "local-first"
 
     def plan(self, view: PlanView, req: PlanRequest) -> Plan:
-        lam = self.settings.quality_ms
-        skip = excluded(view, req)
         home = view.home_index
         delay = view.delay
-        opts = [
-            exact_options(view, req, slot, lam, skip, stable_only=False)
-            for slot in range(len(req.experts))
-        ]
 
         def nearest(fits: list[Option]) -> Option:
             return min(
@@ -33,8 +27,4 @@ class LocalFirst(Policy):
                                      x.payload.load_bytes > 0, x.node)
             )
 
-        base = view.base(req.rows, req.batch)
-        picks = sequential(base, opts, req.budget_left, nearest)
-        if picks is None:
-            raise infeasible(view, req, skip)
-        return build_plan(view, req, picks, base)
+        return plan_exact_in_slot_order(view, req, self.settings.quality_ms, nearest)

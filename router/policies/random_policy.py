@@ -9,8 +9,8 @@ import random
 from ..settings import Settings
 from ..tables import PlanView
 from ..types import Plan, PlanRequest
-from .base import Policy, build_plan, exact_options, excluded, infeasible
-from .search import Option, sequential
+from .base import Policy, plan_exact_in_slot_order
+from .search import Option
 
 __all__ = ["RandomPolicy"]
 
@@ -23,18 +23,7 @@ class RandomPolicy(Policy):
         self.rng = random.Random(seed)
 
     def plan(self, view: PlanView, req: PlanRequest) -> Plan:
-        lam = self.settings.quality_ms
-        skip = excluded(view, req)
-        opts = [
-            exact_options(view, req, slot, lam, skip, stable_only=False)
-            for slot in range(len(req.experts))
-        ]
-
         def draw(fits: list[Option]) -> Option:
             return fits[self.rng.randrange(len(fits))]
 
-        base = view.base(req.rows, req.batch)
-        picks = sequential(base, opts, req.budget_left, draw)
-        if picks is None:
-            raise infeasible(view, req, skip)
-        return build_plan(view, req, picks, base)
+        return plan_exact_in_slot_order(view, req, self.settings.quality_ms, draw)
