@@ -188,6 +188,33 @@ async def _tc_models(shaper: Any, src: Any, dst: Any) -> list[dict[str, Any]]:
 
 
 # -- the app backend, on loopback -----------------------------------------------------------
+async def _serialiser_rate(shaper: Any, spec: Any, chunk: int, count: int
+                           ) -> tuple[float, float, float | None]:
+    """Under loss: the serialiser's pace, from the sends that did not stall.
+
+    Send i of back-to-back sends is due at start + delay + (i + 1) x chunk / rate; those
+    within half a retransmission timeout of that line did not stall, and the rate is
+    the bytes between the first and the last of them over the time between them.
+    """
+    from netem.app import RTO_S
+
+    done: dict[int, float] = {}
+    start = time.perf_counter()
+
+    async def one(i: int) -> None:
+        await shaper.transmit("n2", chunk)
+        done[i] = time.perf_counter()
+
+    await asyncio.gather(*(one(i) for i in range(count)))
+    per = chunk * 8 / (spec.rate_mbit * 1e6)
+    ok = sorted(i for i, t in done.items()
+                if t - (start + spec.delay_ms / 1e3 + (i + 1) * per) < RTO_S / 2)
+    if len(ok) < 2 or done[ok[-1]] <= done[ok[0]]:
+        return 0.0, 0.0, None
+    mbit = (ok[-1] - ok[0]) * chunk * 8 / (done[ok[-1]] - done[ok[0]]) / 1e6
+    return mbit, mbit, None
+
+
 async def _app_grid(delays: Sequence[float], rates: Sequence[float], losses: Sequence[float],
                     samples: int, seconds: float, burst_ms: float, models: bool = True
                     ) -> dict[str, Any]:
@@ -220,7 +247,7 @@ async def _app_grid(delays: Sequence[float], rates: Sequence[float], losses: Seq
             chunk = 1 << 16
             count = max(16, int(spec.rate_mbit * 1e6 / 8 * seconds) // chunk)
             if spec.loss_pct > 0:
-                return await serialiser_rate(spec, chunk, count)
+                return await _serialiser_rate(shaper, spec, chunk, count)
             reader, writer = await measure.connect(None, "127.0.0.1", port + 1, b"")
             try:
                 writer.write((count * chunk).to_bytes(8, "big"))
@@ -234,30 +261,6 @@ async def _app_grid(delays: Sequence[float], rates: Sequence[float], losses: Seq
             finally:
                 writer.close()
             return got["steady_mbit"], got["steady_mbit"], None
-
-        async def serialiser_rate(spec: LinkSpec, chunk: int, count: int
-                                  ) -> tuple[float, float, float | None]:
-            """Under loss: the serialiser's pace, from the sends that did not stall.
-
-            Send i of back-to-back sends is due at start + delay + (i + 1) x chunk / rate; those
-            within half a retransmission timeout of that line did not stall, and the rate is
-            the bytes between the first and the last of them over the time between them.
-            """
-            done: dict[int, float] = {}
-            start = time.perf_counter()
-
-            async def one(i: int) -> None:
-                await shaper.transmit("n2", chunk)
-                done[i] = time.perf_counter()
-
-            await asyncio.gather(*(one(i) for i in range(count)))
-            per = chunk * 8 / (spec.rate_mbit * 1e6)
-            ok = sorted(i for i, t in done.items()
-                        if t - (start + spec.delay_ms / 1e3 + (i + 1) * per) < RTO_S / 2)
-            if len(ok) < 2 or done[ok[-1]] <= done[ok[0]]:
-                return 0.0, 0.0, None
-            mbit = (ok[-1] - ok[0]) * chunk * 8 / (done[ok[-1]] - done[ok[0]]) / 1e6
-            return mbit, mbit, None
 
         async def loss(spec: LinkSpec) -> tuple[int, int]:
             count = 2000 if spec.loss_pct else 300
