@@ -37,6 +37,7 @@ __all__ = [
     "plan_exact_in_slot_order",
     "substitute_options",
 ]
+_new_tuple = tuple.__new__
 
 
 class Policy(ABC):
@@ -72,7 +73,8 @@ def _option(
     view: PlanView, c: Candidate, weight: float, rows: int, lam: float, extra: float, kind: str
 ) -> Option:
     pen = weight * c.penalty
-    return Option(c.node, view.var_ms(c, rows), pen, lam * pen + extra, c, kind)
+    # tuple.__new__ skips the NamedTuple's Python-level __new__ (2x faster: the hot path)
+    return _new_tuple(Option, (c.node, view.var_ms(c, rows), pen, lam * pen + extra, c, kind))
 
 
 def exact_options(
