@@ -95,6 +95,21 @@ async def start(stack: AsyncExitStack, model_dir: Path, compute, tmp: Path,
     return router, procs
 
 
+async def start_two_peers(stack: AsyncExitStack, model_dir: Path, compute, tmp: Path, *,
+                          peer_ms: float, home_ms: float, home_placement: list[dict],
+                          a_ms: float, b_ms: float):
+    """`start` with peers a and b holding every expert of both layers at `peer_ms` per
+    expert-row, the home at `home_ms`, and symmetric one-way delays h-a `a_ms`, h-b `b_ms`."""
+    flops = compute.flops(1)
+    all8 = experts(2, range(8))
+    return await start(
+        stack, model_dir, compute, tmp,
+        peers={"a": (device(peer_ms, flops), all8), "b": (device(peer_ms, flops), all8)},
+        home_profile=device(home_ms, flops), home_placement=home_placement,
+        delays={("h", "a"): a_ms, ("a", "h"): a_ms, ("h", "b"): b_ms, ("b", "h"): b_ms},
+    )
+
+
 async def run_tokens(engine, policy, prompts, max_tokens):
     """Per decode step (not the prefill): its latency and the nodes its experts ran on."""
     per_token, nodes = [], []
@@ -109,15 +124,10 @@ async def run_tokens(engine, policy, prompts, max_tokens):
 async def test_hetroute_splits_the_pair_and_beats_greedy_and_local_first(
     small_model_dir, router_compute, tmp_path
 ) -> None:
-    flops = router_compute.flops(1)
-    all8 = experts(2, range(8))
     async with AsyncExitStack() as stack:
-        router, _ = await start(
-            stack, small_model_dir, router_compute, tmp_path,
-            peers={"a": (device(12.0, flops), all8), "b": (device(12.0, flops), all8)},
-            home_profile=device(24.0, flops), home_placement=all8,
-            delays={("h", "a"): 8.0, ("a", "h"): 8.0, ("h", "b"): 12.0, ("b", "h"): 12.0},
-        )
+        router, _ = await start_two_peers(
+            stack, small_model_dir, router_compute, tmp_path, peer_ms=12.0, home_ms=24.0,
+            home_placement=experts(2, range(8)), a_ms=8.0, b_ms=12.0)
         engine = router.engine()
         g = torch.Generator().manual_seed(5)
         prompts = [torch.randint(0, 256, (6,), generator=g) for _ in range(3)]
@@ -141,16 +151,11 @@ async def test_hetroute_splits_the_pair_and_beats_greedy_and_local_first(
 async def test_killing_a_node_mid_run_loses_no_token(
     small_model_dir, router_compute, tmp_path
 ) -> None:
-    flops = router_compute.flops(1)
-    all8 = experts(2, range(8))
     async with AsyncExitStack() as stack:
-        router, procs = await start(
-            stack, small_model_dir, router_compute, tmp_path,
-            # a is near and fast: every expert goes there until it dies; b also holds all
-            peers={"a": (device(0.2, flops), all8), "b": (device(0.2, flops), all8)},
-            home_profile=device(20.0, flops), home_placement=experts(2, range(2)),
-            delays={("h", "a"): 1.0, ("a", "h"): 1.0, ("h", "b"): 4.0, ("b", "h"): 4.0},
-        )
+        # a is near and fast: every expert goes there until it dies; b also holds all
+        router, procs = await start_two_peers(
+            stack, small_model_dir, router_compute, tmp_path, peer_ms=0.2, home_ms=20.0,
+            home_placement=experts(2, range(2)), a_ms=1.0, b_ms=4.0)
         engine = router.engine()
         prompt = torch.tensor(list(b"import os\n"))
         reference = await engine.generate(prompt, 30, make_policy("exact"))
