@@ -15,32 +15,14 @@ import pytest
 
 from tests.helpers import moemesh_process
 
-TINY = """
-name: tiny-capacity
-topology:
-  nodes:
-    - {name: edge1, profile: tiny-edge, users: 2}
-    - {name: edge2, profile: tiny-edge, users: 1}
-    - {name: edge3, profile: tiny-edge, users: 1}
-  defaults: {delay_ms: 2ms, rate_mbit: 200mbit}
-model: tiny-moe
-runtime: local
-shaper: app
-time_dilation: 4
-placement: {policy: hetroute, redundancy: 2.0}
-policies: [local-first, hetroute, exact]
-workload: {arrival: poisson, rate_rps: 1, prompt_tokens: [8, 16], gen_tokens: 4,
-           duration: 10s, seed: 5}
-"""
+TINY = Path(__file__).parent / "scenarios" / "tiny-capacity.yaml"
 
 
 @pytest.mark.slow
 def test_capacity_runs_each_load_and_draws_the_curve(tmp_path: Path) -> None:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
     out = tmp_path / "cap"
     # an SLO no token misses: the climb must not stop at the first load
-    done = moemesh_process("run", str(path), "--capacity", "--loads", "1,4", "--requests",
+    done = moemesh_process("run", str(TINY), "--capacity", "--loads", "1,4", "--requests",
                            "8", "--slo-ms", "60000", "--quiet", "--out", str(out),
                            timeout_s=420.0)
     assert done.returncode == 0, done.stdout + done.stderr

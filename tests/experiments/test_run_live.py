@@ -101,33 +101,12 @@ def test_bad_input_is_exit_2_naming_it(tmp_path: Path,
     assert "missing.yaml" in capsys.readouterr().err
 
 
-FAULTY = """
-name: faulty
-topology:
-  nodes:
-    - {name: edge1, gpu_tflops: 0.02, gpu_mem_gb: 0.00001, cpu_mem_gb: 0.00001, h2d_gbps: 0.2,
-       users: 2}                  # holds no expert: its tokens need edge2 and edge3
-    - {name: edge2, profile: tiny-edge, users: 1}
-    - {name: edge3, profile: tiny-edge, users: 0}
-  defaults: {delay_ms: 2ms, rate_mbit: 200mbit}
-model: tiny-moe
-runtime: local
-shaper: app
-placement: {policy: hetroute, redundancy: 2.0, variants: [fp16]}   # edge3: 12 of edge2's 64
-policies: [hetroute]
-workload: {arrival: poisson, rate_rps: 3, prompt_tokens: [8, 16], gen_tokens: 4,
-           duration: 5s, seed: 2}
-faults:
-  - {at: 1s, link-down: edge1 edge2, for: 2s}
-  - {at: 1.5s, node-down: edge3, for: 2s}
-"""
+FAULTY = Path(__file__).parent / "scenarios" / "faulty.yaml"
 
 
 @pytest.mark.slow
 async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
-    path = tmp_path / "faulty.yaml"
-    path.write_text(FAULTY)
-    scenario, arms = load_experiment(path)
+    scenario, arms = load_experiment(FAULTY)
     mesh_dir = tmp_path / "mesh"
 
     def open_mesh(sc: Any, placement: Any) -> Any:  # the nodes' state folders go in mesh_dir
@@ -174,10 +153,8 @@ def _check_fault_effect(out: Path) -> None:
 
 @pytest.mark.slow
 def test_a_sweep_runs_each_point_and_plots_them(tmp_path: Path) -> None:
-    path = tmp_path / "faulty.yaml"
-    path.write_text(FAULTY)
     out = tmp_path / "sweep"
-    done = moemesh_process("sweep", str(path), "--knob", "budget", "--values", "0.5,3",
+    done = moemesh_process("sweep", str(FAULTY), "--knob", "budget", "--values", "0.5,3",
                            "--requests", "3", "--quality-windows", "0", "--overhead-requests",
                            "0", "--quiet", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -22,18 +22,17 @@ from netem import BadLinkInput, LinkSpec, make_shaper, measure
 from netem.tc import TcShaper
 from orchestrator.runtimes.base import Endpoint, NodeLaunch
 from orchestrator.runtimes.netns import NetnsRuntime
+from tests.helpers.lab import PORT, SERVE, measure_nodes
 
 pytestmark = pytest.mark.lab
 
-PORT = 9000
-SERVE = (sys.executable, "-m", "netem.measure", "serve", "--port", "{port}")
 
 
 @pytest.fixture
 async def mesh() -> AsyncIterator[dict[str, Endpoint]]:
     """Three nodes (n1, n2, n3) in namespaces on one bridge, each running the measure server."""
-    async with NetnsRuntime(ready_timeout_s=120) as rt:
-        yield await rt.start([NodeLaunch(n, SERVE, port=PORT) for n in ("n1", "n2", "n3")])
+    async with measure_nodes("n1", "n2", "n3") as eps:
+        yield eps
 
 
 def addresses(eps: dict[str, Endpoint], *names: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import asyncio
 import json
 import re
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -22,19 +21,16 @@ from netem import LinkSpec
 from netem.gemodel import GeLoss, burst_interval, loss_interval
 from netem.schedule import Schedule, Step
 from netem.tc import TcShaper
-from orchestrator.runtimes.base import Endpoint, NodeLaunch
-from orchestrator.runtimes.netns import NetnsRuntime
+from orchestrator.runtimes.base import Endpoint
+from tests.helpers.lab import PORT, measure_nodes
 
 pytestmark = pytest.mark.lab
-
-PORT = 9000
-SERVE = (sys.executable, "-m", "netem.measure", "serve", "--port", "{port}")
 
 
 @pytest.fixture
 async def pair() -> AsyncIterator[dict[str, Endpoint]]:
-    async with NetnsRuntime(ready_timeout_s=120) as rt:
-        yield await rt.start([NodeLaunch(n, SERVE, port=PORT) for n in ("n1", "n2")])
+    async with measure_nodes("n1", "n2") as eps:
+        yield eps
 
 
 def leaf(kernel: SimpleNamespace, ep: Endpoint) -> dict:
