@@ -25,6 +25,7 @@ EXACT_VARIANTS = ("fp16", "bf16", "fp32")
 SHALLOW_THRESHOLD, DEEP_THRESHOLD = 0.9, 0.5
 
 _SCALARS = ("model", "tokens", "top_k", "variants", "base_nll")
+_DERIVED = ("kappa", "quant_cost", "substitution_cost")  # GateStats.build makes these
 
 
 def default_thresholds(layers: int) -> np.ndarray:
@@ -54,6 +55,24 @@ def _share_out(layer_nll: np.ndarray, energy: np.ndarray, mass: np.ndarray) -> n
     total = routed_energy.sum(axis=1, keepdims=True)
     share = np.divide(routed_energy, total, out=np.zeros_like(routed_energy), where=total > 0)
     return np.clip(layer_nll, 0.0, None)[:, None, :] * share
+
+
+def _charged_layer_nll(layer_nll: np.ndarray, model_nll: np.ndarray, kappa: np.ndarray,
+                       energy: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """[L,V] the ΔNLL a layer's quantization is charged: the measured one, or, where that came
+    out at or below zero, the layer's share of the whole-model ΔNLL in proportion to κ·energy.
+
+    One layer's int4 ΔNLL is about the size of its noise on the calibration text (tiny-moe,
+    layer 1: −8.8e-4 nats while the whole model's is +8.5e-4); clipped to zero it made that
+    layer's int4 free, and the policies used it on every token (issue 12)."""
+    routed = np.where(mass[..., None] > 0, energy, 0.0).sum(axis=1)  # [L, V]
+    weight = kappa[:, None] * routed
+    if not (weight > 0).any():  # no κ fitted (nothing measured above zero): energy alone
+        weight = routed
+    total = weight.sum(axis=0, keepdims=True)
+    share = np.divide(weight, total, out=np.zeros_like(weight), where=total > 0)
+    floor = np.clip(model_nll, 0.0, None)[None, :] * share
+    return np.where(layer_nll > 0, layer_nll, floor)
 
 
 def _kappa(energy: np.ndarray, nll: np.ndarray) -> float:
@@ -87,11 +106,13 @@ class GateStats:
     thresholds[L]            default similarity threshold per layer
     kappa[L]                 fitted ΔNLL per unit output-error energy (predicts unmeasured pairs)
     quant_cost[L,E,V], substitution_cost[L,E,E]: the penalties (percent perplexity per unit
-    gate weight). Substitution uses the measured ΔNLL where there is one, κ·energy elsewhere.
+    gate weight). Substitution uses the measured ΔNLL where it is above zero, κ·energy elsewhere.
     Quantization: one expert's ΔNLL is far below what 16k calibration tokens resolve (tiny-moe:
     about ±5e-5 nats, either sign), so its cost is the layer's measured ΔNLL shared out in
     proportion to each routed expert's output-error energy; then Σ_t Σ_e g·cost over the
-    calibration tokens equals the measured layer ΔNLL (×100), and quant_nll stays as data.
+    calibration tokens equals the measured layer ΔNLL (×100), and quant_nll stays as data. A
+    layer measured at ΔNLL <= 0 is charged its κ·energy share of the whole model's ΔNLL
+    instead: nothing measured at noise level is free (issue 12). Costs are derived on load.
     """
 
     model: str
@@ -135,14 +156,19 @@ class GateStats:
                 for layer in range(layers)
             ]
         )
-        measured = np.isfinite(tables["substitution_nll"])
+        # a measured ΔNLL at or below zero is noise (standing in for an expert does not help
+        # on average): the energy prediction, as for unmeasured pairs, not a free substitute
+        measured = np.nan_to_num(tables["substitution_nll"], nan=-1.0) > 0
         sub_nll = np.where(
             measured,
             np.nan_to_num(tables["substitution_nll"]),
             kappa[:, None, None] * tables["substitution_energy"],
         )
         sub_cost = _costs(sub_nll, mass)
-        quant_nll = _share_out(tables["layer_quant_nll"], tables["quant_energy"], mass)
+        layer_nll = _charged_layer_nll(tables["layer_quant_nll"],
+                                       np.asarray(tables["model_nll"]) - tables["base_nll"],
+                                       kappa, tables["quant_energy"], mass)
+        quant_nll = _share_out(layer_nll, tables["quant_energy"], mass)
         for layer in range(layers):
             np.fill_diagonal(sub_cost[layer], 0.0)
         return cls(
@@ -303,14 +329,15 @@ class GateStats:
         missing = [n for n in names if n not in arrays]
         if missing:
             raise WeightsError(f"{path} lacks table {missing[0]!r}")
-        try:
-            return cls(
+        try:  # the costs are derived again from the measurements: a file keeps its
+            # measurements while the rule that turns them into penalties may be improved
+            return cls.build(
                 model=meta["model"],
                 tokens=int(meta["tokens"]),
                 top_k=int(meta["top_k"]),
                 variants=tuple(json.loads(meta["variants"])),
                 base_nll=float(meta["base_nll"]),
-                **{n: arrays[n] for n in names},
+                **{n: arrays[n] for n in names if n not in _DERIVED},
             )
         except (KeyError, ValueError) as exc:
             raise WeightsError(f"corrupt gate statistics metadata in {path}: {exc}") from exc
