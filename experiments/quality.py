@@ -31,6 +31,11 @@ class QualitySet:
     scored: int = 0  # positions every label completed (the common set)
     excluded: int = 0  # positions left out because they failed under some label
     comparable: bool = True  # False: failures without per-position data (an old run)
+    # label → standard error (nats) of its mean per-position NLL difference from exact over
+    # the common set; only with per-position data. One position's change under quantization
+    # varies far more than its mean (tiny-moe int4: sd 0.15 nats, mean 0.0014), so a few
+    # hundred positions cannot resolve a delta of a fraction of a percent: see delta_se_pct.
+    se: dict[str, float] = field(default_factory=dict)
 
     def delta_pct(self, label: str) -> float:
         """Perplexity change of `label` against exact, in % (nan when not comparable)."""
@@ -40,6 +45,13 @@ class QualitySet:
         if not (math.isfinite(a) and math.isfinite(b)):
             return math.nan
         return 100.0 * (math.exp(b - a) - 1.0)
+
+    def delta_se_pct(self, label: str) -> float:
+        """Standard error of `delta_pct(label)`, in percentage points (nan when unknown)."""
+        se = self.se.get(label, math.nan)
+        if not math.isfinite(se) or "exact" not in self.nll or label not in self.nll:
+            return math.nan
+        return 100.0 * math.exp(self.nll[label] - self.nll["exact"]) * se
 
     @property
     def failed_total(self) -> int:
@@ -72,6 +84,7 @@ def identical_set(quality: Mapping[str, Any]) -> QualitySet:
         return QualitySet(nll, failed, scored, 0, comparable=ok)
     lengths = next(iter(shapes))
     sums = dict.fromkeys(labels, 0.0)
+    diffs: dict[str, list[float]] = {k: [] for k in labels}
     scored = excluded = 0
     for w, length in enumerate(lengths):
         bad: set[int] = set()
@@ -86,5 +99,15 @@ def identical_set(quality: Mapping[str, Any]) -> QualitySet:
         for k in labels:
             values = windows[k][w]["token_nll"]
             sums[k] += sum(float(values[i]) for i in keep)
+            if "exact" in windows:
+                ref = windows["exact"][w]["token_nll"]
+                diffs[k] += [float(values[i]) - float(ref[i]) for i in keep]
     nll = {k: (sums[k] / scored if scored else math.nan) for k in labels}
-    return QualitySet(nll, failed, scored, excluded, comparable=True)
+    se = {k: _standard_error(d) for k, d in diffs.items() if len(d) > 1}
+    return QualitySet(nll, failed, scored, excluded, comparable=True, se=se)
+
+
+def _standard_error(values: list[float]) -> float:
+    n = len(values)
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)

@@ -86,6 +86,23 @@ def test_quality_is_compared_on_the_identical_token_set() -> None:
     assert naive_greedy < naive_exact
 
 
+def test_the_delta_has_the_standard_error_of_its_paired_positions() -> None:
+    """A delta of a fraction of a percent needs enough positions to be told from noise: the
+    set gives each label's standard error over the common positions (differences from exact)."""
+    exact = [1.0, 2.0, 1.5, 0.5]
+    policy = [1.1, 1.9, 1.8, 0.5]  # differences 0.1, -0.1, 0.3, 0.0
+    q = {k: {"windows": [{"token_nll": v, "failed_positions": []}]}
+         for k, v in (("exact", exact), ("p", policy))}
+    s = identical_set(q)
+    d = [b - a for a, b in zip(exact, policy, strict=True)]
+    mean = sum(d) / 4
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / 3 / 4)
+    assert s.se["p"] == pytest.approx(se)
+    assert s.delta_se_pct("p") == pytest.approx(100 * math.exp(mean) * se)
+    assert s.delta_se_pct("exact") == 0.0
+    assert math.isnan(identical_set({"p": q["p"]}).delta_se_pct("p"))  # no exact: unknown
+
+
 def test_an_old_run_with_failures_and_no_positions_is_not_comparable() -> None:
     q = {"exact": {"nll": 2.0, "tokens": 10, "failed_tokens": 0},
          "greedy": {"nll": 1.9, "tokens": 9, "failed_tokens": 1}}
