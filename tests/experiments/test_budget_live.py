@@ -2,7 +2,16 @@
 tight budget (0.5%), a node killed half-way (its replicas gone, tokens replanned) and three
 policies that may spend budget on quantized replicas. No token spends more than its budget,
 no token fails but for want of a reachable replica, and every policy's measured NLL change on
-held-out text stays within the budget."""
+held-out text stays within the budget.
+
+The budget bounds a token's expected loss; one position's actual change varies far more (an
+int4 expert: sd about 0.15 nats per position, mean 0.0014). Scored on 2 x 127 positions the
+delta's standard error was 0.46-0.73 points, beside a 0.5% budget, and the measured deltas
+(0.59-1.29%) said nothing about it; 16 x 511 positions bring it to about 0.15. Resolved,
+hetroute+ordermoe still lost 0.46 +- 0.19% while charged 0.014% a token: it leaned on layer 1's
+int4 and on three layer-1 substitutes (1,807 uses in 8,176 positions), free because their
+noise-level ΔNLL had been measured below zero and clipped to 0 (moe.gatestats now charges a
+positive cost)."""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from experiments.live import open_live
+from experiments.quality import identical_set
 from experiments.rows import TokenRow, read_rows
 from experiments.runner import RunOptions, run_experiment
 from orchestrator.arms import load_experiment
@@ -51,7 +61,7 @@ def tight_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Scenario, dict,
     scenario, arms = load_experiment(path)
     out = folder / "out"
     meta = asyncio.run(run_experiment(scenario, arms, open_live, out,
-                                      RunOptions(quality_windows=2, quality_seq=128,
+                                      RunOptions(quality_windows=16, quality_seq=512,
                                                  quiet=True)))
     for arm in arms:
         assert [(e["action"], e["ok"]) for e in meta["faults"][arm.label]] == [
@@ -74,15 +84,16 @@ def test_no_token_exceeds_its_budget_or_fails_but_for_want_of_a_replica(tight_ru
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 12 finding: held-out perplexity rose 0.59-1.05% under a 0.5% "
-                   "budget (2 windows x 127 tokens): the per-token penalties of the gate "
-                   "statistics do not bound the measured loss here")
 def test_run_quality_delta_stays_within_the_budget(tight_run) -> None:
-    scenario, _, out = tight_run
+    scenario, meta, out = tight_run
     summary = json.loads((out / "summary.json").read_text())
+    qset = identical_set(meta["quality"])
+    budget = scenario.quality_budget_pct
     for label, p in summary["policies"].items():
         assert p["quality_delta_pct"] is not None, label
-        assert p["quality_delta_pct"] <= scenario.quality_budget_pct, (label, p)
+        # the measurement resolves the budget (else a pass or a fail is noise)
+        assert 2 * qset.delta_se_pct(label) < budget, (label, qset.delta_se_pct(label))
+        assert p["quality_delta_pct"] <= budget, (label, p, qset.delta_se_pct(label))
 
 
 @pytest.mark.slow
