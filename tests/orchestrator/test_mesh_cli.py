@@ -38,9 +38,14 @@ def scenario(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def mesh(tmp_path: Path) -> Path:
+    """The mesh's state folder (`--mesh-dir`)."""
+    return tmp_path / "mesh"
+
+
 def test_up_fault_status_down_leaves_no_process(
-        scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    mesh = tmp_path / "mesh"
+        scenario: Path, mesh: Path, capsys: pytest.CaptureFixture[str]) -> None:
     where = ["--mesh-dir", str(mesh)]
     try:
         assert moemesh("up", str(scenario), *where) == 0
@@ -87,8 +92,7 @@ def test_up_fault_status_down_leaves_no_process(
 
 
 def test_a_crashed_supervisor_takes_its_nodes_and_down_cleans_up(
-        scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    mesh = tmp_path / "mesh"
+        scenario: Path, mesh: Path, capsys: pytest.CaptureFixture[str]) -> None:
     where = ["--mesh-dir", str(mesh)]
     try:
         assert moemesh("up", str(scenario), *where) == 0
@@ -104,10 +108,9 @@ def test_a_crashed_supervisor_takes_its_nodes_and_down_cleans_up(
 
 
 def test_bad_input_and_a_start_that_times_out_leave_nothing(
-        scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    mesh = tmp_path / "mesh"
+        scenario: Path, mesh: Path, capsys: pytest.CaptureFixture[str]) -> None:
     where = ["--mesh-dir", str(mesh)]
-    bad = tmp_path / "bad.yaml"
+    bad = mesh.parent / "bad.yaml"
     bad.write_text(SCENARIO.replace("rate_mbit: 200mbit", "rate_mbit: -5"))
     assert moemesh("up", str(bad), *where) == 2
     err = capsys.readouterr().err
