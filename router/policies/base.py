@@ -101,18 +101,10 @@ def exact_options(
     return out
 
 
-def substitute_options(
-    view: PlanView,
-    req: PlanRequest,
-    slot: int,
-    lam: float,
-    skip: set[int],
-    *,
-    stable_only: bool,
-    budget: float | None = None,
-    future: Sequence[float] | None = None,
-    lookahead_weight: float = 0.0,
-) -> list[Option]:
+def substitute_options(view: PlanView, req: PlanRequest, slot: int, lam: float,
+                       skip: set[int], *, stable_only: bool, budget: float | None = None,
+                       future: Sequence[float] | None = None, lookahead_weight: float = 0.0,
+                       ) -> list[Option]:
     """Replicas of similar experts (not already in the token's top-k) that fit the budget;
     `future[j]` adds OrderMoE's expected future cost of running expert j."""
     left = (req.budget_left if budget is None else budget) + EPS
