@@ -4,7 +4,8 @@ Time dilation (docs/cost-model.md) stretches every emulated time by the factor D
 clock, so the host's own work per token, which does not stretch, becomes a smaller share of
 what is measured. How large D must be depends on this host, its load and the scenario, so it
 is measured, not guessed: for D = 2, 4, 8, ... the scenario's mesh is started at D and a probe
-(the workload's first requests under the first policy, sent back to back) measures the host
+(the workload's first requests, sent back to back under the arm whose placement promises the
+cheapest tokens: the runner picks it) measures the host
 overhead share, sum(latency - emulated) / sum(latency) over its tokens (docs/measurement.md).
 The first D whose share is at most `PROBE_SHARE` wins, then one step between it and the factor
 before is tried (D·3/4), so the factor is within a quarter of the smallest that passes.
