@@ -49,6 +49,9 @@ LABEL_RUN = "io.moemesh.run"  # on every container and network the start mode cr
 _COMPOSE_PROJECT = "com.docker.compose.project"
 _COMPOSE_SERVICE = "com.docker.compose.service"
 _COMPOSE_NETWORK = "com.docker.compose.network"
+# After a create cancelled in flight: sweep every 0.25 s until 4 sweeps in a row find nothing
+# (at most 8 s), since the daemon may finish the create after the first sweep.
+_SETTLE_ROUNDS, _SETTLE_QUIET, _SETTLE_S = 32, 4, 0.25
 
 
 @dataclass
@@ -135,6 +138,7 @@ class DockerRuntime(EngineRuntime):
         self._network_name: str | None = None
         self._created: list[str] = []  # container ids this runtime created (start mode)
         self._started = False
+        self._creating = False  # a create request is in flight
 
     # -- engine --------------------------------------------------------------------------
     async def _engine(self) -> Any:
@@ -228,26 +232,18 @@ class DockerRuntime(EngineRuntime):
     async def stop(self) -> None:
         errors: list[str] = []
         docker = self._docker
-        if docker is not None and not self.attach:
-            # A create cancelled in flight (Ctrl-C) makes a container whose id never came back:
-            # find those by this run's own label, which nothing else carries.
-            with contextlib.suppress(Exception):
-                for c in await docker.containers.list(
-                        all=True, filters={"label": [f"{LABEL_RUN}={self.id}"]}):
-                    if c.id not in self._created:
-                        self._created.append(c.id)
-                if self._network_id is None:
-                    nets = await docker.networks.list(
-                        filters={"label": [f"{LABEL_RUN}={self.id}"]})
-                    self._network_id = nets[0]["Id"] if nets else None
         if docker is not None:
-            for cid in list(self._created):
-                try:
-                    await docker.containers.container(cid).delete(force=True, v=True)
-                except Exception as exc:
-                    if status_of(exc) != 404:
-                        errors.append(f"container {cid[:12]}: {exc}")
-                self._created.remove(cid)
+            # A create cancelled in flight (Ctrl-C) still makes its container in the daemon,
+            # possibly after this sweep: then sweep again until a pass finds nothing new.
+            quiet, rounds = 0, _SETTLE_ROUNDS if self._creating else 1
+            for _ in range(rounds):
+                await self._sweep(docker)
+                quiet = 0 if self._created else quiet + 1
+                await self._delete_created(docker, errors)
+                if rounds == 1 or quiet >= _SETTLE_QUIET:
+                    break
+                await asyncio.sleep(_SETTLE_S)
+            self._creating = False
             if self._network_id is not None:
                 try:
                     await (await docker.networks.get(self._network_id)).delete()
@@ -262,6 +258,28 @@ class DockerRuntime(EngineRuntime):
         if errors:
             raise RuntimeFailure(f"docker runtime {self.id}: clean-up failed: {'; '.join(errors)}")
 
+    async def _sweep(self, docker: Any) -> None:
+        """Add what carries this run's label (nothing else does) to what `stop` removes."""
+        if self.attach:
+            return
+        with contextlib.suppress(Exception):
+            for c in await docker.containers.list(
+                    all=True, filters={"label": [f"{LABEL_RUN}={self.id}"]}):
+                if c.id not in self._created:
+                    self._created.append(c.id)
+            if self._network_id is None:
+                nets = await docker.networks.list(filters={"label": [f"{LABEL_RUN}={self.id}"]})
+                self._network_id = nets[0]["Id"] if nets else None
+
+    async def _delete_created(self, docker: Any, errors: list[str]) -> None:
+        for cid in list(self._created):
+            try:
+                await docker.containers.container(cid).delete(force=True, v=True)
+            except Exception as exc:
+                if status_of(exc) != 404:
+                    errors.append(f"container {cid[:12]}: {exc}")
+            self._created.remove(cid)
+
     # -- start mode ----------------------------------------------------------------------
     async def _create(self, docker: Any, nodes: Sequence[NodeLaunch]) -> None:
         try:
@@ -273,9 +291,11 @@ class DockerRuntime(EngineRuntime):
             raise
         labels = {LABEL_RUN: self.id}
         self._network_name = f"moemesh-{self.id}"
+        self._creating = True
         network = await docker.networks.create({
             "Name": self._network_name, "Driver": "bridge", "Internal": True,
             "CheckDuplicate": True, "Labels": labels})
+        self._creating = False
         self._network_id = network.id
         for launch in nodes:
             env = {**self.env, **launch.env, "MOEMESH_HOST": "0.0.0.0",
@@ -294,8 +314,10 @@ class DockerRuntime(EngineRuntime):
                 "NetworkingConfig": {"EndpointsConfig": {
                     self._network_name: {"Aliases": [launch.name]}}},
             }
+            self._creating = True  # until the id comes back (see stop)
             container = await docker.containers.create(
                 config, name=f"moemesh-{self.id}-{launch.name}")
+            self._creating = False
             self._created.append(container.id)
             self._nodes[launch.name] = _Node(launch, container.id, launch.port)
         for node in self._nodes.values():
