@@ -4,7 +4,7 @@
 inputs are widened and the answer narrowed back) and sums each row's outputs with their gate
 weights, experts ascending (`moe.combine_experts`' order), so a node's answer equals what `moe`
 computes locally. `modeled` never touches tensors: it answers zeros of the right shape and
-dtype, and the device worker charges the FLOPs time of the profile; this is how Mixtral-size
+dtype, and the device worker charges the roofline time of the profile; this is how Mixtral-size
 meshes run here. Rows of every group handed over together that need the same (layer, expert,
 variant) are computed in one call (the batching a real server does).
 """

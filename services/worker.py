@@ -7,7 +7,12 @@ step of a real server does.
 A batch costs
 
     load    = bytes of CPU-tier experts not in the GPU cache / h2d bandwidth       (x TDF)
-    compute = FLOPs / GPU throughput x TDF x slow-fault factor
+    compute = Σ over its distinct (layer, expert, variant) of
+              max(FLOPs of its rows / GPU throughput, weight bytes / memory bandwidth)
+              x TDF x slow-fault factor
+
+(the roofline: an expert's weights are read once per batch however many rows it runs, so a
+batch of a few rows costs what its weights take to stream; services.device).
 
 on the emulated timeline: a job arrives at its emulated `arrival` (when its link delivered it,
 docs/measurement.md), a batch starts when the emulated device is free and its jobs have
@@ -106,6 +111,19 @@ class Device:
     def _flops(self, groups: Sequence[Group]) -> float:
         return sum(self.compute.flops(g.entries) for g in groups)
 
+    def _device_s(self, groups: Sequence[Group]) -> float:
+        """The batch's emulated compute before dilation and faults: per distinct (layer,
+        expert, variant) the roofline of its rows' FLOPs and one read of its weights."""
+        rows: dict[tuple[int, int, str], int] = {}
+        for g in groups:
+            for row in g.work:
+                for w in row:
+                    key = (g.layer, w.expert, w.variant)
+                    rows[key] = rows.get(key, 0) + 1
+        prof, shape = self.profile, self.tiers.shape
+        return sum(prof.expert_s(self.compute.flops(n), shape.expert_bytes(key[2]))
+                   for key, n in rows.items())
+
     def _check(self, groups: Sequence[Group]) -> None:
         """NotPlaced unless every expert the groups need is here."""
         for g in groups:
@@ -114,7 +132,7 @@ class Device:
 
     def _estimate_s(self, groups: Sequence[Group]) -> float:
         tdf, prof = self.time_dilation, self.profile
-        compute = prof.compute_s(self._flops(groups)) * tdf
+        compute = self._device_s(groups) * tdf
         load = 0
         for key in {k for g in groups for k in g.experts()}:
             if not self.tiers.is_resident(key):
@@ -151,7 +169,7 @@ class Device:
         if self._off_loop(flops):
             return await self.submit(groups, arrival, parts)
         arrived = now() if arrival is None else arrival
-        start, load_s, compute_s, end = self._begin(list(groups), arrived, flops)
+        start, load_s, compute_s, end = self._begin(list(groups), arrived)
         self.in_service = 1  # what arrives meanwhile queues and is batched by the worker
         try:
             ys, late = await self._compute_until(groups, [parts] * len(groups), flops, end)
@@ -231,7 +249,7 @@ class Device:
         parts = [job.parts for job in ready for _ in job.groups]
         flops = self._flops(groups)
         start, load_s, compute_s, end = self._begin(
-            groups, max(job.enqueued for job in ready), flops)
+            groups, max(job.enqueued for job in ready))
         ys, late = await self._compute_until(groups, parts, flops, end)
         self._finish(ready, ys, start, load_s, compute_s, end, late)
 
@@ -254,8 +272,7 @@ class Device:
         self.late_total_s += late
         return ys, late
 
-    def _begin(self, groups: list[Group], arrived: float, flops: float
-               ) -> tuple[float, float, float, float]:
+    def _begin(self, groups: list[Group], arrived: float) -> tuple[float, float, float, float]:
         """Take a batch on the emulated timeline: it starts once the device is free and its
         last job has arrived; its CPU-tier experts are loaded into the GPU cache. Returns
         (start, load_s, compute_s, end)."""
@@ -270,7 +287,7 @@ class Device:
         if tiers.misses != misses:
             self.metrics.cache_misses.inc(tiers.misses - misses)
         load_s = prof.load_s(load_bytes) * tdf
-        compute_s = prof.compute_s(flops) * tdf * self.faults.slow
+        compute_s = self._device_s(groups) * tdf * self.faults.slow
         end = start + load_s + compute_s
         self._free_at = end
         return start, load_s, compute_s, end
