@@ -41,13 +41,13 @@ from services.errors import NodeError, ServiceError
 from .dispatch import Dispatcher
 from .engine import Engine, Routing
 from .errors import BadRouterInput
-from .mesh import DEFAULT_CAPACITY, Mesh, NodeInfo
+from .mesh import Mesh, NodeInfo, node_prior
 from .policies import make_policy
 from .probe import probe_peer
 from .quality import QualityTable
 from .settings import Settings
 from .transport import MeshTransport
-from .types import ModelShape, NodeEstimate, Placement, Replica
+from .types import ModelShape, Placement, Replica
 
 __all__ = ["ROUTER_KEY", "RouterService", "attach", "load_quality", "setup_routes"]
 
@@ -110,8 +110,7 @@ class RouterService:
         tdf = self.node.settings.time_dilation
         placed = tuple(self.node.tiers.placement())
         reps = [Replica(p.layer, p.expert, self.home, p.variant, p.tier) for p in placed]
-        prior = NodeEstimate(prof.gpu_tflops * 1e12 / tdf, prof.h2d_gbps * 1e9 / tdf,
-                             capacity=DEFAULT_CAPACITY)
+        prior = node_prior(prof, tdf)
         return Mesh(self.home, {self.home: NodeInfo(self.home, self.node.url, prior)}, {},
                     Placement.of(reps), tdf, self.base_settings.dilated(tdf))
 

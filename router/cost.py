@@ -9,7 +9,9 @@ item (a replica and the rows it serves) to a node. Per chosen node n:
                                                   there: one activation in, one combined answer)
     tx(i→j, B) = delay_ij + B / bw_ij            (zero when i = j)
     load_n     = bytes of CPU-tier replicas not resident on n / host-to-device bandwidth
-    compute_n  = FLOPs / throughput of n
+    compute_n  = Σ over the distinct replicas on n of
+                 max(their rows' FLOPs / throughput of n, weight bytes / memory bandwidth of n)
+                 (the roofline: a batch reads an expert's weights once, whatever its rows)
 
 and the layer latency is L = max_n T_n (scatter, parallel execution, gather: the group is as
 slow as its slowest branch). Each term is multiplied by its learned scale (`Scales`). Quality is
@@ -32,6 +34,7 @@ __all__ = [
     "Estimates",
     "LayerCost",
     "branch_cost",
+    "expert_call_s",
     "layer_cost",
     "objective",
     "plan_quality",
@@ -123,17 +126,17 @@ def branch_cost(
     s = est.scales
     n = est.node(node)
     most = 0
-    flops = 0.0
     load_bytes = 0
-    loaded: set[tuple[int, int, str]] = set()
+    rows_of: dict[tuple[int, int, str], int] = {}  # one weight read per replica of a batch
     for replica, r in items:
         if replica.node != node:
             raise BadRouterInput(f"replica {replica} is not on node {node!r}")
         most = max(most, r)
-        flops += r * shape.expert_flops
-        if replica.tier == "cpu" and replica.key not in n.resident and replica.key not in loaded:
-            loaded.add(replica.key)  # one copy serves every row of a batch
-            load_bytes += shape.expert_bytes[replica.variant]
+        key = replica.key
+        if replica.tier == "cpu" and key not in n.resident and key not in rows_of:
+            load_bytes += shape.expert_bytes[replica.variant]  # one copy serves every row
+        rows_of[key] = rows_of.get(key, 0) + r
+    compute_s = sum(expert_call_s(n, shape, key[2], r) for key, r in rows_of.items())
     bytes_in = bytes_out = (most if rows is None else rows) * shape.row_bytes
     local_in, local_out = node == src, node == gather
     tx_in = 0.0 if local_in else s.tx * est.link(src, node).tx_ms(bytes_in)
@@ -143,11 +146,20 @@ def branch_cost(
         tx_in_ms=tx_in,
         wait_ms=s.wait * n.wait_ms,
         load_ms=s.load * 1e3 * load_bytes / n.h2d_bytes_per_s,
-        compute_ms=s.compute * 1e3 * flops / n.flops_per_s,
+        compute_ms=s.compute * 1e3 * compute_s,
         tx_out_ms=tx_out,
         bytes_in=0 if local_in else bytes_in,
         bytes_out=0 if local_out else bytes_out,
     )
+
+
+def expert_call_s(n: NodeEstimate, shape: ModelShape, variant: str, rows: int) -> float:
+    """One expert of `variant` on `rows` rows at node n: the roofline max(FLOPs / throughput,
+    one read of its weights / memory bandwidth), unscaled seconds (`services.device`)."""
+    compute = rows * shape.expert_flops / n.flops_per_s
+    if n.mem_bytes_per_s is None:
+        return compute
+    return max(compute, shape.expert_bytes[variant] / n.mem_bytes_per_s)
 
 
 def layer_cost(

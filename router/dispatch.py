@@ -259,14 +259,16 @@ class Dispatcher:
         replica usable now goes to `stuck` (its slots, when one may be, the planner's error).
 
         Rows are planned one after another against the same view; each row's work (its one
-        transfer to a node, its experts' compute there, a CPU-tier expert's first load) is
-        summed per node and handed to the next row's plan (`PlanRequest.batch`), so a later
-        row sees the batch the earlier ones already make there: a branch's cost is that of the
-        whole batched request, as the node will serve it."""
+        transfer to a node, its experts' compute there with a replica's weights read once, a
+        CPU-tier expert's first load) is summed per node and handed to the next row's plan
+        (`PlanRequest.batch`), so a later row sees the batch the earlier ones already make
+        there: a branch's cost is that of the whole batched request, as the node will serve
+        it."""
         batches: dict[str, _Batch] = {}
         view = self.view
         batch_ms = [0.0] * len(view.names)
         loaded: set[tuple[str, tuple[int, int, str]]] = set()
+        calls: dict[tuple[str, tuple[int, int, str]], int] = {}  # rows per replica so far
         for row, slots in pending.items():
             tok = tokens[row]
             req = PlanRequest(
@@ -294,8 +296,10 @@ class Dispatcher:
                 loads = cpu_loaded and (r.node, r.key) not in loaded
                 if loads:
                     loaded.add((r.node, r.key))
+                before = calls.get((r.node, r.key), 0)
+                calls[(r.node, r.key)] = before + 1
                 batch_ms[view.index[r.node]] += view.item_ms(r, joins=row not in batch.rows,
-                                                             loads=loads)
+                                                             loads=loads, before=before)
                 batch.rows.setdefault(row, []).append(
                     _Member(row, slots[c.slot], c, cpu_loaded))
         return batches

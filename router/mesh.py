@@ -11,8 +11,8 @@ node's own `PUT /v1/links` and `PUT /v1/placement` only tell it about itself):
      "settings": {...router settings overrides...}}
 
 Links not listed are unshaped (loopback). Profiles are `services.device` profiles; the
-router turns them into priors (FLOP/s and host-to-device bytes/s, in real time under time
-dilation, since the nodes stretch what they emulate).
+router turns them into priors (`node_prior`: FLOP/s, device memory and host-to-device bytes/s,
+in real time under time dilation, since the nodes stretch what they emulate).
 """
 
 from __future__ import annotations
@@ -28,9 +28,23 @@ from .estimators import UNSHAPED
 from .settings import Settings
 from .types import LinkEstimate, NodeEstimate, Placement
 
-__all__ = ["DEFAULT_CAPACITY", "Mesh", "NodeInfo"]
+__all__ = ["DEFAULT_CAPACITY", "Mesh", "NodeInfo", "node_prior"]
 
 DEFAULT_CAPACITY = 32  # requests waiting at a node before HetRoute calls it unstable
+
+
+def node_prior(profile: Any, time_dilation: float = 1.0,
+               capacity: float = DEFAULT_CAPACITY) -> NodeEstimate:
+    """What the router believes of a node before any answer, from its `services.device`
+    profile: every rate divided by the time dilation (the node stretches what it emulates).
+    A profile without `mem_gbps` gives no memory term (FLOPs only, as the node charges)."""
+    mem = profile.mem_gbps
+    return NodeEstimate(
+        flops_per_s=profile.gpu_tflops * 1e12 / time_dilation,
+        h2d_bytes_per_s=profile.h2d_gbps * 1e9 / time_dilation,
+        capacity=capacity,
+        mem_bytes_per_s=None if mem is None else mem * 1e9 / time_dilation,
+    )
 
 
 @dataclass(frozen=True)
@@ -98,15 +112,8 @@ class Mesh:
             except ValueError as exc:
                 raise BadRouterInput(f"mesh.nodes.{name}.profile: {exc}") from None
             capacity = info.get("capacity", DEFAULT_CAPACITY)
-            nodes[name] = NodeInfo(
-                name,
-                info["url"].rstrip("/"),
-                NodeEstimate(
-                    flops_per_s=profile.gpu_tflops * 1e12 / tdf,
-                    h2d_bytes_per_s=profile.h2d_gbps * 1e9 / tdf,
-                    capacity=capacity,
-                ),
-            )
+            nodes[name] = NodeInfo(name, info["url"].rstrip("/"),
+                                   node_prior(profile, tdf, capacity))
         links = {}
         raw_links = data.get("links", {})
         if not isinstance(raw_links, Mapping):

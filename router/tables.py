@@ -8,16 +8,20 @@ candidate's cost for one token is a handful of float operations:
     fixed[n]       = scale_tx·(delay(src→n) + delay(n→gather)) + scale_wait·wait_n   (0 tx if local)
     xfer[n]        = scale_tx·row_bytes·(1/bw(src→n) + 1/bw(n→gather))              (0 if local)
     per_row[n]     = scale_compute·flops/thr_n
+    read(c)        = scale_compute·expert_bytes(v)/mem_n        (0 without a memory bandwidth)
     load(c)        = scale_load·expert_bytes(v)/h2d_n   if c is CPU-tier and not resident on n
-    T_n(A)         = fixed[n] + rows·xfer[n] + Σ_{items of A on n} (rows·per_row[n] + load(item))
+    T_n(A)         = fixed[n] + rows·xfer[n]
+                     + Σ_{items of A on n} (max(rows·per_row[n], read(item)) + load(item))
 
-which is `router.cost.branch_cost` term by term (tests check that they agree). A token's rows
+which is `router.cost.branch_cost` term by term (tests check that they agree): an item's
+compute is the roofline of its rows' FLOPs and one read of its weights. A token's rows
 cross a link once per node, whatever number of its experts run there (wire version 2: one
 activation in, one combined answer back), so `xfer` belongs to the node's branch, not to each
 item: `base(rows)` is what a used node costs before its items, and is what the searches take
-as `fixed`. The one difference: the reference counts one load per distinct replica of a batch,
-this form one per item; within one token two items share a replica only when two slots pick
-the same substitute.
+as `fixed`. The one difference: the reference counts one load and one weight read per distinct
+replica of a batch, this form one per item; within one token two items share a replica only
+when two slots pick the same substitute (the dispatcher's sum over a batch's rows, `item_ms`,
+counts them per replica).
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class PlanView:
         self.xfer: list[float] = [0.0] * count  # one row's activation there and answer back
         self.per_row: list[float] = [0.0] * count  # one row of one item's compute
         self.load_per_byte: list[float] = [0.0] * count
+        self.read_per_byte: list[float] = [0.0] * count  # one call's weight read (roofline)
         self.delay: list[float] = [0.0] * count  # round-trip propagation, for "nearest"
         self.up: list[bool] = [True] * count
         self.stable: list[bool] = [True] * count
@@ -155,6 +160,8 @@ class PlanView:
             self.xfer[i] = xfer
             self.per_row[i] = per_row
             self.load_per_byte[i] = s.load * 1e3 / n.h2d_bytes_per_s
+            mem = n.mem_bytes_per_s
+            self.read_per_byte[i] = 0.0 if mem is None else s.compute * 1e3 / mem
             self.delay[i] = delay
             self.stable[i] = n.stable
             self.resident[i] = n.resident
@@ -177,14 +184,25 @@ class PlanView:
         return [f + b + rows * x
                 for f, b, x in zip(self.fixed, batch, self.xfer, strict=True)]
 
-    def item_ms(self, replica: Replica, *, joins: bool, loads: bool) -> float:
+    def compute_ms(self, node: int, variant: str, rows: int) -> float:
+        """One call of an expert of `variant` on `rows` rows at `node`: the roofline of the
+        rows' FLOPs and one read of its weights (scale applied)."""
+        return max(rows * self.per_row[node],
+                   self.shape.expert_bytes[variant] * self.read_per_byte[node])
+
+    def item_ms(self, replica: Replica, *, joins: bool, loads: bool, before: int = 0) -> float:
         """What one planned row-item adds to its node's batched request: the row's transfer
-        there and back when it `joins` the request (its first item there), one row's compute,
-        and the load of a CPU-tier expert when this item `loads` it (the batch's first)."""
+        there and back when it `joins` the request (its first item there), what one more row
+        adds to the call of its replica that `before` rows of the batch already make (the
+        first pays the weight read), and the load of a CPU-tier expert when this item `loads`
+        it (the batch's first)."""
         i = self.index[replica.node]
-        ms = self.per_row[i] + (self.xfer[i] if joins else 0.0)
+        v = replica.variant
+        ms = self.compute_ms(i, v, before + 1) + (self.xfer[i] if joins else 0.0)
+        if before:
+            ms -= self.compute_ms(i, v, before)
         if loads:
-            ms += self.shape.expert_bytes[replica.variant] * self.load_per_byte[i]
+            ms += self.shape.expert_bytes[v] * self.load_per_byte[i]
         return ms
 
     def traffic(self, rows: int = 1, weight: float = 1.0) -> list[float] | None:
@@ -195,9 +213,9 @@ class PlanView:
         return [weight * rows * x for x in self.xfer]
 
     def var_ms(self, c: Candidate, rows: int = 1) -> float:
-        """What one item adds to its node's branch: the rows' compute, and a load."""
+        """What one item adds to its node's branch: the rows' compute (roofline), and a load."""
         n = c.node
-        v = rows * self.per_row[n]
+        v = self.compute_ms(n, c.replica.variant, rows)
         if c.load_bytes and c.replica.key not in self.resident[n]:
             v += c.load_bytes * self.load_per_byte[n]
         return v

@@ -206,9 +206,11 @@ class NodeEstimate:
     """What the router believes about one node now (priors corrected online).
 
     flops_per_s: expert throughput; h2d_bytes_per_s: host-to-device copy bandwidth (the load
-    term); wait_ms: queue wait a request would meet now; queue: requests waiting there (the
-    stability filter compares it with `capacity`); resident: (layer, expert, variant) held on
-    the device, so a CPU-tier replica among them costs no load.
+    term); mem_bytes_per_s: device memory bandwidth, so an expert call costs at least one read
+    of its weights (the roofline; None: FLOPs only, as a profile without `mem_gbps`);
+    wait_ms: queue wait a request would meet now; queue: requests waiting there (the stability
+    filter compares it with `capacity`); resident: (layer, expert, variant) held on the device,
+    so a CPU-tier replica among them costs no load.
     """
 
     flops_per_s: float
@@ -217,10 +219,13 @@ class NodeEstimate:
     queue: float = 0.0
     capacity: float = 64.0
     resident: frozenset[tuple[int, int, str]] = frozenset()
+    mem_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         _positive("flops_per_s", self.flops_per_s)
         _positive("h2d_bytes_per_s", self.h2d_bytes_per_s)
+        if self.mem_bytes_per_s is not None:
+            _positive("mem_bytes_per_s", self.mem_bytes_per_s)
         _positive("wait_ms", self.wait_ms, zero_ok=True)
         _positive("queue", self.queue, zero_ok=True)
         _positive("capacity", self.capacity)

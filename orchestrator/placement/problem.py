@@ -29,9 +29,10 @@ import numpy as np
 from moe import profiles as model_profiles
 from moe.vocab import FULL_PRECISION, VARIANTS
 from router.cost import Estimates
+from router.mesh import node_prior
 from router.quality import QualityTable
 from router.settings import Settings
-from router.types import LinkEstimate, ModelShape, NodeEstimate
+from router.types import LinkEstimate, ModelShape
 
 __all__ = [
     "CALIBRATION_TOKEN_LAYERS",
@@ -238,10 +239,10 @@ def _stats_for(choice: Any) -> Any | None:
 
 
 def estimates_from_topology(topology: Any) -> Estimates:
-    """The router's priors from the topology, in scenario time: device throughput and
-    host-to-device bandwidth, one-way link delay and rate, empty queues."""
-    nodes = {n.name: NodeEstimate(n.device.gpu_tflops * 1e12, n.device.h2d_gbps * 1e9)
-             for n in topology.nodes}
+    """The router's priors from the topology, in scenario time: device throughput, memory and
+    host-to-device bandwidth (`router.mesh.node_prior`, as the router builds them), one-way link
+    delay and rate, empty queues."""
+    nodes = {n.name: node_prior(n.device) for n in topology.nodes}
     links = {(lk.src, lk.dst): LinkEstimate.from_spec(lk.spec) for lk in topology.links}
     return Estimates(nodes, links)
 
