@@ -11,6 +11,9 @@ smaller tiny-moe's unit of work is, so that what matters keeps its proportions:
 * GPU and CPU memory / 19,116 (the model-size ratio: 256 experts of 352 MB against 64 of
   73.7 kB) → each GPU holds the same share of the model's experts as in the paper;
 * host-to-device bandwidth / 4,780 → the same load time per expert;
+* device memory bandwidth / 4,780 (the expert-bytes ratio) → the same weight read per expert
+  call, so a call is memory-bound at the same row counts as in the paper (FLOPs and bytes
+  shrink by the same ratio: one expert's arithmetic intensity is unchanged);
 * link rate / 16 (the activation ratio, 8 kB f16 / 512 B f32) → the same serialisation time
   per token; delays unchanged.
 
@@ -36,8 +39,10 @@ ACTIVATION_RATIO = (4096 * 2) / (128 * 4)  # bytes per token on the wire: 16
 
 def _device(d: DeviceProfile) -> DeviceProfile:
     r, m = EXPERT_RATIO, MODEL_RATIO
+    mem = None if d.mem_gbps is None else round(d.mem_gbps / r, 7)
     return replace(d, gpu_tflops=round(d.gpu_tflops / r, 6), gpu_mem_gb=round(d.gpu_mem_gb / m, 8),
-                   cpu_mem_gb=round(d.cpu_mem_gb / m, 7), h2d_gbps=round(d.h2d_gbps / r, 7))
+                   cpu_mem_gb=round(d.cpu_mem_gb / m, 7), h2d_gbps=round(d.h2d_gbps / r, 7),
+                   mem_gbps=mem)
 
 
 def tiny_scaled(topology: Topology, name: str | None = None) -> Topology:

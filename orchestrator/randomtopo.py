@@ -7,6 +7,9 @@ What is drawn, per node: GPU throughput uniform in 18–120 TFLOPS; GPU memory f
 cards ship with between 12 and 48 GB; CPU memory from the usual server sizes between 96 and
 512 GB; host-to-device bandwidth uniform in 12–64 GB/s; a share of users from a Zipf law
 (exponent 1) over a random ranking of the nodes (users attach non-uniformly, as in the paper).
+The paper gives no device memory bandwidth: it follows from the throughput at
+`services.device.PAPER_FLOP_PER_BYTE` (derived, not drawn, so the random stream and every other
+figure of a seed stay what they were).
 
 Links: nodes get random positions in a unit square; the ONE-WAY delay of a pair grows with
 their distance, 0.3 ms at distance 0 up to 22 ms across the diagonal, so delays roughly keep
@@ -24,7 +27,7 @@ from moe.vocab import is_number
 from netem.spec import LinkSpec
 from orchestrator.topology import CUSTOM_DEVICE, Node, Topology, topology_to_data
 from orchestrator.yamlio import dump_yaml
-from services.device import DeviceProfile
+from services.device import PAPER_FLOP_PER_BYTE, DeviceProfile, paper_mem_gbps
 
 __all__ = ["RANGES", "random_topology", "random_topology_yaml"]
 
@@ -43,12 +46,14 @@ ZIPF_EXPONENT = 1.0
 
 
 def _node(rng: random.Random, name: str) -> Node:
+    tflops = round(rng.uniform(*RANGES["gpu_tflops"]), 1)
     device = DeviceProfile(
         CUSTOM_DEVICE,
-        gpu_tflops=round(rng.uniform(*RANGES["gpu_tflops"]), 1),
+        gpu_tflops=tflops,
         gpu_mem_gb=float(rng.choice(GPU_MEM_GB)),
         cpu_mem_gb=float(rng.choice(CPU_MEM_GB)),
         h2d_gbps=round(rng.uniform(*RANGES["h2d_gbps"]), 1),
+        mem_gbps=paper_mem_gbps(tflops),
     )
     return Node(name, device)
 
@@ -86,6 +91,7 @@ def random_topology_yaml(nodes: int = 10, seed: int = 0) -> str:
         f"Random heterogeneous topology: moemesh topology random --nodes {nodes} --seed {seed}\n"
         "Ranges of the HetRoute set-up (docs/papers.md): GPU 18-120 TFLOPS, GPU memory 12-48 GB,\n"
         "CPU memory 96-512 GB, host-to-device 12-64 GB/s; links 0.8-10 Gbit/s, 0.3-22 ms.\n"
+        f"Device memory bandwidth: {PAPER_FLOP_PER_BYTE:g} FLOP per byte of the throughput.\n"
         "Every link value is ONE-WAY; `between` gives both directions the same spec,\n"
         "so RTT(A, B) = 2 x delay_ms. users: relative share of users homed at the node."
     )

@@ -21,7 +21,9 @@ A link entry starts from its `class` (netem.classes), or else from `defaults` (a
 from the `between` entry of its pair, if any), and its own fields override. A one-way entry wins
 over a `between` entry for its direction. `users` are relative
 weights of the users whose home is that node (normalised by `user_shares`); give them on every
-node or on none (then users are spread evenly).
+node or on none (then users are spread evenly). A node given by numbers may add `mem_gbps`, its
+device memory bandwidth (an expert call costs at least one read of its weights; absent: FLOPs
+only, services.device).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from netem.spec import JSON_FIELDS as LINK_FIELDS
 from netem.spec import LinkSpec
 from orchestrator.units import parse_size_gb
 from orchestrator.yamlio import InputError, Loc, Section, describe, load_yaml
-from services.device import DeviceProfile, builtin_profiles
+from services.device import OPTIONAL_FIELDS, DeviceProfile, builtin_profiles
 
 __all__ = [
     "Link",
@@ -56,6 +58,7 @@ __all__ = [
 
 NODE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 DEVICE_FIELDS = tuple(f.name for f in fields(DeviceProfile) if f.name != "name")
+REQUIRED_DEVICE_FIELDS = tuple(k for k in DEVICE_FIELDS if k not in OPTIONAL_FIELDS)
 CUSTOM_DEVICE = "custom"  # the device name of a node given by numbers, not a ready profile
 
 
@@ -238,7 +241,7 @@ def _read_device(sec: Section) -> DeviceProfile:
     base = sec.value("profile", profile, None)
     values = {k: sec.value(k, _device_number(k)) for k in DEVICE_FIELDS if k in sec}
     if base is None:
-        missing = [k for k in DEVICE_FIELDS if k not in values]
+        missing = [k for k in REQUIRED_DEVICE_FIELDS if k not in values]
         if missing:
             raise sec.loc.error(f"needs `profile` or all device numbers; missing "
                                 f"{', '.join(missing)}")
@@ -259,7 +262,7 @@ def _device_data(device: DeviceProfile) -> dict[str, Any]:
     """`profile: NAME` for an unchanged ready profile, else the numbers."""
     if builtin_profiles().get(device.name) == device:
         return {"profile": device.name}
-    return {k: getattr(device, k) for k in DEVICE_FIELDS}
+    return {k: getattr(device, k) for k in DEVICE_FIELDS if getattr(device, k) is not None}
 
 
 def _read_node(data: Any, loc: Loc) -> tuple[Node, bool]:
