@@ -10,6 +10,7 @@ import pytest
 
 from experiments.scaling import EXPERT_RATIO, MODEL_RATIO, tiny_scaled
 from experiments.sweep import apply_knob, grow_topology, sweep_rows, write_sweep
+from moe import profiles
 from orchestrator.faults import Fault
 from orchestrator.randomtopo import random_topology
 from orchestrator.topology import load_topology
@@ -102,4 +103,9 @@ def test_shipped_paper_topologies_are_what_the_generators_make() -> None:
     a, b = paper.nodes[0].device, tiny.nodes[0].device
     assert a.gpu_tflops / b.gpu_tflops == pytest.approx(EXPERT_RATIO, rel=1e-3)
     assert a.gpu_mem_gb / b.gpu_mem_gb == pytest.approx(MODEL_RATIO, rel=1e-3)
+    # a tiny-moe expert's weight read takes what a Mixtral expert's takes on the paper's server
+    mixtral, tiny_moe = profiles.get("mixtral-8x7b"), profiles.get("tiny-moe")
+    assert a.mem_gbps is not None and b.mem_gbps is not None
+    assert tiny_moe.expert_bytes("fp16") / b.mem_gbps == pytest.approx(
+        mixtral.expert_bytes("fp16") / a.mem_gbps, rel=1e-3)
     assert math.isclose(paper.link("edge1", "edge2").delay_ms, tiny.link("edge1", "edge2").delay_ms)

@@ -22,7 +22,7 @@ from orchestrator.topology import (
     topology_to_data,
 )
 from orchestrator.yamlio import InputError, Loc, dump_yaml, load_yaml_text
-from services.device import DeviceProfile, builtin_profiles
+from services.device import DeviceProfile, builtin_profiles, paper_mem_gbps
 from tests.helpers import ROOT, moemesh
 
 EDGE5 = ROOT / "experiments" / "scenarios" / "topologies" / "edge5.yaml"
@@ -92,6 +92,23 @@ def test_profile_with_numbers_replaced_is_custom(tmp_path: Path) -> None:
     assert b.cpu_mem_gb == 500.0
 
 
+def test_memory_bandwidth_is_an_optional_device_number(tmp_path: Path) -> None:
+    topo = load_text(tmp_path, """\
+        nodes:
+          - {name: a, gpu_tflops: 30, gpu_mem_gb: 16, cpu_mem_gb: 64, h2d_gbps: 20}
+          - {name: b, gpu_tflops: 30, gpu_mem_gb: 16, cpu_mem_gb: 64, h2d_gbps: 20, mem_gbps: 300}
+          - {name: c, profile: hetroute-s}
+          - {name: d, profile: hetroute-s, mem_gbps: 90}
+        defaults: {delay_ms: 1}
+    """, head="")
+    a, b, c, d = (topo.node(n).device for n in "abcd")
+    assert a.mem_gbps is None and b.mem_gbps == 300.0  # absent: FLOPs only
+    assert c.mem_gbps == builtin_profiles()["hetroute-s"].mem_gbps and d.mem_gbps == 90.0
+    data = topology_to_data(topo)["nodes"]
+    assert "mem_gbps" not in data[0] and data[1]["mem_gbps"] == 300.0
+    assert roundtrip(topo) == topo
+
+
 BAD = [
     # the issue's own example: the fourth link's rate
     (HEAD + """\
@@ -142,6 +159,11 @@ links:
      + ", ".join(builtin_profiles()) + ")"),
     ("nodes:\n  - name: a\n    profile: hetroute-s\n    gpu_tflops: -3\n",
      "4: nodes[0].gpu_tflops: must be > 0 and finite, got -3"),
+    ("nodes:\n  - name: a\n    profile: hetroute-s\n    mem_gbps: -3\n",
+     "4: nodes[0].mem_gbps: must be > 0 and finite, got -3"),
+    ("nodes:\n  - {name: a, gpu_tflops: 3, gpu_mem_gb: 1, cpu_mem_gb: 1, h2d_gbps: 1,\n"
+     "     mem_gbps: fast}\n",
+     "3: nodes[0].mem_gbps: must be a number, got 'fast'"),  # the line of the field
     ("nodes:\n  - {name: a, gpu_tflops: 3}\n",
      "2: nodes[0]: needs `profile` or all device numbers; missing gpu_mem_gb, cpu_mem_gb, "
      "h2d_gbps"),
@@ -260,6 +282,7 @@ def test_random_topology_stays_in_the_papers_ranges(nodes: int, seed: int) -> No
         assert RANGES["gpu_mem_gb"][0] <= d.gpu_mem_gb <= RANGES["gpu_mem_gb"][1]
         assert RANGES["cpu_mem_gb"][0] <= d.cpu_mem_gb <= RANGES["cpu_mem_gb"][1]
         assert RANGES["h2d_gbps"][0] <= d.h2d_gbps <= RANGES["h2d_gbps"][1]
+        assert d.mem_gbps == paper_mem_gbps(d.gpu_tflops)  # derived: 100 FLOP per byte
         assert node.users > 0
     for link in topo.links:
         assert RANGES["delay_ms"][0] <= link.spec.delay_ms <= RANGES["delay_ms"][1]

@@ -23,10 +23,11 @@ DEV = DeviceProfile("dev", gpu_tflops=0.001, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d
 @contextlib.asynccontextmanager
 async def modeled_nodes(profile: ModelProfile, placement: Mapping[str, list[dict]],
                         links: Mapping[tuple[str, str], Mapping[str, Any]], home: str = "h",
-                        device: DeviceProfile = DEV
+                        device: DeviceProfile = DEV, tell_profile: bool = False
                         ) -> AsyncIterator[tuple[dict[str, str], aiohttp.ClientSession]]:
     """Nodes named by `placement`, each shaping its one-way `links` (a, b) → spec with the app
-    shaper; the home's router knows the mesh. Yields the URLs and a client session."""
+    shaper; the home's router knows the mesh (and, with `tell_profile`, the nodes' device;
+    else its priors are the default profile's). Yields the URLs and a client session."""
     async with AsyncExitStack() as stack:
         nodes = {}
         for name in placement:
@@ -43,7 +44,9 @@ async def modeled_nodes(profile: ModelProfile, placement: Mapping[str, list[dict
         mesh_links: dict[str, dict] = {}
         for (a, b), spec in links.items():
             mesh_links.setdefault(a, {})[b] = dict(spec)
-        router.configure(Mesh.from_json({"nodes": {n: {"url": u} for n, u in urls.items()},
+        told = {"profile": {k: v for k, v in device.to_json().items() if k != "name"}}
+        router.configure(Mesh.from_json({"nodes": {n: {"url": u, **(told if tell_profile else {})}
+                                                   for n, u in urls.items()},
                                          "links": mesh_links, "placement": dict(placement),
                                          "settings": {}}, home))
         yield urls, await stack.enter_async_context(aiohttp.ClientSession())

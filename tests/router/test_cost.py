@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -114,9 +115,14 @@ def test_plan_view_coefficients_match_by_hand() -> None:
     assert cpu.kind == "quantized" and cpu.penalty == pytest.approx(0.001)
 
 
+@pytest.mark.parametrize("balance", [None, 100.0, 0.01])  # FLOP per byte; None: FLOPs only
 @pytest.mark.parametrize("seed", range(20))
-def test_compiled_form_agrees_with_reference(seed: int) -> None:
+def test_compiled_form_agrees_with_reference(seed: int, balance: float | None) -> None:
     mesh = random_mesh(seed, nodes=6, layers=2, experts=8, replicas=3)
+    if balance is not None:  # the roofline: memory-bound (100) or FLOPs-bound (0.01)
+        nodes = {n: replace(e, mem_bytes_per_s=e.flops_per_s / balance)
+                 for n, e in mesh.estimates.nodes.items()}
+        mesh = replace(mesh, estimates=Estimates(nodes, mesh.estimates.links))
     view = mesh.view()
     rng = random.Random(seed)
     for _ in range(10):
