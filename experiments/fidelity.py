@@ -109,15 +109,17 @@ def _fit(samples: Sequence[Mapping[str, Any]], tdf: float, clock: str = "rtt_ms"
 
 
 async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
-                     clock: str = "rtt_ms") -> dict[str, dict[str, Any]]:
-    """Probe every pair (from its first node); "a-b" → the fit, or {"error": why}."""
+                     clock: str = "rtt_ms", parallel: int = PARALLEL
+                     ) -> dict[str, dict[str, Any]]:
+    """Probe every pair (from its first node), `parallel` pairs at once; "a-b" → the fit, or
+    {"error": why}."""
     token = getattr(mesh, "token", None)
     urls = mesh.urls
     out: dict[str, dict[str, Any]] = {}
     if not token:
         return {f"{a}-{b}": {"error": "the mesh target gives no control token"}
                 for a, b in pairs_of(topology)}
-    limit = asyncio.Semaphore(PARALLEL)
+    limit = asyncio.Semaphore(parallel)
 
     async def one(session: aiohttp.ClientSession, a: str, b: str) -> None:
         conf = configured(topology, a, b)
@@ -144,12 +146,13 @@ async def probe_base(mesh: Any, topology: Topology, row_bytes: int
     """The real network under the emulated links: the same probe with every link at zero
     delay and unlimited rate (`zero_links`), timed on the wall clock (`wall_ms`: the app
     shaper's emulated timeline would show zero), in wall ms (no dilation), links restored
-    afterwards. How it combines with the emulated delay depends on the shaper (`combine`)."""
+    afterwards. How it combines with the emulated delay depends on the shaper (`combine`).
+    One pair at a time: pairs that cross one real wire (two hosts) would split its goodput."""
     from .target import zero_links
 
     await mesh.use_links(zero_links(topology))
     try:
-        return await probe_mesh(mesh, topology, 1.0, row_bytes, clock="wall_ms")
+        return await probe_mesh(mesh, topology, 1.0, row_bytes, clock="wall_ms", parallel=1)
     finally:
         await mesh.use_links(None)
 
