@@ -97,18 +97,21 @@ MINI = profiles.ModelProfile("mini", layers=3, experts=8, top_k=2, d_model=64, d
                              heads=4, kv_heads=4, head_dim=16, vocab_size=1000)
 
 
+# one row's FLOPs 0.2 ms, one fp16 weight read 2 ms
+MINI_ROOF = DeviceProfile("mini-roof", gpu_tflops=MINI.expert_flops_per_token() / 2e-4 / 1e12,
+                          gpu_mem_gb=1, cpu_mem_gb=1, h2d_gbps=1,
+                          mem_gbps=MINI.expert_bytes("fp16") / 2e-3 / 1e9)
+SPEC = {"delay_ms": 1.0, "rate_mbit": 1000.0}
+
+
 async def test_the_learned_compute_scale_stays_one_when_the_router_knows_the_roofline() -> None:
     """Modeled nodes on real sockets with a memory-bound device: the node measures weight
     reads (2 ms a call, above the estimators' 0.1 ms floor), the router predicted them, so
     the compute scale it learns from the answers is 1. A FLOPs-only prior (0.2 ms) would
     learn the clamp, 4."""
-    dev = DeviceProfile("mini-roof", gpu_tflops=MINI.expert_flops_per_token() / 2e-4 / 1e12,
-                        gpu_mem_gb=1, cpu_mem_gb=1, h2d_gbps=1,
-                        mem_gbps=MINI.expert_bytes("fp16") / 2e-3 / 1e9)
     placement = {"h": experts(3, range(4)), "a": experts(3, range(8))}
-    spec = {"delay_ms": 1.0, "rate_mbit": 1000.0}
-    async with modeled_nodes(MINI, placement, {("h", "a"): spec, ("a", "h"): spec},
-                             device=dev, tell_profile=True) as (urls, session):
+    async with modeled_nodes(MINI, placement, {("h", "a"): SPEC, ("a", "h"): SPEC},
+                             device=MINI_ROOF, tell_profile=True) as (urls, session):
         body = {"tokens": [1, 2, 3, 4], "max_tokens": 6, "policy": "hetroute", "seed": 3}
         async with session.post(urls["h"] + "/v1/generate", json=body) as resp:
             out = await resp.json()
@@ -119,3 +122,21 @@ async def test_the_learned_compute_scale_stays_one_when_the_router_knows_the_roo
     computed = [layer["compute_ms"] for r in out["records"] for layer in r["layers"]]
     assert min(computed) >= 2.0 - 1e-9  # every layer ran at least one weight read
     assert status["scales"]["compute"] == pytest.approx(1.0, rel=1e-6)
+
+
+async def test_a_prefill_batch_is_planned_with_each_replica_read_once() -> None:
+    """16 prompt rows, every expert on one remote node: the node reads each expert once for
+    the batch. The last row's plan sees the batch the 15 before it make there (their reads
+    counted once per replica) plus its own two experts priced as if alone (the searches'
+    documented over-count: two reads); counting a read per row would add ~26 reads."""
+    placement = {"h": [], "a": experts(3, range(8))}
+    async with modeled_nodes(MINI, placement, {("h", "a"): SPEC, ("a", "h"): SPEC},
+                             device=MINI_ROOF, tell_profile=True) as (urls, session):
+        body = {"tokens": list(range(1, 17)), "max_tokens": 1, "policy": "greedy", "seed": 3}
+        async with session.post(urls["h"] + "/v1/generate", json=body) as resp:
+            out = await resp.json()
+            assert resp.status == 200, out
+    (record,) = out["records"]
+    for layer in record["layers"]:
+        assert layer["nodes"] == ["a"]
+        assert layer["predicted_ms"] == pytest.approx(layer["emulated_ms"] + 2 * 2.0, abs=0.5)
