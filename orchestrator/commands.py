@@ -103,10 +103,12 @@ def topology_summary(topology: Topology) -> str:
            f"one-way links"]
     if topology.description:
         out.append(f"  {topology.description}")
-    rows = [["node", "device", "GPU TFLOPS", "GPU GB", "CPU GB", "H2D GB/s", "users"]]
+    rows = [["node", "device", "GPU TFLOPS", "mem GB/s", "GPU GB", "CPU GB", "H2D GB/s",
+             "users"]]
     for n in topology.nodes:
         d = n.device
-        rows.append([n.name, d.name, f"{d.gpu_tflops:g}", f"{d.gpu_mem_gb:g}",
+        mem = "-" if d.mem_gbps is None else f"{d.mem_gbps:g}"  # "-": FLOPs only
+        rows.append([n.name, d.name, f"{d.gpu_tflops:g}", mem, f"{d.gpu_mem_gb:g}",
                      f"{d.cpu_mem_gb:g}", f"{d.h2d_gbps:g}", f"{shares[n.name]:.1%}"])
     out += ["", *_table(rows)]
     if len(topology.nodes) < 2:
