@@ -267,7 +267,6 @@ class Dispatcher:
         batches: dict[str, _Batch] = {}
         view = self.view
         batch_ms = [0.0] * len(view.names)
-        loaded: set[tuple[str, tuple[int, int, str]]] = set()
         calls: dict[tuple[str, tuple[int, int, str]], int] = {}  # rows per replica so far
         for row, slots in pending.items():
             tok = tokens[row]
@@ -293,11 +292,9 @@ class Dispatcher:
                 r = c.replica
                 cpu_loaded = r.tier == "cpu" and r.key not in view.resident[view.index[r.node]]
                 batch = batches.setdefault(r.node, _Batch(r.node))
-                loads = cpu_loaded and (r.node, r.key) not in loaded
-                if loads:
-                    loaded.add((r.node, r.key))
                 before = calls.get((r.node, r.key), 0)
                 calls[(r.node, r.key)] = before + 1
+                loads = cpu_loaded and before == 0  # the batch's first call copies it in
                 batch_ms[view.index[r.node]] += view.item_ms(r, joins=row not in batch.rows,
                                                              loads=loads, before=before)
                 batch.rows.setdefault(row, []).append(
