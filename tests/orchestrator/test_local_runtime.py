@@ -76,15 +76,20 @@ async def test_a_node_that_cannot_start_fails_the_start_and_nothing_is_left() ->
 
 
 async def test_cancelled_start_leaves_nothing() -> None:
-    """Ctrl-C while nodes are still starting: the runtime ends what it had started."""
+    """Ctrl-C while nodes are still starting: the runtime ends what it had started. Node b
+    never listens, so the start is surely still waiting when it is cancelled (two real nodes
+    forked from the template can both be ready before the test sees them)."""
     marker = f"mm-{uuid.uuid4().hex[:10]}"
-    rt = LocalRuntime()
-    task = asyncio.ensure_future(rt.start([node("a", marker), node("b", marker)]))
+    rt = LocalRuntime(ready_timeout_s=120)
+    silent = NodeLaunch("b", (sys.executable, "-c", f"import time; time.sleep(300)  # {marker}"))
+    assert forkable(silent.argv)
+    task = asyncio.ensure_future(rt.start([node("a", marker), silent]))
     await wait_until(lambda: len(processes_with(marker)) == 2 or task.done(),
                      "both node processes", every_s=0.05)
     assert len(processes_with(marker)) == 2
     template = rt.template_pid
     assert template is not None  # the nodes were forked from it
+    assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
