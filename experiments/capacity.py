@@ -300,7 +300,7 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
             say(f"moemesh run --capacity: every policy missed {target:.0%} at {load:g} "
                 f"{UNITS[knob]}; higher loads skipped")
             break
-    data = capacity_data(scenario.name, knob, done, target, options.slo_ms,
+    data = capacity_data(scenario.name, knob, done, target, options.slo_for(scenario),
                          {"load": base_load, "time_dilation": base_tdf}, requests)
     data["wall_s"] = round(time.monotonic() - t0, 1)
     write_capacity(out, data)

@@ -55,8 +55,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overhead-requests", type=int, default=0, metavar="N",
                    help="requests of an extra run on zero-delay links, e.g. 30 (default 0: "
                         "none; every token's latency split already measures the host's share)")
-    p.add_argument("--slo-ms", type=float, default=300.0, metavar="MS",
-                   help="SLO on a request's mean token latency, e.g. 300")
+    p.add_argument("--slo-ms", type=float, metavar="MS",
+                   help="SLO on a request's mean token latency, scenario ms, e.g. 300 "
+                        "(default: the scenario's slo_ms, 300)")
     p.add_argument("--repeat", type=int, metavar="N",
                    help="run the whole set of policies N times, each time in a "
                         "counterbalanced order (rotated, then reversed), e.g. 4; the report "
@@ -102,8 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "(default 16); writes capacity.json, capacity.md and capacity.png")
     run.add_argument("--loads", metavar="LIST",
                      help="with --capacity: the offered loads, req/s (open loop) or users "
-                          "(closed loop), e.g. 10,20,40,80 (default: the scenario's load "
-                          "x 5, 20, 40)")
+                          "(closed loop), e.g. 10,20,40,80 (default: the scenario's "
+                          "capacity.loads, else its load x 5, 20, 40)")
     run.add_argument("--slo-target", type=float, default=0.9, metavar="SHARE",
                      help="with --capacity: the share of requests within the SLO a load must "
                           "reach, e.g. 0.9")
@@ -274,15 +275,19 @@ def _capacity(args: argparse.Namespace) -> int:
     if requests < 1:
         raise ValueError(f"--requests must be >= 1, got {requests}")
     scenario, arms, notes = _prepare(argparse.Namespace(**{**vars(args), "requests": None}))
+    spec = scenario.capacity  # the scenario's own capacity defaults, under the flags
+    if args.tdf is None and spec.time_dilation is not None:
+        scenario = replace(scenario, time_dilation=spec.time_dilation, auto_dilation=False)
     options = replace(_options(args, scenario), quality_windows=0)
-    loads = _numbers(args.loads, "--loads") if args.loads else None
+    loads = _numbers(args.loads, "--loads") if args.loads else spec.loads
     out = args.out or Path("results") / f"{scenario.name}-capacity"
     arms = capacity_arms(arms, scenario, chosen=bool(args.policies))
     data = asyncio.run(run_capacity(scenario, arms, open_live, out, options,
                                     loads=loads, target=args.slo_target, requests=requests,
                                     notes=[*notes, "capacity mode: no quality scoring"]))
     print(f"moemesh run --capacity: {scenario.name} done in {data['wall_s']:.0f} s; max "
-          f"throughput at SLO ({options.slo_ms:g} ms, {args.slo_target:.0%} of requests):")
+          f"throughput at SLO ({options.slo_for(scenario):g} ms, {args.slo_target:.0%} of "
+          f"requests):")
     for line in capacity_lines(data):
         print("  " + line)
     print(f"  {out / 'capacity.md'}, {out / 'capacity.png'}")
@@ -338,6 +343,6 @@ def _sweep(args: argparse.Namespace) -> int:
                                    notes=[*notes, f"sweep point {args.knob}={value:g}"]))
         done.append((value, json.loads((folder / "summary.json").read_text())))
         warn_unfaithful(folder, "moemesh sweep")
-    plot = write_sweep(out, args.knob, done, slo_ms=options.slo_ms)
+    plot = write_sweep(out, args.knob, done, slo_ms=options.slo_for(scenario))
     print(f"moemesh sweep: {out / 'sweep.md'}, {plot}")
     return 0

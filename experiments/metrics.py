@@ -31,6 +31,7 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 from scipy.stats import mannwhitneyu
 
+from orchestrator.scenario import DEFAULT_SLO_MS  # the scenario's default, `slo_ms`
 from router.records import MIX_KEYS
 
 from .rows import RequestRow, TokenRow
@@ -46,7 +47,6 @@ __all__ = [
     "summary_json",
 ]
 
-DEFAULT_SLO_MS = 300.0  # HetRoute's SLO: a request's mean token latency within 300 ms
 PERCENTILES = (50.0, 95.0, 99.0)
 BOOTSTRAP = 2000
 _HDR_LOW_US, _HDR_HIGH_US, _HDR_DIGITS = 1, 3_600_000_000, 3

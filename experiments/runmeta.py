@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from moe.vocab import is_number
+from orchestrator.scenario import DEFAULT_SLO_MS
 
 __all__ = ["RunMeta"]
 
@@ -31,7 +32,7 @@ class RunMeta:
     model_mode: str = "real"  # real | modeled
     seed: int = 0
     time_dilation: float = 1.0
-    slo_ms: float = 300.0
+    slo_ms: float = DEFAULT_SLO_MS
     warmup_s: float = 0.0
     quality_budget_pct: float = 2.0
     workload: str = ""

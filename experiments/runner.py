@@ -40,7 +40,6 @@ from router.policies import MESH_POLICIES
 from .driver import DriveLimits, Driver, DriveResult, first_error
 from .fidelity import combine, configured, pairs_of, passive, probe_base, probe_mesh
 from .looplag import collect_loop_lag
-from .metrics import DEFAULT_SLO_MS
 from .progress import RunProgress
 from .repeats import rep_label, rep_orders
 from .routing import ROUTING_FILE, RoutingTrace
@@ -64,7 +63,7 @@ class RunOptions:
     quality_windows: int = 8  # held-out windows scored per policy (0: no scoring)
     quality_seq: int = 256  # tokens per window
     overhead_requests: int = 0  # requests of an extra run on zero-delay links (0: none)
-    slo_ms: float = DEFAULT_SLO_MS
+    slo_ms: float | None = None  # None: the scenario's slo_ms (see slo_for)
     quiet: bool = False
     limits: DriveLimits = field(default_factory=DriveLimits)
     render: bool = True  # write summary.json, report.md and plots after the raw records
@@ -81,8 +80,12 @@ class RunOptions:
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
         if self.quality_windows and self.quality_seq < 2:
             raise ValueError(f"quality_seq must be >= 2, got {self.quality_seq}")
-        if not (math.isfinite(self.slo_ms) and self.slo_ms > 0):
+        if self.slo_ms is not None and not (math.isfinite(self.slo_ms) and self.slo_ms > 0):
             raise ValueError(f"slo_ms must be > 0, got {self.slo_ms!r}")
+
+    def slo_for(self, scenario: Scenario) -> float:
+        """The SLO this run judges by: the option's, else the scenario's `slo_ms`."""
+        return scenario.slo_ms if self.slo_ms is None else self.slo_ms
 
 
 def shorten(scenario: Scenario, *, requests: int | None = None,
@@ -285,7 +288,8 @@ class _Run:
             "format": 1,
             "scenario": scenario.name, "description": scenario.description,
             "model": scenario.model.name, "model_mode": scenario.model.mode,
-            "seed": scenario.seed, "time_dilation": self.tdf, "slo_ms": options.slo_ms,
+            "seed": scenario.seed, "time_dilation": self.tdf,
+            "slo_ms": options.slo_for(scenario),
             "warmup_s": scenario.workload.warmup_s,
             "quality_budget_pct": scenario.quality_budget_pct,
             "arms": [a.to_json() for a in arms], "workload": plan.describe(),

@@ -23,6 +23,8 @@ The YAML form, with every default:
     time_dilation: 1.0                  # >= 1, or auto (measured at the start of a run)
     repeat: 1                           # the whole set of policies N times (moemesh run)
     quality_budget_pct: 2.0             # per-token quality budget of the router
+    slo_ms: 300                         # SLO on a request's mean token latency (scenario ms)
+    capacity: {loads: [10, 40, 80], time_dilation: 1}  # `moemesh run --capacity` defaults
     placement: {policy: hetroute, redundancy: 2.0, variants: [fp16, int8, int4]}
     policies: [local-first, random, greedy, hetroute, ordermoe, hetroute+ordermoe]
     workload:
@@ -66,11 +68,13 @@ from orchestrator.yamlio import Loc, Section, describe, locate
 from router.policies import MESH_POLICIES as ROUTER_POLICIES
 
 __all__ = [
+    "DEFAULT_SLO_MS",
     "FAULT_ACTIONS",
     "PLACEMENT_POLICIES",
     "ROUTER_POLICIES",
     "RUNTIMES",
     "SHAPERS",
+    "CapacitySpec",
     "Fault",
     "IntRange",
     "LinkChange",
@@ -85,6 +89,7 @@ __all__ = [
 RUNTIMES = ("local", "netns", "docker")
 SHAPERS = ("tc", "app", "auto")
 ARRIVALS = ("poisson", "closed")
+DEFAULT_SLO_MS = 300.0  # HetRoute's SLO: a request's mean token latency within 300 ms
 MODES = ("real", "modeled")
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Dataclass field → the YAML key people write (errors name the YAML key).
@@ -147,6 +152,31 @@ class PlacementSpec:
         if self.seed is not None:
             _positive_int(self.seed, "seed", low=0)
         _floats(self, "redundancy")
+
+
+@dataclass(frozen=True)
+class CapacitySpec:
+    """What `moemesh run --capacity` does by default on this scenario (its flags override):
+    the ladder of offered loads (req/s, or users for a closed loop; None: the scenario's load
+    x experiments.capacity.LOAD_FACTORS) and the time dilation at the scenario's own load
+    (None: its `time_dilation`), from which every load's factor is scaled."""
+
+    loads: tuple[float, ...] | None = None
+    time_dilation: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.loads is not None:
+            object.__setattr__(self, "loads", tuple(self.loads))
+            if not self.loads:
+                raise ValueError("loads: give at least one load")
+            for i, load in enumerate(self.loads):
+                _finite(load, f"loads[{i}]", gt=0)
+            if len(set(self.loads)) != len(self.loads):
+                raise ValueError(f"loads: a load is listed twice: {list(self.loads)}")
+            object.__setattr__(self, "loads", tuple(float(v) for v in self.loads))
+        if self.time_dilation is not None:
+            _finite(self.time_dilation, "time_dilation", ge=1.0)
+            _floats(self, "time_dilation")
 
 
 @dataclass(frozen=True)
@@ -259,8 +289,10 @@ class Scenario:
     policies: tuple[str, ...] = ROUTER_POLICIES
     placement: PlacementSpec = PlacementSpec()
     quality_budget_pct: float = 2.0
+    slo_ms: float = DEFAULT_SLO_MS
     time_dilation: float = 1.0
     auto_dilation: bool = False  # `time_dilation: auto`: measured at the run's start
+    capacity: CapacitySpec = CapacitySpec()
     runtime: str = "local"
     shaper: str = "auto"
     faults: tuple[Fault, ...] = ()
@@ -284,6 +316,7 @@ class Scenario:
         _finite(self.quality_budget_pct, "quality_budget_pct", ge=0)
         if self.quality_budget_pct > 100:
             raise ValueError(f"quality_budget_pct: must be <= 100, got {self.quality_budget_pct}")
+        _finite(self.slo_ms, "slo_ms", gt=0)
         _finite(self.time_dilation, "time_dilation", ge=1.0)
         if not isinstance(self.auto_dilation, bool):
             raise ValueError(f"auto_dilation: must be true or false, got "
@@ -306,7 +339,12 @@ class Scenario:
                                      f"(nodes: {', '.join(names)})")
         for i, fault in enumerate(self.faults):
             self._check_fault(i, fault)
-        _floats(self, "quality_budget_pct", "time_dilation")
+        if self.workload.arrival == "closed" and self.capacity.loads is not None:
+            for i, load in enumerate(self.capacity.loads):
+                if load != int(load):
+                    raise ValueError(f"capacity.loads[{i}]: a closed loop's load is a number "
+                                     f"of users, a whole number, got {load:g}")
+        _floats(self, "quality_budget_pct", "slo_ms", "time_dilation")
 
     def _check_fault(self, i: int, fault: Fault) -> None:
         names = self.topology.names
@@ -417,6 +455,19 @@ def _read_placement(data: Any, loc: Loc) -> PlacementSpec:
         raise locate(exc, data_map, loc) from None
 
 
+def _read_capacity(data: Any, loc: Loc) -> CapacitySpec:
+    sec = Section(data, loc, "a mapping {loads, time_dilation}")
+    kwargs = {"loads": sec.raw("loads", None), "time_dilation": sec.raw("time_dilation", None)}
+    sec.done()
+    if kwargs["loads"] is not None and not isinstance(kwargs["loads"], list):
+        raise sec.at("loads").error(f"must be a list of loads, e.g. [10, 40, 80], got "
+                                    f"{describe(kwargs['loads'])}")
+    try:
+        return CapacitySpec(**kwargs)
+    except ValueError as exc:
+        raise locate(exc, data, loc) from None
+
+
 def _read_topology(raw: Any, loc: Loc, base: Path, name: str) -> Topology:
     if isinstance(raw, str):
         path = base / raw
@@ -447,6 +498,8 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "shaper": sec.raw("shaper", "auto"),
         **_dilation(sec.raw("time_dilation", 1.0)),
         "quality_budget_pct": sec.raw("quality_budget_pct", 2.0),
+        "slo_ms": sec.raw("slo_ms", DEFAULT_SLO_MS),
+        "capacity": sec.value("capacity", _read_capacity, CapacitySpec()),
         "placement": sec.value("placement", _read_placement, PlacementSpec()),
         "policies": sec.list("policies", ROUTER_POLICIES),
         "workload": sec.value("workload", _read_workload),
@@ -507,10 +560,15 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
         "model": {"name": scenario.model.name, "mode": scenario.model.mode},
         "runtime": scenario.runtime, "shaper": scenario.shaper,
         "time_dilation": "auto" if scenario.auto_dilation else scenario.time_dilation,
-        "quality_budget_pct": scenario.quality_budget_pct,
+        "quality_budget_pct": scenario.quality_budget_pct, "slo_ms": scenario.slo_ms,
         "placement": placement, "policies": list(scenario.policies), "workload": workload,
         "faults": [_fault_data(f) for f in scenario.faults],
     })
     if scenario.repeat != 1:
         data["repeat"] = scenario.repeat
+    cap = scenario.capacity
+    if cap != CapacitySpec():
+        data["capacity"] = {k: v for k, v in (("loads", cap.loads and list(cap.loads)),
+                                              ("time_dilation", cap.time_dilation))
+                            if v is not None}
     return data

@@ -1,6 +1,6 @@
 """`moemesh run --capacity` end to end on real node processes (local runtime, app shaper).
 
-Two loads four times apart on three tiny-edge nodes, two policies, a few requests each: the
+Two loads four times apart (the scenario's `capacity:` ladder) on three tiny-edge nodes, two policies, a few requests each: the
 run must write every load's run folder and capacity.json/.md/.png, each load must run at the
 dilation that keeps the host's wall-clock rate, and a policy's throughput must follow the
 offered load (scenario time), which it cannot if the loads or the dilation were mixed up.
@@ -21,14 +21,15 @@ TINY = Path(__file__).parent / "scenarios" / "tiny-capacity.yaml"
 @pytest.mark.slow
 def test_capacity_runs_each_load_and_draws_the_curve(tmp_path: Path) -> None:
     out = tmp_path / "cap"
-    # an SLO no token misses: the climb must not stop at the first load
-    done = moemesh_process("run", str(TINY), "--capacity", "--loads", "1,4", "--requests",
-                           "8", "--slo-ms", "60000", "--quiet", "--out", str(out),
-                           timeout_s=420.0)
+    # the loads and the dilation are the scenario's `capacity:`; --slo-ms overrides its 5 ms
+    # SLO with one no token misses, so the climb must not stop at the first load
+    done = moemesh_process("run", str(TINY), "--capacity", "--requests", "8",
+                           "--slo-ms", "60000", "--quiet", "--out", str(out), timeout_s=420.0)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "max throughput at SLO" in done.stdout and "| hetroute |" in done.stdout
     data = json.loads((out / "capacity.json").read_text())
     assert (data["knob"], data["unit"], data["target"]) == ("rate", "req/s", 0.9)
+    assert data["slo_ms"] == 60000 and data["base"] == {"load": 1.0, "time_dilation": 4.0}
     assert [p["load"] for p in data["points"]] == [1.0, 4.0]
     assert [p["time_dilation"] for p in data["points"]] == [4.0, 16.0]
     assert set(data["capacity"]) == {"local-first", "hetroute"}  # exact is not measured

@@ -14,6 +14,7 @@ from netem.spec import LinkSpec
 from orchestrator.arms import load_scenario
 from orchestrator.scenario import (
     ROUTER_POLICIES,
+    CapacitySpec,
     Fault,
     IntRange,
     LinkChange,
@@ -82,6 +83,7 @@ def test_defaults_and_inline_topology(tmp_path: Path) -> None:
     assert (s.quality_budget_pct, s.time_dilation, s.runtime, s.shaper) == (2.0, 1.0, "local",
                                                                             "auto")
     assert s.model == ModelChoice()
+    assert s.slo_ms == 300.0 and s.capacity == CapacitySpec(None, None)
     w = s.workload
     assert (w.arrival, w.rate_rps, w.duration_s, w.requests, w.warmup_s, w.seed) == (
         "poisson", 2, 60.0, None, 0.0, 0)
@@ -278,6 +280,20 @@ BAD = [
          "hetroute-s}\n  links:\n    - {between: [a, b], rate_mbit: -5}\n" + WORKLOAD, 6,
          "topology.links[0].rate_mbit: must be > 0 and <= 400000, got -5", head=""),
     _bad(WORKLOAD, 1, "missing required field 'topology'", head=""),
+    _bad(WORKLOAD + "slo_ms: 0\n", L + 2, "slo_ms: must be > 0, got 0"),
+    _bad(WORKLOAD + "capacity: {loads: [10, -1]}\n", L + 2,
+         "capacity.loads[1]: must be > 0, got -1"),
+    _bad(WORKLOAD + "capacity: {loads: 10}\n", L + 2,
+         "capacity.loads: must be a list of loads, e.g. [10, 40, 80], got 10"),
+    _bad(WORKLOAD + "capacity: {loads: [3, 3]}\n", L + 2,
+         "capacity.loads: a load is listed twice: [3, 3]"),
+    _bad(WORKLOAD + "capacity:\n  time_dilation: 0.5\n", L + 3,
+         "capacity.time_dilation: must be >= 1, got 0.5"),
+    _bad(WORKLOAD + "capacity: {tdf: 2}\n", L + 2,
+         "capacity.tdf: unknown field (known: loads, time_dilation)"),
+    _bad("workload: {arrival: closed, concurrency: 2, duration: 5s}\ncapacity: {loads: [1.5]}\n",
+         L + 2, "capacity.loads[0]: a closed loop's load is a number of users, a whole number, "
+         "got 1.5"),
 ]
 
 
@@ -326,7 +342,10 @@ def test_round_trips(tmp_path: Path) -> None:
         faults:
           - {at: 10s, link-degrade: [a, c], delay_ms: 50ms, loss_pct: 1%, oneway: true, for: 1s}
           - {at: 12, node-slow: b 2.5, for: 500ms}
+        slo_ms: 37.5
+        capacity: {loads: [10, 40], time_dilation: 1}
         """)))
+    assert (faults.slo_ms, faults.capacity) == (37.5, CapacitySpec((10.0, 40.0), 1.0))
     assert roundtrip(faults) == faults
 
 
