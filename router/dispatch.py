@@ -341,6 +341,20 @@ class Dispatcher:
                    if c.replica.variant == FULL_PRECISION and not view.up[c.node]}
         return Failure(layer, expert, tuple(sorted(tried)), tuple(sorted(cut_off)), why)
 
+    def _nowhere_else(self, layer: int, batch: _Batch) -> bool:
+        """True when no expert of the batch has a replica on another node that is up.
+
+        The tight limit (timeout_factor x predicted) is there to reroute early off a cut link
+        or a dead node. A request whose experts live nowhere else cannot be rerouted, and an
+        answer later than predicted is then most often a node busy with other homes' work,
+        which this home's prediction does not see: cutting it off would open its breaker and
+        hold every token that needs it for breaker_open_ms (on a layer-sharded placement,
+        one late answer under a burst stalled the whole mesh 2 s). Such a request waits up to
+        request_ms; a dead node still fails it then."""
+        view = self.view
+        return not any(view.up[c.node] and view.names[c.node] != batch.node
+                       for m in batch.members() for c in view.exact(layer, m.choice.expert))
+
     async def _scatter(self, layer, x, batches, layer_deadline, ready):
         """One request per node, concurrently, leaving at `ready` on the emulated timeline;
         each result is (an answer or an exception, when it was back or failed)."""
@@ -363,6 +377,8 @@ class Dispatcher:
         t0 = now_ms()
         if node == self.home:  # no link to lose: a slow answer here is this host, not a fault
             own = s.layer_ms
+        elif self._nowhere_else(layer, batch):  # a tight limit could only cut off a busy node
+            own = s.request_ms
         else:
             own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected)
                       + self.late_ms + 4 * self.late_dev_ms)

@@ -35,7 +35,9 @@ class Settings:
     max(min_request_ms, timeout_factor × predicted)), counted from when it left on the
     emulated timeline: predictions are of emulated time, which the host's own work does not
     stretch (docs/measurement.md), so the limits can be tight and a
-    cut link costs one short wait, not three long ones. breaker_failures consecutive failures
+    cut link costs one short wait, not three long ones; a request whose experts have no
+    replica on another node that is up waits request_ms (nowhere to reroute to: a late
+    answer there is a busy node, not a fault). breaker_failures consecutive failures
     open a node's or link's circuit for breaker_open_ms, then one probe may pass (half-open).
     """
 

@@ -20,7 +20,7 @@ from services.wire import (
     pack_response,
 )
 from tests.helpers import TOKEN, wait_until
-from tests.helpers.mesh import experts, mesh_body, start_inproc_mesh
+from tests.helpers.mesh import experts, links_body, mesh_body, start_inproc_mesh
 
 # h holds experts 0-3, a holds all eight, b holds 4-7 in fp16 and all eight in int8.
 PLACEMENT = {
@@ -252,3 +252,30 @@ async def test_a_token_whose_only_replica_is_behind_an_open_breaker_waits_for_it
     assert res.failed == 0 and all(r.status == "ok" for r in res.records)
     assert waited >= 0.25  # it did wait for the breaker
     assert d.breakers.states()["a"]["node"] == "closed"  # the probe went through
+
+
+async def test_a_late_answer_from_the_only_replica_is_waited_for_not_cut_off(
+    stack, router_compute
+) -> None:
+    """Every expert lives on a only, and a answers far later than the router predicts (its
+    links are 60 ms one way where the router's view says 0.5 ms, as when a node is queued
+    with other homes' work): the requests wait for the answers (request_ms) instead of timing
+    out at 3x the prediction, so no failure is counted, a's breaker stays closed and no token
+    waits breaker_open_ms (set far longer than the test may take)."""
+    mesh = await start_inproc_mesh(stack, router_compute,
+                                   {"h": [], "a": experts(2, range(8))},
+                                   {("h", "a"): 0.5, ("a", "h"): 0.5},
+                                   settings={"breaker_open_ms": 30000.0, "layer_ms": 60000.0,
+                                             "token_ms": 120000.0})
+    real = {("h", "a"): 60.0, ("a", "h"): 60.0}
+    for name in ("h", "a"):
+        await mesh.nodes[name].set_links(links_body(name, real))
+    engine = mesh.router.engine()
+    d = engine.dispatcher
+    t0 = time.monotonic()
+    res = await engine.score(tokens(3, seed=7), make_policy("greedy"), budget=0.0)
+    waited = time.monotonic() - t0
+    assert res.failed == 0 and all(r.status == "ok" for r in res.records)
+    assert d.counters.failures == 0 and d.counters.retries == 0
+    assert d.breakers.states()["a"] == {"node": "closed", "link": "closed"}
+    assert 0.24 <= waited < 10.0  # two layers of 120 ms round trips, no 30 s breaker wait
