@@ -8,11 +8,11 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
 `OUT/<knob>=<load>/`). Choices, and why:
 
 * **A fixed ladder, not bisection**: every policy is measured at the same loads, so the curves
-  can be compared point by point, and one mesh per load serves all policies. The default
-  ladder is the scenario's own load times `LOAD_FACTORS` (hetroute-paper's 2 req/s: 10, 40
-  and 80 req/s, the low end, the centre and the SLO table's load of the paper's 10-80 req/s
-  sweep; three loads so that the six arms fit 20 minutes on two cores); `--loads` gives
-  another.
+  can be compared point by point, and one mesh per load serves all policies. The ladder is
+  `--loads`, else the scenario's `capacity.loads`, else its own load times `LOAD_FACTORS`
+  (hetroute-paper's 2 req/s: 10, 40 and 80 req/s, the low end, the centre and the SLO
+  table's load of the paper's 10-80 req/s sweep; three loads so that the six arms fit 20
+  minutes on two cores).
 * **Capacity** of a policy: the highest ladder load with SLO attainment (the share of measured
   requests whose mean token latency is within the SLO, every token completed) >= the target
   (90% by default), every lower load passing too; its **max throughput at SLO** is the
@@ -23,7 +23,9 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
 * **The host must not be what saturates.** Loads are scenario time; each load runs at the time
   dilation `base_tdf x max(1, load / base_load)`, so the host sees the same wall-clock
   request rate at every load (the scenario's own, or the first load's when the factor is
-  calibrated there with `--tdf auto`), and what queues is the emulated devices and links. A
+  calibrated there with `--tdf auto`), and what queues is the emulated devices and links.
+  `base_tdf` is `--tdf`, else the scenario's `capacity.time_dilation`, else its
+  `time_dilation` (experiments.commands). A
   point where a policy's host overhead share (experiments.faithful's measure and 5% limit:
   the host's lateness over the measured token latency) is above the limit cannot be judged:
   it is skipped (listed as `skipped`), neither a pass nor a miss, and when the loads above
