@@ -1,9 +1,10 @@
 """`moemesh run --capacity` end to end on real node processes (local runtime, app shaper).
 
-Two loads four times apart (the scenario's `capacity:` ladder) on three tiny-edge nodes, two policies, a few requests each: the
-run must write every load's run folder and capacity.json/.md/.png, each load must run at the
-dilation that keeps the host's wall-clock rate, and a policy's throughput must follow the
-offered load (scenario time), which it cannot if the loads or the dilation were mixed up.
+Two loads four times apart (the scenario's `capacity:` ladder) on three tiny-edge nodes, two
+policies, a few requests each: the run must write every load's run folder and
+capacity.json/.md/.png, each load must run at the dilation that keeps the host's wall-clock
+rate, and a policy's throughput must follow the offered load (scenario time), which it cannot
+if the loads or the dilation were mixed up.
 """
 
 from __future__ import annotations
