@@ -24,8 +24,8 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
   dilation `base_tdf x max(1, load / base_load)`, so the host sees the same wall-clock
   request rate at every load (the scenario's own, or the first load's when the factor is
   calibrated there with `--tdf auto`), and what queues is the emulated devices and links.
-  `base_tdf` is `--tdf`, else the scenario's `capacity.time_dilation`, else its
-  `time_dilation` (experiments.commands). A
+  `base_tdf` is the scenario's `capacity.time_dilation`, else its `time_dilation`
+  (`--tdf` replaces both). A
   point where a policy's host overhead share (experiments.faithful's measure and 5% limit:
   the host's lateness over the measured token latency) is above the limit cannot be judged:
   it is skipped (listed as `skipped`), neither a pass nor a miss, and when the loads above
@@ -85,6 +85,9 @@ def load_of(scenario: Scenario) -> float:
 
 
 def default_loads(scenario: Scenario) -> list[float]:
+    """The scenario's `capacity.loads`, else its own load x LOAD_FACTORS."""
+    if scenario.capacity.loads is not None:
+        return list(scenario.capacity.loads)
     base = load_of(scenario)
     loads = [base * f for f in LOAD_FACTORS]
     if load_knob(scenario) == "concurrency":
@@ -270,6 +273,9 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
 
     if not 0 < target <= 1:
         raise ValueError(f"--slo-target must be in (0, 1], got {target:g}")
+    if scenario.capacity.time_dilation is not None:  # the base the ladder scales from
+        scenario = replace(scenario, time_dilation=scenario.capacity.time_dilation,
+                           auto_dilation=False)
     loads = sorted(loads or default_loads(scenario))
     knob = load_knob(scenario)
     points = [at_load(scenario, v, base_load=load_of(scenario),

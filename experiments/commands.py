@@ -275,11 +275,10 @@ def _capacity(args: argparse.Namespace) -> int:
     if requests < 1:
         raise ValueError(f"--requests must be >= 1, got {requests}")
     scenario, arms, notes = _prepare(argparse.Namespace(**{**vars(args), "requests": None}))
-    spec = scenario.capacity  # the scenario's own capacity defaults, under the flags
-    if args.tdf is None and spec.time_dilation is not None:
-        scenario = replace(scenario, time_dilation=spec.time_dilation, auto_dilation=False)
+    if args.tdf is not None:  # the flag's dilation is the base, not the scenario's capacity's
+        scenario = replace(scenario, capacity=replace(scenario.capacity, time_dilation=None))
     options = replace(_options(args, scenario), quality_windows=0)
-    loads = _numbers(args.loads, "--loads") if args.loads else spec.loads
+    loads = _numbers(args.loads, "--loads") if args.loads else None
     out = args.out or Path("results") / f"{scenario.name}-capacity"
     arms = capacity_arms(arms, scenario, chosen=bool(args.policies))
     data = asyncio.run(run_capacity(scenario, arms, open_live, out, options,

@@ -171,12 +171,13 @@ def scenario_summary(scenario: Scenario) -> str:
         ["quality", f"budget {scenario.quality_budget_pct:g}% per token"],
         ["SLO", f"a request's mean token latency <= {scenario.slo_ms:g} ms"],
     ]
-    cap = scenario.capacity
-    if cap.loads is not None or cap.time_dilation is not None:
-        rows.append(["capacity", ", ".join(
-            ([f"loads {', '.join(f'{v:g}' for v in cap.loads)}"] if cap.loads else [])
-            + ([f"time dilation {cap.time_dilation:g} at the scenario's load"]
-               if cap.time_dilation is not None else []))])
+    cap, parts = scenario.capacity, []
+    if cap.loads is not None:
+        parts.append("loads " + ", ".join(f"{v:g}" for v in cap.loads))
+    if cap.time_dilation is not None:
+        parts.append(f"time dilation {cap.time_dilation:g} at the scenario's load")
+    if parts:
+        rows.append(["capacity", ", ".join(parts)])
     out = [f"scenario {scenario.name}"]
     if scenario.description:
         out.append(f"  {scenario.description}")

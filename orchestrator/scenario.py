@@ -166,14 +166,14 @@ class CapacitySpec:
 
     def __post_init__(self) -> None:
         if self.loads is not None:
-            object.__setattr__(self, "loads", tuple(self.loads))
-            if not self.loads:
+            loads = list(self.loads)
+            if not loads:
                 raise ValueError("loads: give at least one load")
-            for i, load in enumerate(self.loads):
+            for i, load in enumerate(loads):
                 _finite(load, f"loads[{i}]", gt=0)
-            if len(set(self.loads)) != len(self.loads):
-                raise ValueError(f"loads: a load is listed twice: {list(self.loads)}")
-            object.__setattr__(self, "loads", tuple(float(v) for v in self.loads))
+            if len(set(loads)) != len(loads):
+                raise ValueError(f"loads: a load is listed twice: {loads}")
+            object.__setattr__(self, "loads", tuple(float(v) for v in loads))
         if self.time_dilation is not None:
             _finite(self.time_dilation, "time_dilation", ge=1.0)
             _floats(self, "time_dilation")
@@ -568,7 +568,6 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
         data["repeat"] = scenario.repeat
     cap = scenario.capacity
     if cap != CapacitySpec():
-        data["capacity"] = {k: v for k, v in (("loads", cap.loads and list(cap.loads)),
-                                              ("time_dilation", cap.time_dilation))
-                            if v is not None}
+        data["capacity"] = {"loads": None if cap.loads is None else list(cap.loads),
+                            "time_dilation": cap.time_dilation}
     return data
