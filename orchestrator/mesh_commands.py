@@ -113,8 +113,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     place.add_argument("--router", default="hetroute",
                        help="routing policy simulated for the expected cost (default hetroute)")
     place.add_argument("--ilp", action="store_true",
-                       help="also solve the exact ILP and report the greedy's gap (small "
-                       "instances; text output only)")
+                       help="also solve the exact ILP and report the greedy's gap, and the most "
+                       "local group coverage any placement reaches (small instances; text "
+                       "output only)")
     place.add_argument("--time-limit", type=float, default=60.0,
                        help="ILP time limit in seconds (default 60)")
     place.set_defaults(handler=_placement)
@@ -352,11 +353,12 @@ def _placement(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
         return 0
-    ilp_result, ilp_cost = None, None
+    ilp_result, ilp_cost, coverage = None, None, None
     if args.ilp:
         from orchestrator.placement import ilp
 
         ilp_result = ilp.solve(problem, time_limit_s=args.time_limit)
         ilp_cost = simulate(problem, ilp_result.replicas, args.router).expected_cost_ms
-    print(render(result, scenario.name, ilp_result, ilp_cost))
+        coverage = ilp.max_coverage(problem, time_limit_s=args.time_limit)
+    print(render(result, scenario.name, ilp_result, ilp_cost, coverage))
     return 0

@@ -19,6 +19,11 @@ Given y, the best x sends each use to its cheapest replica, so the optimum equal
 `separable_cost` of the optimal placement. Sizes grow as homes x nodes x experts x variants x 2;
 a few thousand experts-times-nodes solve in seconds, more may hit the time limit (the result
 then carries HiGHS's bound, and the gap is reported against it).
+
+`max_coverage` solves a second program: the most local group coverage (`coverage.py`) any
+placement reaches within the memory budget, so that a coverage target can be told unreachable
+rather than missed. Tiers are ignored (coverage counts either), so a node's GPU and CPU memory
+pool; every other rule stays.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from router.types import Replica
 from .evaluate import cost_tables
 from .problem import PlacementError, PlacementProblem
 
-__all__ = ["IlpResult", "gap", "solve"]
+__all__ = ["CoverageOptimum", "IlpResult", "gap", "max_coverage", "solve"]
 
 MAX_VARIABLES = 400_000
 _STATUS = {0: "optimal", 1: "time limit"}  # scipy.optimize.milp's status codes
@@ -168,3 +173,85 @@ def gap(greedy_ms: float, result: IlpResult) -> float:
     if best <= 0:
         return 0.0 if greedy_ms <= 0 else float("inf")
     return (greedy_ms - best) / best
+
+
+@dataclass(frozen=True)
+class CoverageOptimum:
+    coverage: float  # the best placement found (== bound when optimal)
+    bound: float  # HiGHS's upper bound: no placement covers more
+    optimal: bool
+    solve_s: float
+
+
+def max_coverage(problem: PlacementProblem, time_limit_s: float = 60.0,
+                 within_budget: bool = True) -> CoverageOptimum:
+    """The most local group coverage any placement of `problem` reaches (module docstring).
+
+    y[n,l,x,v] ∈ {0,1} holds a replica; for each home h and expert (l,e) used there, the
+    replicas that could serve e (e itself or a substitute, in any variant) sorted by quality
+    price p_1 < p_2 < ...; c_j ∈ [0,1] is "some replica at price <= p_j is on h", bounded by
+    the sum of those y. The objective sums c_j x (the uses p_j admits − those p_{j+1} admits),
+    which for a whole placement is the uses its cheapest local replica admits. A use of gate
+    weight w is admitted at price p when w x p <= budget / layers (`coverage.py`); with
+    `within_budget=False` every replica admits every use (the budget aside)."""
+    p, q = problem, problem.quality
+    N, L, E, V = p.nodes, p.layers, p.experts, len(p.variants)
+    t, _, k = p.token_experts.shape
+    homes = np.repeat(p.homes, L * k)
+    layer_of = np.tile(np.repeat(np.arange(L), k), t)
+    expert_of = p.token_experts.reshape(-1)
+    weight = p.token_weights.reshape(-1)
+    spread = p.settings.budget / L if within_budget else np.inf
+    ny = N * L * E * V
+
+    def y(n: int, layer: int, x: int, v: int) -> int:
+        return ((n * L + layer) * E + x) * V + v
+
+    rows = _Rows()
+    gains: list[float] = []  # per c column, after the y columns
+    for layer in range(L):
+        offers = {e: [(x, v, q.quant_penalty(layer, x, p.variants[v]) + pen)
+                      for x, pen in ((e, 0.0), *q.substitutes(layer, e)) for v in range(V)]
+                  for e in range(E)}
+        for h in range(N):
+            here = (homes == h) & (layer_of == layer)
+            for e in range(E):
+                w = weight[here & (expert_of == e)]
+                usable = [o for o in offers[e] if np.isfinite(o[2])]
+                levels = sorted({price for _, _, price in usable})
+                admits = [len(w) if price <= 0 else int(np.sum(w * price <= spread))
+                          for price in levels] + [0]
+                for j, price in enumerate(levels):
+                    if admits[j] > admits[j + 1]:
+                        cols = [y(h, layer, x, v) for x, v, c in usable if c <= price]
+                        rows.add([ny + len(gains), *cols], [1.0] + [-1.0] * len(cols),
+                                 -np.inf, 0.0)
+                        gains.append((admits[j] - admits[j + 1]) / len(expert_of))
+    width = ny + len(gains)
+    size = [float(p.bytes_of(v)) for v in p.variants]
+    fp = p.variants.index(FULL_PRECISION)
+    for layer in range(L):
+        for x in range(E):
+            rows.add([y(n, layer, x, fp) for n in range(N)], [1.0] * N, 1.0, np.inf)
+    per_node = [size[v] for _ in range(L * E) for v in range(V)]
+    for n in range(N):
+        rows.add(list(range(y(n, 0, 0, 0), y(n, 0, 0, 0) + L * E * V)), per_node, -np.inf,
+                 float(p.gpu_bytes[n] + p.cpu_bytes[n]))
+    rows.add(list(range(ny)), per_node * N, -np.inf, float(p.budget_bytes))
+    cost = np.zeros(width)
+    cost[ny:] = -np.array(gains)
+    integrality = np.zeros(width)
+    integrality[:ny] = 1
+    started = time.perf_counter()
+    res = milp(cost, constraints=[rows.constraint(width)], integrality=integrality,
+               bounds=Bounds(0.0, 1.0),
+               options={"time_limit": float(time_limit_s), "disp": False})
+    elapsed = time.perf_counter() - started
+    if res.x is None:
+        raise PlacementError(f"the coverage program found no placement ({res.message}); the "
+                             "memory may be too small for one fp16 copy of every expert")
+    best = float(-res.fun)
+    bound = getattr(res, "mip_dual_bound", None)
+    optimal = res.status == 0
+    return CoverageOptimum(best, best if optimal or bound is None else float(-bound), optimal,
+                           elapsed)

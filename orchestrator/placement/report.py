@@ -28,7 +28,7 @@ def _size(nbytes: float) -> str:
 
 
 def render(result: PlacementResult, scenario: str = "", ilp: Any = None,
-           ilp_cost_ms: float | None = None) -> str:
+           ilp_cost_ms: float | None = None, coverage: Any = None) -> str:
     p, notes = result.problem, result.notes
     out = [f"placement {result.policy}" + (f" for {scenario}" if scenario else "")
            + f": {p.model} ({p.layers} MoE layers x {p.experts} experts, top-{p.top_k}), "
@@ -53,6 +53,11 @@ def render(result: PlacementResult, scenario: str = "", ilp: Any = None,
         out.append(f"  local group coverage {100 * extra['local_group_coverage']:.1f}% (expert "
                    f"uses whose expert or a substitute within the budget is on the home "
                    f"node{groups})")
+    if coverage is not None:
+        how = "optimal" if coverage.optimal else f"best found; no placement covers more than " \
+            f"{100 * coverage.bound:.1f}%"
+        out.append(f"  the most any placement covers within this memory: "
+                   f"{100 * coverage.coverage:.1f}% (MILP, {how}, {coverage.solve_s:.1f} s)")
     if "dropped" in extra:
         out.append(f"  {extra['quantized_replicas']} low-precision replicas; {extra['dropped']} "
                    f"replicas the router never chose were dropped")

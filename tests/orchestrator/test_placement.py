@@ -315,6 +315,14 @@ def test_cli_text_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert moemesh("placement", str(QUICKSTART), "--policy", "best") == 2
     assert "policy: must be one of hetroute" in capsys.readouterr().err
     assert moemesh("placement", str(QUICKSTART), "--ilp", "--json") == 2
+    capsys.readouterr()
+    assert moemesh("placement", str(QUICKSTART), "--tokens", "64", "--policy", "ordermoe",
+                   "--ilp", "--time-limit", "5") == 0
+    out = capsys.readouterr().out
+    covered = float(out.split("local group coverage ")[1].split("%")[0])
+    most = float(out.split("the most any placement covers within this memory: ")[1]
+                 .split("%")[0])
+    assert 0 < covered <= most <= 100
 
 
 def test_simulated_traffic_counts_one_row_per_remote_node_not_per_expert() -> None:
