@@ -117,3 +117,27 @@ def test_a_per_node_price_is_charged_once_by_the_joint_searches_and_per_slot_by_
         assert evaluate(fixed, found, once)[0] == pytest.approx(5.3 + 1.0)
     assert [o.payload for o in exhaustive(fixed, opts, 0.0)] in (["a0", "b1"], ["a0", "b2"],
                                                               ["a2", "b1"])  # no price: spread
+
+
+def test_greedy_that_scatters_already_has_the_least_bottleneck() -> None:
+    """Why the joint search moves no fewer bytes than greedy on the bottleneck alone for a
+    top-2 token (docs/papers.md). When greedy puts the two experts on two nodes, no pick has a
+    lower bottleneck (each slot costs at least its standalone minimum in any pick); when it
+    puts them on one, the joint search can only keep them there or split them. So without a
+    traffic price the joint search uses fewer nodes than greedy only on a tie."""
+    rng = random.Random(7)
+    scattered = split = 0
+    for _ in range(3000):
+        nodes = rng.randint(2, 6)
+        fixed = [rng.uniform(0, 20) for _ in range(nodes)]
+        opts = [[Option(n, rng.uniform(0.05, 5), 0.0, 0.0, None, "exact")
+                 for n in rng.sample(range(nodes), rng.randint(1, nodes))] for _ in range(2)]
+        g, best = greedy(fixed, opts, 0.0), exhaustive(fixed, opts, 0.0)
+        used_g, used_best = {o.node for o in g}, {o.node for o in best}
+        if len(used_g) == 2:
+            scattered += 1
+            assert evaluate(fixed, best)[1] == pytest.approx(evaluate(fixed, g)[1])
+        elif len(used_best) == 2:
+            split += 1
+            assert evaluate(fixed, best)[1] < evaluate(fixed, g)[1]
+    assert scattered > 1000 and split > 10
