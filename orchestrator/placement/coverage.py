@@ -50,15 +50,13 @@ class CoverageState:
                 for x, pen in q.substitutes(layer, e):
                     self.served_by[layer][x].append((e, pen))
         # per (l, e): the gate weights of its uses, sorted, for the share a penalty admits
-        t, layers, k = problem.token_experts.shape
-        flat_layer = np.tile(np.repeat(np.arange(layers), k), t)
-        flat_e = problem.token_experts.reshape(-1)
-        flat_w = problem.token_weights.reshape(-1)
+        _, flat_layer, flat_e, flat_w = problem.uses()
         order = np.lexsort((flat_w, flat_e, flat_layer))
         self._w = flat_w[order]
         key = flat_layer[order] * problem.experts + flat_e[order]
-        self._start = np.searchsorted(key, np.arange(layers * problem.experts))
-        self._stop = np.searchsorted(key, np.arange(layers * problem.experts), side="right")
+        cells = np.arange(problem.layers * problem.experts)
+        self._start = np.searchsorted(key, cells)
+        self._stop = np.searchsorted(key, cells, side="right")
 
     def admitted(self, layer: int, e: int, penalty: float) -> float:
         """Share of e's uses whose gate weight lets a replica with this penalty serve them."""
@@ -94,12 +92,10 @@ class CoverageState:
 
     def share(self) -> float:
         """Covered uses / all uses, use by use (gate weights per token, not pooled)."""
-        p = self.p
-        homes = np.repeat(p.homes, p.layers * p.top_k)
-        layer = np.tile(np.repeat(np.arange(p.layers), p.top_k), p.tokens)
-        least = self.least[homes, layer, p.token_experts.reshape(-1)]
+        homes, layer, expert, weight = self.p.uses()
+        least = self.least[homes, layer, expert]
         with np.errstate(invalid="ignore"):
-            price = np.where(least > 0, p.token_weights.reshape(-1) * least, 0.0)
+            price = np.where(least > 0, weight * least, 0.0)
         return float(np.mean(price <= self.budget))
 
 

@@ -196,11 +196,7 @@ def max_coverage(problem: PlacementProblem, time_limit_s: float = 60.0,
     `within_budget=False` every replica admits every use (the budget aside)."""
     p, q = problem, problem.quality
     N, L, E, V = p.nodes, p.layers, p.experts, len(p.variants)
-    t, _, k = p.token_experts.shape
-    homes = np.repeat(p.homes, L * k)
-    layer_of = np.tile(np.repeat(np.arange(L), k), t)
-    expert_of = p.token_experts.reshape(-1)
-    weight = p.token_weights.reshape(-1)
+    homes, layer_of, expert_of, weight = p.uses()
     spread = p.settings.budget / L if within_budget else np.inf
     ny = N * L * E * V
 

@@ -131,14 +131,19 @@ class PlacementProblem:
         """What all replicas together may weigh (redundancy x one full copy)."""
         return math.floor(self.redundancy * self.full_copy_bytes + 0.5)
 
+    def uses(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every expert use of the calibration traffic, one (token, layer, slot) per entry:
+        flat arrays of its home node, MoE layer, expert and gate weight."""
+        t, layers, k = self.token_experts.shape
+        return (np.repeat(self.homes, layers * k), np.tile(np.repeat(np.arange(layers), k), t),
+                self.token_experts.reshape(-1), self.token_weights.reshape(-1))
+
     def demand(self) -> np.ndarray:
         """[nodes, layers, experts]: uses per calibration token of each expert, by home."""
         out = np.zeros((self.nodes, self.layers, self.experts))
-        t, layers, k = self.token_experts.shape
-        homes = np.repeat(self.homes, layers * k)
-        layer = np.tile(np.repeat(np.arange(layers), k), t)
-        np.add.at(out, (homes, layer, self.token_experts.reshape(-1)), 1.0)
-        return out / t
+        homes, layer, expert, _ = self.uses()
+        np.add.at(out, (homes, layer, expert), 1.0)
+        return out / self.tokens
 
     def popularity(self) -> np.ndarray:
         """[layers, experts]: uses per token, all homes together (sums to top_k per layer)."""
@@ -146,14 +151,13 @@ class PlacementProblem:
 
     def mean_gate(self) -> np.ndarray:
         """[layers, experts]: mean gate weight of an expert when chosen (1/top_k if never)."""
-        t, layers, k = self.token_experts.shape
-        total = np.zeros((layers, self.experts))
-        count = np.zeros((layers, self.experts))
-        layer = np.tile(np.repeat(np.arange(layers), k), t)
-        flat = self.token_experts.reshape(-1)
-        np.add.at(total, (layer, flat), self.token_weights.reshape(-1))
+        total = np.zeros((self.layers, self.experts))
+        count = np.zeros((self.layers, self.experts))
+        _, layer, flat, weight = self.uses()
+        np.add.at(total, (layer, flat), weight)
         np.add.at(count, (layer, flat), 1.0)
-        return np.divide(total, count, out=np.full_like(total, 1.0 / k), where=count > 0)
+        return np.divide(total, count, out=np.full_like(total, 1.0 / self.top_k),
+                         where=count > 0)
 
     def summary(self) -> dict[str, Any]:
         return {"model": self.model, "nodes": self.nodes, "layers": self.layers,
