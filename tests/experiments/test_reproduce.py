@@ -136,3 +136,28 @@ def test_ordermoe_claims_need_ordermoe_on_its_own_placement(tmp_path: Path) -> N
         "placement": {"policy": "ordermoe", "redundancy": 2.0}}))
     es = _row(own, "mean latency, ordermoe vs EdgeShard")
     assert es.paper == "OrderMoE" and es.holds == "yes"
+
+
+def test_an_arm_pricing_bytes_has_its_own_traffic_claim_and_not_the_plain_ones(
+        tmp_path: Path) -> None:
+    """hetroute with traffic_weight > 1 is checked against greedy in rows of its own; the
+    plain hetroute claims keep the arm without settings, and other settings do not count."""
+    arms = [*ARMS, arm("greedy"),
+            arm("hetroute-bytes", "hetroute", settings={"traffic_weight": 20}),
+            arm("hetroute-other", "hetroute", settings={"traffic_weight": 20, "beam_width": 2})]
+    tokens, requests = [], []
+    for i, (name, mean, nbytes) in enumerate((
+            ("edgeshard", 60.0, 4000), ("prism", 40.0, 3000), ("hetroute", 20.0, 1500),
+            ("greedy", 20.0, 1500), ("hetroute-bytes", 20.5, 1300),
+            ("hetroute-other", 20.5, 100))):
+        t, r = make_rows(name, mean, n_requests=30, seed=i, nbytes=nbytes)
+        tokens += t
+        requests += r
+    rows = folder_rows(write_run(tmp_path / "run", arms, tokens, requests))
+    priced = _row(rows, "traffic per token, hetroute pricing bytes vs per-expert greedy")
+    assert priced.note.startswith("greedy → hetroute-bytes.")
+    assert priced.holds == "yes"
+    assert _row(rows, "mean latency, hetroute pricing bytes").note.startswith(
+        "greedy → hetroute-bytes.")
+    plain = _row(rows, "traffic per token, hetroute vs per-expert greedy")
+    assert plain.note.startswith("greedy → hetroute.") and plain.holds == "not significant"
