@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -140,14 +141,7 @@ def solve(problem: PlacementProblem, time_limit_s: float = 60.0) -> IlpResult:
     integrality = np.zeros(width)
     integrality[:ny] = 1
     integrality[ny + nx:] = 1
-    started = time.perf_counter()
-    res = milp(cost, constraints=[rows.constraint(width)], integrality=integrality,
-               bounds=Bounds(0.0, 1.0),
-               options={"time_limit": float(time_limit_s), "disp": False})
-    elapsed = time.perf_counter() - started
-    if res.x is None:
-        raise PlacementError(f"the ILP found no placement ({res.message}); the memory may be "
-                             "too small for one fp16 copy of every expert")
+    res, elapsed = _solve(cost, rows, integrality, time_limit_s, "the ILP")
     replicas = _chosen(p, variants, res.x[:ny])
     bound = getattr(res, "mip_dual_bound", None)
     optimal = res.status == 0
@@ -157,6 +151,21 @@ def solve(problem: PlacementProblem, time_limit_s: float = 60.0) -> IlpResult:
         objective_ms=objective,
         bound_ms=objective if optimal or bound is None else float(bound),
         replicas=tuple(replicas), solve_s=elapsed, variables=width)
+
+
+def _solve(cost: np.ndarray, rows: _Rows, integrality: np.ndarray, time_limit_s: float,
+           what: str) -> tuple[Any, float]:
+    """HiGHS on 0/1-bounded variables: (its result, seconds); a clear error when it found no
+    placement at all."""
+    started = time.perf_counter()
+    res = milp(cost, constraints=[rows.constraint(len(cost))], integrality=integrality,
+               bounds=Bounds(0.0, 1.0),
+               options={"time_limit": float(time_limit_s), "disp": False})
+    elapsed = time.perf_counter() - started
+    if res.x is None:
+        raise PlacementError(f"{what} found no placement ({res.message}); the memory may be "
+                             "too small for one fp16 copy of every expert")
+    return res, elapsed
 
 
 def _chosen(p: PlacementProblem, variants: tuple[str, ...], y: np.ndarray) -> list[Replica]:
@@ -238,14 +247,7 @@ def max_coverage(problem: PlacementProblem, time_limit_s: float = 60.0,
     cost[ny:] = -np.array(gains)
     integrality = np.zeros(width)
     integrality[:ny] = 1
-    started = time.perf_counter()
-    res = milp(cost, constraints=[rows.constraint(width)], integrality=integrality,
-               bounds=Bounds(0.0, 1.0),
-               options={"time_limit": float(time_limit_s), "disp": False})
-    elapsed = time.perf_counter() - started
-    if res.x is None:
-        raise PlacementError(f"the coverage program found no placement ({res.message}); the "
-                             "memory may be too small for one fp16 copy of every expert")
+    res, elapsed = _solve(cost, rows, integrality, time_limit_s, "the coverage program")
     best = float(-res.fun)
     bound = getattr(res, "mip_dual_bound", None)
     optimal = res.status == 0
