@@ -22,6 +22,7 @@ would add.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,15 @@ from router.types import Replica
 
 from .problem import PlacementProblem
 
-__all__ = ["CoverageState", "local_group_coverage"]
+__all__ = ["CoverageState", "admits", "local_group_coverage"]
+
+
+def admits(weight: np.ndarray, price: Any, spread: float) -> np.ndarray:
+    """Which uses, by gate weight, a local replica at quality `price` covers: a free one all,
+    else those with weight x price within the budget spread over the layers (module
+    docstring). `price` may be one value or one per use (inf: none there)."""
+    with np.errstate(invalid="ignore"):
+        return (price <= 0) | (weight * price <= spread)
 
 
 class CoverageState:
@@ -93,10 +102,7 @@ class CoverageState:
     def share(self) -> float:
         """Covered uses / all uses, use by use (gate weights per token, not pooled)."""
         homes, layer, expert, weight = self.p.uses()
-        least = self.least[homes, layer, expert]
-        with np.errstate(invalid="ignore"):
-            price = np.where(least > 0, weight * least, 0.0)
-        return float(np.mean(price <= self.budget))
+        return float(np.mean(admits(weight, self.least[homes, layer, expert], self.budget)))
 
 
 def local_group_coverage(problem: PlacementProblem, replicas: Iterable[Replica]) -> float:

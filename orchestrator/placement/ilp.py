@@ -39,6 +39,7 @@ from scipy.sparse import coo_array
 from moe.vocab import FULL_PRECISION, TIERS
 from router.types import Replica
 
+from .coverage import admits
 from .evaluate import cost_tables
 from .problem import PlacementError, PlacementProblem
 
@@ -215,23 +216,22 @@ def max_coverage(problem: PlacementProblem, time_limit_s: float = 60.0,
     rows = _Rows()
     gains: list[float] = []  # per c column, after the y columns
     for layer in range(L):
-        offers = {e: [(x, v, q.quant_penalty(layer, x, p.variants[v]) + pen)
-                      for x, pen in ((e, 0.0), *q.substitutes(layer, e)) for v in range(V)]
-                  for e in range(E)}
+        usable = {e: [(x, v, price) for x, pen in ((e, 0.0), *q.substitutes(layer, e))
+                      for v in range(V)
+                      if np.isfinite(price := q.quant_penalty(layer, x, p.variants[v]) + pen)]
+                  for e in range(E)}  # (replica's expert, variant, price) that may serve e
+        levels = {e: sorted({price for _, _, price in usable[e]}) for e in range(E)}
         for h in range(N):
             here = (homes == h) & (layer_of == layer)
             for e in range(E):
                 w = weight[here & (expert_of == e)]
-                usable = [o for o in offers[e] if np.isfinite(o[2])]
-                levels = sorted({price for _, _, price in usable})
-                admits = [len(w) if price <= 0 else int(np.sum(w * price <= spread))
-                          for price in levels] + [0]
-                for j, price in enumerate(levels):
-                    if admits[j] > admits[j + 1]:
-                        cols = [y(h, layer, x, v) for x, v, c in usable if c <= price]
+                count = [int(np.sum(admits(w, price, spread))) for price in levels[e]] + [0]
+                for j, price in enumerate(levels[e]):
+                    if count[j] > count[j + 1]:
+                        cols = [y(h, layer, x, v) for x, v, c in usable[e] if c <= price]
                         rows.add([ny + len(gains), *cols], [1.0] + [-1.0] * len(cols),
                                  -np.inf, 0.0)
-                        gains.append((admits[j] - admits[j + 1]) / len(expert_of))
+                        gains.append((count[j] - count[j + 1]) / len(expert_of))
     width = ny + len(gains)
     size = [float(p.bytes_of(v)) for v in p.variants]
     fp = p.variants.index(FULL_PRECISION)

@@ -54,8 +54,8 @@ def render(result: PlacementResult, scenario: str = "", ilp: Any = None,
                    f"uses whose expert or a substitute within the budget is on the home "
                    f"node{groups})")
     if coverage is not None:
-        how = "optimal" if coverage.optimal else f"best found; no placement covers more than " \
-            f"{100 * coverage.bound:.1f}%"
+        how = ("optimal" if coverage.optimal
+               else f"best found; no placement covers more than {100 * coverage.bound:.1f}%")
         out.append(f"  the most any placement covers within this memory: "
                    f"{100 * coverage.coverage:.1f}% (MILP, {how}, {coverage.solve_s:.1f} s)")
     if "dropped" in extra:
