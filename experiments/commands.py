@@ -14,7 +14,6 @@ the exit status stays 0 (the run itself worked, and its report says the same).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from moe.vocab import is_number
+
+from .clock import resolve_clock, run_clocked
 
 __all__ = ["register"]
 
@@ -62,6 +63,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="run the whole set of policies N times, each time in a "
                         "counterbalanced order (rotated, then reversed), e.g. 4; the report "
                         "shows the run-to-run spread (default: the scenario's repeat, 1)")
+    p.add_argument("--clock", choices=["virtual", "realtime", "auto"],
+                   help="virtual: every process on one clock that jumps to the next event "
+                        "(exact, repeatable, as fast as the host computes; app shaper, local "
+                        "or netns runtime); realtime: the wall clock, dilated by --tdf; auto: "
+                        "virtual where it can run (default: the scenario's clock)")
     p.add_argument("--tdf", type=_tdf, metavar="FACTOR",
                    help="time dilation, a factor >= 1 or auto (the smallest factor at which "
                         "the host's overhead share is small, measured on the live mesh), "
@@ -175,6 +181,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     if changes:
         scenario = replace(scenario, **changes)
     scenario, notes = shorten(scenario, requests=args.requests, duration_s=args.duration)
+    scenario, clock_notes = resolve_clock(scenario, getattr(args, "clock", None))
+    notes += clock_notes
     if args.policies:
         wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
         known = {a.label: a for a in arms}
@@ -245,7 +253,7 @@ def _run(args: argparse.Namespace) -> int:
     options = _options(args, scenario)
     out = args.out or Path("results") / scenario.name
     t0 = time.monotonic()
-    asyncio.run(run_experiment(scenario, arms, open_live, out, options, notes=notes))
+    run_clocked(run_experiment(scenario, arms, open_live, out, options, notes=notes), scenario)
     print(f"moemesh run: {scenario.name} done in {time.monotonic() - t0:.0f} s: "
           f"{out / 'report.md'}, {out / 'summary.json'}")
     warn_unfaithful(out)
@@ -281,9 +289,10 @@ def _capacity(args: argparse.Namespace) -> int:
     loads = _numbers(args.loads, "--loads") if args.loads else None
     out = args.out or Path("results") / f"{scenario.name}-capacity"
     arms = capacity_arms(arms, scenario, chosen=bool(args.policies))
-    data = asyncio.run(run_capacity(scenario, arms, open_live, out, options,
+    data = run_clocked(run_capacity(scenario, arms, open_live, out, options,
                                     loads=loads, target=args.slo_target, requests=requests,
-                                    notes=[*notes, "capacity mode: no quality scoring"]))
+                                    notes=[*notes, "capacity mode: no quality scoring"]),
+                       scenario)
     print(f"moemesh run --capacity: {scenario.name} done in {data['wall_s']:.0f} s; max "
           f"throughput at SLO ({options.slo_for(scenario):g} ms, {args.slo_target:.0%} of "
           f"requests):")
@@ -338,8 +347,8 @@ def _sweep(args: argparse.Namespace) -> int:
     done = []
     for value, point in points:
         folder = out / f"{args.knob}={value:g}"
-        asyncio.run(run_experiment(point, arms, open_live, folder, options,
-                                   notes=[*notes, f"sweep point {args.knob}={value:g}"]))
+        run_clocked(run_experiment(point, arms, open_live, folder, options,
+                                   notes=[*notes, f"sweep point {args.knob}={value:g}"]), point)
         done.append((value, json.loads((folder / "summary.json").read_text())))
         warn_unfaithful(folder, "moemesh sweep")
     plot = write_sweep(out, args.knob, done, slo_ms=options.slo_for(scenario))

@@ -12,8 +12,11 @@ A run is NOT faithful, and says so at the top of report.md, in summary.json (`fa
 * a scoring token failed under some policy (it is left out of every policy's quality
   average, see `experiments.quality`, and the quality deltas rest on fewer tokens).
 
+* (virtual time) a node process died with no fault scheduled (run.json `clock_stats.deaths`).
+
 A run whose nodes recorded no loop lag is not marked for it (nothing to judge); the report
-says the lag was not measured.
+says the lag was not measured. In virtual time (`clock: virtual`, netem.virtual) no wall time
+is waited, so the overhead share is 0 by construction and there is no loop lag to sample.
 """
 
 from __future__ import annotations
@@ -96,6 +99,9 @@ def assess(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
             reasons.append(f"{s.name}: overhead share {100 * s.overhead_share:.1f}% of the "
                            f"measured token latency (limit {100 * OVERHEAD_LIMIT:g}%)")
     reasons += _lag_reasons(meta, {s.name for s in stats})
+    for death in (meta.get("clock_stats") or {}).get("deaths") or ():
+        reasons.append(f"node {death.get('node')} died with no fault scheduled (virtual time "
+                       f"{death.get('virtual_s')} s); the run went on with it down")
     failed = dict(scoring_failed or {})
     for s in stats:
         failed.setdefault(s.name, s.scoring_failed_tokens)

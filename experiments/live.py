@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from netem.virtual import virtual_phase
 from orchestrator.runtimes.base import Runtime
 from orchestrator.scenario import Scenario
 from services.client import ClientSettings
@@ -59,4 +60,8 @@ async def open_live(scenario: Scenario, placement: Mapping[str, Sequence[Mapping
     async with LiveMesh(scenario, runtime, dict(placement), token=token,
                         shaper=scenario.shaper, work_dir=work_dir,
                         health_timeout_s=health_s, client=client) as mesh:
-        yield mesh
+        if scenario.clock != "virtual":
+            yield mesh
+            return
+        async with virtual_phase():  # started at the wall's pace; measured in virtual time
+            yield mesh

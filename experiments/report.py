@@ -285,6 +285,18 @@ def _quality_lines(meta: RunMeta, qset: QualitySet,
     return lines
 
 
+def _clock_fact(meta: RunMeta) -> tuple[str, str]:
+    """How time ran: virtual (with its speed-up) or the dilated wall clock."""
+    if meta.extra.get("clock") == "virtual":
+        speed = meta.extra.get("virtual_speedup")
+        pace = f"; {speed:g} emulated seconds per wall second" if speed else ""
+        return ("clock", "virtual: every process on one clock that jumps to the next event "
+                         "once the mesh is idle, so the host's work takes no emulated time "
+                         f"(host overhead 0 by construction, no dilation){pace}")
+    return ("time dilation", f"{meta.time_dilation:g} (emulated times x TDF on the wall "
+                             f"clock; every figure here is divided back: scenario time)")
+
+
 def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[str]:
     """The verdict, the description and how the run was made."""
     lines = [f"# moemesh run: {meta.scenario}", "", *_faithful_lines(faithful)]
@@ -293,8 +305,7 @@ def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[s
     t = meta.timings
     facts = [
         ("runtime", meta.runtime), ("shaper (link emulation)", meta.shaper),
-        ("time dilation", f"{meta.time_dilation:g} (emulated times x TDF on the wall "
-                          f"clock; every figure here is divided back: scenario time)"),
+        _clock_fact(meta),
         ("model", f"{meta.model} ({meta.model_mode})"),
         ("seed", meta.seed), ("workload", meta.workload),
         ("warm-up", f"{meta.warmup_s:g} s, left out of every figure (not of the "

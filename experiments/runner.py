@@ -37,6 +37,7 @@ from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
 from router.policies import MESH_POLICIES
 
+from .clock import clock_meta
 from .driver import DriveLimits, Driver, DriveResult, first_error
 from .fidelity import combine, configured, pairs_of, passive, probe_base, probe_mesh
 from .looplag import collect_loop_lag
@@ -297,6 +298,7 @@ class _Run:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": _host(),
             "scenario_data": _jsonable(scenario_to_data(scenario)),
             "runtime": scenario.runtime, "shaper": scenario.shaper,
+            "clock": scenario.clock, "virtual_speedup": None,
             "placements": {}, "faults": {}, "quality": {}, "timings": {}, "overhead": None,
             "load": {},  # 1-minute load average of the host before and after each arm
             "trace": None if options.trace is None else options.trace.describe(),
@@ -363,7 +365,8 @@ class _Run:
         load = os.getloadavg()[0]
         result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
                                                   self.options, self.progress)
-        lag = await collect_loop_lag(mesh, result.started_perf, self.tdf)
+        lag = (None if self.scenario.clock == "virtual"  # no wall time is waited: no lag
+               else await collect_loop_lag(mesh, result.started_perf, self.tdf))
         if lag is not None:  # experiments.looplag: each node's event-loop lag in the arm
             self.meta.setdefault("loop_lag", {})[arm.label] = lag
         self.progress.end_arm()
@@ -442,6 +445,7 @@ class _Run:
 
     def write(self, out: Path) -> None:
         got = self.got
+        self.meta.update(clock_meta())
         if self.meta.get("fidelity"):
             self.meta["fidelity"]["passive"] = passive(got.links, self.scenario.topology)
         write_rows(out / "tokens.csv", got.tokens, TokenRow)

@@ -13,6 +13,11 @@ Deadlines are on `now()` (`time.perf_counter`, CLOCK_MONOTONIC on Linux, one clo
 process of the host), not on the loop's clock: under uvloop `loop.time()` moves in whole
 milliseconds. This module is the project's one clock for emulated time (nodes, shapers, the
 router, workloads).
+
+In a run on a shared clock (`netem.virtual`: `clock: virtual`), `use_shared_clock` makes
+`now()` read the mesh's clock word and `sleep_until` a timer of the process's `VirtualLoop`
+on that clock: in virtual time it fires exactly at its deadline, whenever the authority
+moves the clock there.
 """
 
 from __future__ import annotations
@@ -24,15 +29,35 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 
-__all__ = ["COARSE_S", "now", "sleep_for", "sleep_until"]
+__all__ = ["COARSE_S", "now", "on_shared_clock", "sleep_for", "sleep_until", "use_shared_clock"]
 
 # How long before the deadline the loop's coarse sleep hands over to the timer thread.
 COARSE_S = 0.002
 # The thread wakes the loop this much early (a wake-up through the loop's self-pipe takes
 # ~0.1 ms here); the loop then yields until the deadline, a spin of that length at most.
 WAKE_S = 0.0001
-now = time.perf_counter
+_source: Callable[[], float] = time.perf_counter
+_shared = False
+
+
+def now() -> float:
+    """The emulated timeline's clock (seconds): the host's monotonic clock, or the run's
+    shared clock once `use_shared_clock` was called."""
+    return _source()
+
+
+def use_shared_clock(read: Callable[[], float] | None) -> None:
+    """Take `now()` from `read` (the shared clock of a `netem.virtual` run) in this process;
+    None: back to the host's clock."""
+    global _source, _shared
+    _source, _shared = (time.perf_counter, False) if read is None else (read, True)
+
+
+def on_shared_clock() -> bool:
+    """Whether this process runs on a run's shared clock (its loop is a VirtualLoop)."""
+    return _shared
 
 
 def _release(fut: asyncio.Future) -> None:
@@ -82,11 +107,25 @@ class _TimerThread:
 _TIMER = _TimerThread()
 
 
+async def _timer_until(deadline: float) -> float:
+    """On a shared clock: one loop timer at the deadline (the loop's clock is `now()`)."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    handle = loop.call_at(deadline, _release, fut)
+    try:
+        await fut
+    finally:
+        handle.cancel()
+    return max(0.0, now() - deadline)
+
+
 async def sleep_until(deadline: float) -> float:
     """Return at `deadline` (a `now()` value) or just after; returns the lateness in seconds."""
     left = deadline - now()
     if left <= 0:
         return -left
+    if _shared:
+        return await _timer_until(deadline)
     if left > COARSE_S:
         await asyncio.sleep(left - COARSE_S)
         left = deadline - now()

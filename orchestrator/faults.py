@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from moe.vocab import is_number
+from netem import timing
 from netem.parse import parse_delay_ms, parse_loss_pct, parse_rate_mbit
 from netem.spec import LinkSpec
 from orchestrator.units import parse_duration_s
@@ -315,8 +316,8 @@ class FaultTimeline:
         self.target = target
         self.events = tuple(sorted(events, key=lambda f: f.at_s))
         self.time_dilation = float(time_dilation)
-        self._clock = clock or time.monotonic
-        self._sleep = sleep or asyncio.sleep
+        self._clock = clock or timing.now
+        self._sleep = sleep or timing.sleep_for
         self.records: list[FaultRecord] = []
 
     async def run(self) -> list[FaultRecord]:

@@ -20,6 +20,7 @@ The YAML form, with every default:
     model: tiny-moe                     # or {name: mixtral-8x7b, mode: modeled}
     runtime: local                      # local | netns | docker
     shaper: auto                        # tc | app | auto (the runtime picks)
+    clock: realtime                     # realtime | virtual | auto (virtual where it can)
     time_dilation: 1.0                  # >= 1, or auto (measured at the start of a run)
     repeat: 1                           # the whole set of policies N times (moemesh run)
     quality_budget_pct: 2.0             # per-token quality budget of the router
@@ -88,6 +89,7 @@ __all__ = [
 
 RUNTIMES = ("local", "netns", "docker")
 SHAPERS = ("tc", "app", "auto")
+CLOCKS = ("realtime", "virtual", "auto")  # netem.virtual; auto: virtual where it can run
 ARRIVALS = ("poisson", "closed")
 DEFAULT_SLO_MS = 300.0  # HetRoute's SLO: a request's mean token latency within 300 ms
 MODES = ("real", "modeled")
@@ -295,6 +297,7 @@ class Scenario:
     capacity: CapacitySpec = CapacitySpec()
     runtime: str = "local"
     shaper: str = "auto"
+    clock: str = "realtime"
     faults: tuple[Fault, ...] = ()
     description: str = ""
     repeat: int = 1  # `moemesh run` runs every policy this many times (experiments.repeats)
@@ -331,6 +334,10 @@ class Scenario:
         if self.runtime == "local" and self.shaper == "tc":
             raise ValueError("shaper: tc needs the netns or docker runtime (local nodes share "
                              "127.0.0.1: use shaper app or auto)")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+        if self.clock == "virtual" and (why := self.virtual_blocker()):
+            raise ValueError(f"clock: virtual cannot run here: {why}")
         names = self.topology.names
         if not isinstance(self.workload.home, str):
             for node, _ in self.workload.home:
@@ -345,6 +352,22 @@ class Scenario:
                     raise ValueError(f"capacity.loads[{i}]: a closed loop's load is a number "
                                      f"of users, a whole number, got {load:g}")
         _floats(self, "quality_budget_pct", "slo_ms", "time_dilation")
+
+    def virtual_blocker(self) -> str | None:
+        """Why this scenario cannot run in virtual time (None: it can)."""
+        if self.shaper == "tc":
+            return ("shaper tc: the kernel delays packets in real time, which no virtual clock "
+                    "can skip (use shaper app, or clock realtime with a time dilation)")
+        if self.runtime not in ("local", "netns"):
+            return (f"runtime {self.runtime}: containers reach each other through Docker's "
+                    f"NAT and may span hosts, so the clock cannot count their messages (use "
+                    f"the local or netns runtime, or clock realtime)")
+        return None
+
+    @property
+    def virtual(self) -> bool:
+        """Whether a run of this scenario uses virtual time (`clock`, auto resolved)."""
+        return self.clock == "virtual" or (self.clock == "auto" and not self.virtual_blocker())
 
     def _check_fault(self, i: int, fault: Fault) -> None:
         names = self.topology.names
@@ -496,6 +519,7 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "model": sec.value("model", lambda raw, at: _read_model(raw, at, base), ModelChoice()),
         "runtime": sec.raw("runtime", "local"),
         "shaper": sec.raw("shaper", "auto"),
+        "clock": sec.raw("clock", "realtime"),
         **_dilation(sec.raw("time_dilation", 1.0)),
         "quality_budget_pct": sec.raw("quality_budget_pct", 2.0),
         "slo_ms": sec.raw("slo_ms", DEFAULT_SLO_MS),
@@ -558,7 +582,7 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
     data.update({
         "topology": topology_to_data(scenario.topology),
         "model": {"name": scenario.model.name, "mode": scenario.model.mode},
-        "runtime": scenario.runtime, "shaper": scenario.shaper,
+        "runtime": scenario.runtime, "shaper": scenario.shaper, "clock": scenario.clock,
         "time_dilation": "auto" if scenario.auto_dilation else scenario.time_dilation,
         "quality_budget_pct": scenario.quality_budget_pct, "slo_ms": scenario.slo_ms,
         "placement": placement, "policies": list(scenario.policies), "workload": workload,

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -63,7 +62,7 @@ SYNC_MS = 5.0  # the plan view is refreshed from the estimators at most this oft
 
 
 def now_ms() -> float:
-    return time.monotonic() * 1e3
+    return clock_now() * 1e3
 
 
 class Timeline:

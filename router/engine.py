@@ -30,6 +30,7 @@ generation; if any prompt position failed, the first token fails with `prompt:<r
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,6 +48,9 @@ from .dispatch import Dispatcher, Timeline, now_ms
 from .errors import BadRouterInput
 from .policies import Policy
 from .records import TokenRecord
+
+# The host's own time (dense_host_ms): never the emulated clock, which stands still in virtual time.
+host_clock = time.perf_counter
 
 __all__ = ["Engine", "GenerateResult", "RealSteps", "Routing", "RoutingTap", "ScoreResult",
            "TraceSteps"]
@@ -298,24 +302,24 @@ class Engine:
         dense = 0.0
         rows, context = steps.rows, steps.context
         for layer in range(self.shape.layers):
-            t = now()
+            t = host_clock()
             x, idx, w = steps.layer_input(layer)
             if tap is not None:
                 tap.add(idx, w)
-            host += now() - t
+            host += host_clock() - t
             d = self.dense_s(rows, context)
             clock.at += d
             dense += d
             y = await self.dispatcher.run_layer(layer, x, idx, w, recs, policy, deadline_ms,
                                                 clock)
-            t = now()
+            t = host_clock()
             steps.layer_output(layer, y)
-            host += now() - t
-        t = now()
+            host += host_clock() - t
+        t = host_clock()
         nxt = steps.finish()
         if tap is not None:
             tap.end_group()
-        host += now() - t
+        host += host_clock() - t
         rec = recs[-1]
         rec.dense_ms += dense * 1e3
         rec.dense_host_ms += host * 1e3

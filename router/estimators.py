@@ -22,9 +22,10 @@ virtual clock. No I/O, no event loop.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+
+from netem.timing import now
 
 from .cost import Breakdown, Estimates
 from .errors import BadRouterInput
@@ -39,7 +40,8 @@ _TERMS = ("tx", "wait", "load", "compute")
 
 
 def now_ms() -> float:
-    return time.monotonic() * 1e3
+    """Milliseconds on the emulated timeline's clock (`netem.timing.now`)."""
+    return now() * 1e3
 
 
 class Ewma:

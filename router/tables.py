@@ -26,13 +26,13 @@ counts them per replica).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from moe.vocab import FULL_PRECISION
+from netem.timing import now as clock_now
 
 from .cost import Estimates
 from .errors import BadRouterInput
@@ -230,7 +230,7 @@ class PlanView:
         will ask for, given the expert used now (from the transition statistics).
 
         Recomputed when the coefficients changed, at most every `min_interval_s`."""
-        now = time.monotonic()
+        now = clock_now()
         stale = self._future is None or (
             self._future_version != self.version and now - self._future_at >= min_interval_s
         )

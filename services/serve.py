@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
+
+from netem import timing
+from netem.virtual import Agent, VirtualLoop, agent_from_env
 
 from .node import Node, freeze_heap
 from .settings import NodeSettings
@@ -33,7 +37,7 @@ def ready_line(node: Node) -> str:
             f"{len(node.tiers.placement())} experts placed)")
 
 
-async def _main(settings: NodeSettings) -> int:
+async def _main(settings: NodeSettings, agent: Agent | None = None) -> int:
     try:
         import torch
 
@@ -51,6 +55,8 @@ async def _main(settings: NodeSettings) -> int:
         async with node:
             freeze_heap()
             print(ready_line(node), flush=True)
+            if agent is not None:  # listening: from now on the run's clock waits for this node
+                agent.register(settings.name)
             await stop.wait()
             print(f"moemesh node {settings.name} draining ({node.device.queue_depth} queued, "
                   f"{node.device.in_service} in service)", file=sys.stderr, flush=True)
@@ -62,9 +68,25 @@ async def _main(settings: NodeSettings) -> int:
     return 0
 
 
+def _lost() -> None:
+    print("moemesh node: the run's clock is gone (its controller ended); exiting",
+          file=sys.stderr, flush=True)
+    os._exit(3)
+
+
 def serve(settings: NodeSettings) -> int:
-    """Run a node until a signal; returns the exit code."""
+    """Run a node until a signal; returns the exit code. Started inside a run on a shared
+    clock (MOEMESH_CLOCK, netem.virtual), the node runs on that clock's loop."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    agent = agent_from_env()
+    if agent is not None:
+        timing.use_shared_clock(agent.clock.now)
+        agent.on_lost = _lost
+        try:
+            with asyncio.Runner(loop_factory=lambda: VirtualLoop(agent)) as runner:
+                return runner.run(_main(settings, agent))
+        finally:
+            agent.close()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - not on Windows

@@ -174,7 +174,7 @@ class LocalRuntime(ProcessRuntime):
     async def _bring_up(self, node: ProcessNode) -> None:
         for attempt in range(PORT_TRIES):
             node.port = _free_port()
-            await self._spawn(node)
+            await self._start(node)
             try:
                 await self._ready(node)
                 return

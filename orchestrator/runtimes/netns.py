@@ -182,7 +182,7 @@ class NetnsRuntime(ProcessRuntime):
                 self._nodes[launch.name] = node
                 await self._make_namespace(node, subnet.prefixlen, str(hosts[0]))
             for node in self._nodes.values():
-                await self._spawn(node)
+                await self._start(node)
             await together(*(self._ready(n) for n in self._nodes.values()))
         return self.endpoints()
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from netem.probe import has_capability
+from netem.virtual import current as clock_authority
 from orchestrator.lifetime import together
 from orchestrator.runtimes.base import (
     Endpoint,
@@ -137,6 +138,13 @@ async def end_process(proc: NodeProcess | None, grace_s: float) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _clock_exit(name: str) -> None:
+    """Tell the run's virtual clock, if any, that this node ends on purpose."""
+    authority = clock_authority()
+    if authority is not None:
+        authority.expect_exit(name)
+
+
 @dataclass
 class ProcessNode:
     """One node of a process runtime: its launch, where it listens, log and process."""
@@ -174,19 +182,33 @@ class ProcessRuntime(Runtime):
 
     async def kill(self, name: str) -> None:
         """node-down: SIGKILL the node's process group (a crash); `revive` starts it again."""
-        await end_process(self._node(name).proc, grace_s=0.0)
+        node = self._node(name)
+        _clock_exit(name)
+        await end_process(node.proc, grace_s=0.0)
 
     async def revive(self, name: str) -> Endpoint:
         """node-up: start the node again where it was and wait until it listens."""
         node = self._node(name)
         if node.proc is None or node.proc.returncode is not None:
-            await self._spawn(node)
+            await self._start(node)
             try:
                 await self._ready(node)
             except BaseException:
+                _clock_exit(name)
                 await end_process(node.proc, grace_s=0.0)
                 raise
         return self.endpoints()[name]
+
+    async def _start(self, node: ProcessNode) -> None:
+        """Spawn the node; a run on a virtual clock waits for it to join (netem.virtual)."""
+        authority = clock_authority()
+        if authority is not None:
+            authority.expect(node.launch.name)
+        try:
+            await self._spawn(node)
+        except BaseException:
+            _clock_exit(node.launch.name)
+            raise
 
     async def running(self, name: str) -> bool:
         proc = self._node(name).proc
@@ -212,6 +234,7 @@ class ProcessRuntime(Runtime):
             await wait_listening(node.address, node.port, timeout_s=self.ready_timeout_s,
                                  alive=lambda: proc is not None and proc.returncode is None)
         except (TimeoutError, RuntimeFailure) as exc:
+            _clock_exit(node.launch.name)
             raise RuntimeFailure(
                 f"node {node.launch.name} did not start ({exc}); its log ends with:\n"
                 f"{self.log_tail(node.launch.name)}") from None
@@ -222,6 +245,8 @@ class ProcessRuntime(Runtime):
         """End every node's process group at once; one that cannot be ended does not stop the
         others (a RuntimeFailure names it after all are done)."""
         errors: list[str] = []
+        for name in self._nodes:
+            _clock_exit(name)
 
         async def end(node: ProcessNode) -> None:
             try:

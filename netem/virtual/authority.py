@@ -1,0 +1,375 @@
+"""The one owner of a run's virtual time: it advances the clock when the whole mesh is idle.
+
+Every process of the mesh (each node, the run's controller) runs a `VirtualLoop` and talks to
+the authority over a Unix SOCK_SEQPACKET socket (`folder/sock`); the clock itself is the word
+in `folder/time` (`netem.virtual.shared`), which only the authority writes. A process says
+*idle* (its earliest timer and the byte counters of the connections that changed) when its
+loop has nothing runnable and no thread work out, and *busy* before it touches anything after
+that. The authority advances the clock to the earliest timer of all, and wakes the processes
+whose timers are due, only when
+
+- every process it knows is idle, and every node it was told to expect has joined;
+- every TCP connection between them is balanced: what one end sent, the other end received
+  (termination detection by message counting: a byte in flight means someone will wake).
+
+Events due at one instant run in each process's timer order (asyncio's heap, fed in the same
+order each run), so a run is repeatable. The clock starts in real time (it runs at the
+wall's pace, for starting processes and anything else outside the emulation) and a run
+switches it to virtual time for the measured part (`go_virtual`, `go_realtime`).
+
+Nothing freezes time: a process whose channel closes without saying goodbye, and which the
+runtime did not announce (`expect_exit`), is recorded as dead and its connections are
+forgotten, so the others carry on with it down; a mesh that stays busy or unbalanced for
+`stall_s` wall seconds is reported (`on_stall`) with the processes and connections it waits for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import selectors
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from .participant import CLOCK_ENV, MODE, WAKE
+from .shared import REALTIME, VIRTUAL, SharedClock
+
+__all__ = ["Authority", "current", "virtual_origin"]
+
+STALL_S = 60.0  # wall seconds without progress before the mesh is reported stuck
+_Endpoint = tuple[str, int]
+
+
+def virtual_origin(now: float) -> float:
+    """Where virtual time starts: the next whole second of a clock that began at 2**21 s.
+    Every virtual time of a run then lies in [2**21, 2**22) s, one binade, where adding
+    a delay rounds the same way whatever second the run switched at: runs repeat to the bit."""
+    return float(math.ceil(max(now, 2.0 ** 21)))
+
+
+@dataclass(eq=False)
+class _Part:
+    sock: socket.socket
+    name: str = ""
+    pid: int = 0
+    idle: bool = False
+    deadline: float = math.inf
+    since: float = field(default_factory=time.monotonic)  # wall time of the last change
+    leaving: bool = False
+    keys: set[tuple] = field(default_factory=set)
+
+
+def _balanced(e: list) -> bool:
+    return e[0] == e[3] and e[2] == e[1]
+
+
+_CURRENT: Authority | None = None
+
+
+def current() -> Authority | None:
+    """The authority of the run in this process, if any (runtimes announce nodes to it)."""
+    return _CURRENT
+
+
+class Authority:
+    """See the module docstring. Thread-safe: a thread of its own serves the processes; the
+    public methods may be called from any thread."""
+
+    def __init__(self, *, stall_s: float = STALL_S) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="moemesh-clock-"))
+        self.clock = SharedClock(self.folder / "time", create=True)
+        self.clock.set(REALTIME, 2.0 ** 21)  # real time, counted from 2**21 s (virtual_origin)
+        self.stall_s = stall_s
+        self.on_stall: Callable[[str], None] | None = None
+        self.on_death: Callable[[str], None] | None = None
+        self.deaths: list[dict[str, Any]] = []
+        self.advances = 0  # clock moves in virtual time
+        self.virtual_s = 0.0  # virtual seconds passed in virtual mode
+        self.wall_s = 0.0  # wall seconds spent in virtual mode
+        self._mode = REALTIME
+        self._mode_since = (0.0, 0.0)
+        self._lock = threading.RLock()
+        self._parts: dict[socket.socket, _Part] = {}
+        self._expected: dict[str, float] = {}  # node → wall time it was announced
+        self._exits: set[str] = set()  # nodes the runtime is ending on purpose
+        self._conns: dict[tuple[_Endpoint, _Endpoint], list] = {}
+        self._dead_keys: set[tuple] = set()
+        self._unbalanced = 0
+        self._progress = time.monotonic()
+        self._stall_said = False
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._listener.bind(str(self.folder / "sock"))
+        self._listener.listen(64)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="moemesh-clock", daemon=True)
+        self._thread.start()
+
+    # -- for the run ----------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """What a process of the mesh needs in its environment to join this clock."""
+        return {CLOCK_ENV: str(self.folder)}
+
+    @property
+    def virtual(self) -> bool:
+        return self._mode == VIRTUAL
+
+    def expect(self, name: str) -> None:
+        """A node is being started: the clock waits for it to join."""
+        with self._lock:
+            self._expected[name] = time.monotonic()
+            self._exits.discard(name)
+        self._poke()
+
+    def forget(self, name: str) -> None:
+        """A node announced with `expect` will not come (its start failed)."""
+        with self._lock:
+            self._expected.pop(name, None)
+        self._poke()
+
+    def expect_exit(self, name: str) -> None:
+        """The runtime is ending this node on purpose (node-down, stop): not a death."""
+        with self._lock:
+            self._exits.add(name)
+            self._expected.pop(name, None)
+        self._poke()
+
+    def go_virtual(self) -> float:
+        """Switch to virtual time; returns the virtual time it starts at."""
+        with self._lock:
+            if self._mode == VIRTUAL:
+                return self.clock.now()
+            start = virtual_origin(self.clock.now())
+            self._switch(VIRTUAL, start)
+            return start
+
+    def go_realtime(self) -> None:
+        """Back to the wall's pace, from the virtual time reached."""
+        with self._lock:
+            if self._mode == REALTIME:
+                return
+            self._switch(REALTIME, self.clock.now())
+
+    def stats(self) -> dict[str, Any]:
+        """What run.json records of the clock."""
+        with self._lock:
+            virtual_s, wall_s = self.virtual_s, self.wall_s
+            if self._mode == VIRTUAL:
+                virtual_s += self.clock.now() - self._mode_since[0]
+                wall_s += time.monotonic() - self._mode_since[1]
+            return {"advances": self.advances, "virtual_s": round(virtual_s, 6),
+                    "wall_s": round(wall_s, 3),
+                    "virtual_speedup": round(virtual_s / wall_s, 4) if wall_s > 0 else None,
+                    "deaths": list(self.deaths)}
+
+    def close(self) -> None:
+        global _CURRENT
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._poke()
+        self._thread.join(timeout=5.0)
+        for part in list(self._parts.values()):
+            part.sock.close()
+        self._listener.close()
+        self._sel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self.clock.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if _CURRENT is self:
+            _CURRENT = None
+
+    def install(self) -> Authority:
+        """Make this the process's current authority (`current()`)."""
+        global _CURRENT
+        _CURRENT = self
+        return self
+
+    def mark_busy(self, sock_name: str) -> None:
+        """The named process was just handed work from outside its sockets (a callback
+        posted into its loop): it counts as busy until it reports again."""
+        with self._lock:
+            for part in self._parts.values():
+                if part.name == sock_name:
+                    part.idle = False
+
+    # -- the thread -----------------------------------------------------------------------
+    def _poke(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _switch(self, mode: int, value: float) -> None:
+        now_wall = time.monotonic()
+        if self._mode == VIRTUAL:
+            self.virtual_s += value - self._mode_since[0]
+            self.wall_s += now_wall - self._mode_since[1]
+        self._mode = mode
+        self._mode_since = (value, now_wall)
+        self.clock.set(mode, value)
+        self._progress = now_wall
+        for part in self._parts.values():
+            part.idle = False
+            self._tell(part, MODE)
+        self._poke()
+
+    def _tell(self, part: _Part, what: bytes) -> None:
+        with contextlib.suppress(OSError):
+            part.sock.send(what)
+
+    def _serve(self) -> None:
+        while True:
+            ready = self._sel.select(timeout=1.0)
+            with self._lock:
+                if self._closed:
+                    return
+                for key, _ in ready:
+                    if key.data == "listen":
+                        self._accept()
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            while os.read(self._wake_r, 4096):
+                                pass
+                    else:
+                        self._read(key.data)
+                if self._mode == VIRTUAL:
+                    self._advance()
+                    self._watch()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            sock, _ = self._listener.accept()
+            part = _Part(sock)
+            self._parts[sock] = part
+            self._sel.register(sock, selectors.EVENT_READ, part)
+
+    def _read(self, part: _Part) -> None:
+        while True:
+            try:
+                raw = part.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                raw = b""
+            if not raw:
+                self._gone(part)
+                return
+            self._progress = time.monotonic()
+            msg = msgpack.unpackb(raw)
+            kind = msg[0]
+            if kind == "idle":
+                part.idle = True
+                part.deadline = math.inf if msg[1] is None else float(msg[1])
+                for lip, lport, pip, pport, sent, recv in msg[2]:
+                    self._count(part, (lip, lport), (pip, pport), sent, recv)
+            elif kind == "busy":
+                part.idle = False
+            elif kind == "hello":
+                part.name, part.pid = str(msg[1]), int(msg[2])
+                self._expected.pop(part.name, None)
+                self._exits.discard(part.name)
+            elif kind == "bye":
+                part.leaving = True
+            part.since = self._progress
+
+    def _count(self, part: _Part, local: _Endpoint, peer: _Endpoint, sent: int,
+               recv: int) -> None:
+        side = 0 if local < peer else 1
+        key = (local, peer) if side == 0 else (peer, local)
+        if key in self._dead_keys:
+            return
+        e = self._conns.get(key)
+        if e is None:
+            e = self._conns[key] = [0, 0, 0, 0, None, None]
+        was = _balanced(e)
+        e[2 * side], e[2 * side + 1], e[4 + side] = sent, recv, part
+        now = _balanced(e)
+        self._unbalanced += (not now) - (not was)
+        part.keys.add(key)
+
+    def _gone(self, part: _Part) -> None:
+        """A process's channel closed: it left (bye, or ended on purpose) or it died."""
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(part.sock)
+        part.sock.close()
+        self._parts.pop(part.sock, None)
+        for key in part.keys:
+            e = self._conns.pop(key, None)
+            if e is not None and not _balanced(e):
+                self._unbalanced -= 1
+            self._dead_keys.add(key)
+        on_purpose = part.leaving or part.name in self._exits
+        self._exits.discard(part.name)
+        if part.name and not on_purpose:
+            death = {"node": part.name, "pid": part.pid,
+                     "virtual_s": round(self.clock.now(), 6),
+                     "wall": time.strftime("%H:%M:%S")}
+            self.deaths.append(death)
+            if self.on_death is not None:
+                self.on_death(part.name)
+        self._progress = time.monotonic()
+
+    def _advance(self) -> None:
+        if self._expected or self._unbalanced or not self._parts:
+            return
+        deadline = math.inf
+        for part in self._parts.values():
+            if not part.idle:
+                return
+            deadline = min(deadline, part.deadline)
+        if not math.isfinite(deadline):
+            return  # nothing will ever happen: the watchdog says so
+        value = max(deadline, self.clock.now())
+        self.clock.set(VIRTUAL, value)
+        self.advances += 1
+        self._progress = time.monotonic()
+        self._stall_said = False
+        for part in self._parts.values():
+            if part.deadline <= value:
+                part.idle = False
+                part.deadline = math.inf
+                self._tell(part, WAKE)
+
+    def _watch(self) -> None:
+        if self._stall_said or time.monotonic() - self._progress < self.stall_s:
+            return
+        self._stall_said = True
+        message = self.describe_stall()
+        if self.on_stall is not None:
+            self.on_stall(message)
+
+    def describe_stall(self) -> str:
+        """What the clock is waiting for, in words."""
+        now = time.monotonic()
+        why = [f"node {n} was started {now - t:.0f} s ago and never joined the clock"
+               for n, t in self._expected.items()]
+        why += [f"{p.name or f'pid {p.pid}'} has been busy for {now - p.since:.0f} s"
+                for p in self._parts.values() if not p.idle]
+        if self._unbalanced:
+            stuck = []
+            for (a, b), e in self._conns.items():
+                if not _balanced(e):
+                    owners = [o.name if o is not None else "?" for o in e[4:]]
+                    stuck.append(f"{a[0]}:{a[1]} ({owners[0]}) <-> {b[0]}:{b[1]} ({owners[1]}): "
+                                 f"{e[0] - e[3]:+d} / {e[2] - e[1]:+d} bytes unread")
+            why.append(f"{self._unbalanced} connection(s) with bytes in flight that nobody "
+                       f"reads: " + "; ".join(stuck[:5]))
+        if not why:
+            why.append("every process is idle with no timer due: nothing can happen any more")
+        return (f"virtual time stalled: no progress for {self.stall_s:g} s of wall time; "
+                + "; ".join(why))

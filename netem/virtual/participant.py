@@ -1,0 +1,253 @@
+"""One process's side of virtual time: an event loop whose clock is the shared clock word and
+which tells the authority when it has nothing left to do.
+
+`VirtualLoop` is asyncio's selector loop with three changes:
+- `time()` reads the shared clock (`netem.virtual.shared`), so `asyncio.sleep`, `call_at`,
+  timeouts and aiohttp's own timers all run on the mesh's clock;
+- its selector (`ClockSelector`) reports *idle* to the authority, with the loop's earliest
+  timer and this process's byte counters, whenever the loop would block in virtual time, and
+  *busy* before it hands any event to the loop after that, so the authority never sees a
+  stale "idle" for a process that is already working;
+- every TCP socket it creates or accepts counts the bytes it sends and receives, per
+  connection (both ends of a loopback or veth connection name it by the same address pair),
+  so the authority knows when a message is still in flight;
+- work handed to threads (`run_in_executor`) keeps the process busy until it is back.
+
+Until `Agent.register` the loop runs on the shared clock without reporting (a node still
+starting up); in real-time mode it is an ordinary loop on that clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import selectors
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from .shared import SharedClock
+
+__all__ = ["CLOCK_ENV", "Agent", "VirtualLoop", "agent_from_env"]
+
+CLOCK_ENV = "MOEMESH_CLOCK"  # the run's clock folder: `time` (the clock word), `sock`
+WAKE, MODE = b"w", b"m"  # authority → process
+_CHANNEL = object()  # the selector key data of the authority's channel
+
+
+class Agent:
+    """This process's link to the authority: the clock, the channel, the counters."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.clock = SharedClock(self.folder / "time")
+        self.chan: socket.socket | None = None
+        self.name = ""
+        self.counts: dict[tuple, list[int]] = {}  # connection → [sent, received] bytes
+        self._dirty: set[tuple] = set()
+        self.threads = 0  # executor jobs not yet back
+        self.idle = False  # an idle report is standing
+        self.on_lost: Callable[[], None] | None = None  # the authority went away
+
+    # -- life ---------------------------------------------------------------------------
+    def register(self, name: str) -> None:
+        """Join the mesh's clock: from now on the authority waits for this process."""
+        chan = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        chan.connect(str(self.folder / "sock"))
+        self.name = name
+        self.chan = chan
+        self._send(["hello", name, os.getpid()])
+        self.idle = False
+        self._on_register(chan)
+
+    def _on_register(self, chan: socket.socket) -> None:  # set by the loop's selector
+        pass
+
+    def close(self) -> None:
+        """Leave on purpose (a clean exit is not a death)."""
+        if self.chan is not None:
+            with contextlib.suppress(OSError):
+                self._send(["bye"])
+            self.chan.close()
+            self.chan = None
+
+    # -- reports --------------------------------------------------------------------------
+    def _send(self, msg: list[Any]) -> None:
+        assert self.chan is not None
+        self.chan.send(msgpack.packb(msg))
+
+    def report_idle(self, deadline: float) -> None:
+        changed = [[*key, *self.counts[key]] for key in self._dirty]
+        self._dirty.clear()
+        self._send(["idle", deadline if math.isfinite(deadline) else None, changed])
+        self.idle = True
+
+    def report_busy(self) -> None:
+        if self.idle:
+            self.idle = False
+            self._send(["busy"])
+
+    def drain(self) -> bool:
+        """Read what the authority sent; True when the channel closed (the run is gone)."""
+        assert self.chan is not None
+        while True:
+            try:
+                msg = self.chan.recv(64, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
+            except OSError:
+                msg = b""
+            if not msg:
+                return True
+            if msg == WAKE:
+                self.idle = False  # the authority counts a woken process as busy
+
+    # -- byte counters ------------------------------------------------------------------
+    def count(self, key: tuple, sent: int, received: int) -> None:
+        c = self.counts.get(key)
+        if c is None:
+            c = self.counts[key] = [0, 0]
+        c[0] += sent
+        c[1] += received
+        self._dirty.add(key)
+
+
+def _endpoint(addr: Any) -> tuple[str, int]:
+    return str(addr[0]), int(addr[1])
+
+
+class _CountingSocket(socket.socket):
+    """A TCP socket that adds what it sends and receives to its process's counters."""
+
+    _agent: Agent
+    _key: tuple
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        n = super().send(data, flags)
+        self._agent.count(self._key, n, 0)
+        return n
+
+    def sendmsg(self, buffers: Any, *args: Any) -> int:
+        n = super().sendmsg(buffers, *args)
+        self._agent.count(self._key, n, 0)
+        return n
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        if data:
+            self._agent.count(self._key, 0, len(data))
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        n = super().recv_into(buffer, nbytes, flags)
+        if n:
+            self._agent.count(self._key, 0, n)
+        return n
+
+
+def _counting(sock: socket.socket, agent: Agent) -> socket.socket:
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+        return sock
+    try:
+        key = (*_endpoint(sock.getsockname()), *_endpoint(sock.getpeername()))
+    except OSError:  # not connected (any more): nothing will cross it
+        return sock
+    new = _CountingSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    new.setblocking(False)
+    new._agent, new._key = agent, key
+    return new
+
+
+class ClockSelector(selectors.EpollSelector):
+    """The loop's selector; in virtual time a wait with nothing runnable becomes an idle
+    report and a wait for the authority (see the module docstring)."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__()
+        self._agent = agent
+        self.loop: VirtualLoop | None = None
+        agent._on_register = self._attach  # type: ignore[method-assign]
+
+    def _attach(self, chan: socket.socket) -> None:
+        super().register(chan, selectors.EVENT_READ, _CHANNEL)
+
+    def _poll(self, timeout: float | None) -> tuple[list, bool]:
+        """(the loop's events, whether the authority wrote)."""
+        events, chan = [], False
+        for key, mask in super().select(timeout):
+            if key.data is _CHANNEL:
+                chan = True
+            else:
+                events.append((key, mask))
+        if chan and self._agent.drain():  # the authority is gone: the run ended under us
+            lost = self._agent.chan
+            assert lost is not None
+            super().unregister(lost)
+            lost.close()
+            self._agent.chan = None
+            if self._agent.on_lost is not None:
+                self._agent.on_lost()
+        return events, chan
+
+    def select(self, timeout: float | None = None) -> list:
+        a = self._agent
+        if a.chan is None or a.threads or (timeout is not None and timeout <= 0) or (
+                not a.clock.virtual):
+            return self._poll(timeout)[0]
+        events, _ = self._poll(0)
+        if events:
+            return events
+        assert self.loop is not None
+        a.report_idle(self.loop.next_deadline())
+        while True:
+            events, chan = self._poll(None)
+            if events:
+                a.report_busy()
+                return events
+            if chan or a.chan is None:
+                return []  # the clock moved (timers are due) or the mode changed
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """asyncio's selector loop on the mesh's shared clock (see the module docstring)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        selector = ClockSelector(agent)
+        super().__init__(selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        return self.agent.clock.now()
+
+    def next_deadline(self) -> float:
+        """When the earliest timer is due (inf: none)."""
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        return scheduled[0].when() if scheduled else math.inf
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any
+                        ) -> asyncio.Future:
+        fut = super().run_in_executor(executor, func, *args)
+        self.agent.threads += 1
+
+        def back(_: asyncio.Future) -> None:
+            self.agent.threads -= 1
+
+        fut.add_done_callback(back)
+        return fut
+
+    def _make_socket_transport(self, sock: socket.socket, protocol: Any, waiter: Any = None,
+                               *, extra: Any = None, server: Any = None) -> Any:
+        return super()._make_socket_transport(_counting(sock, self.agent), protocol, waiter,
+                                              extra=extra, server=server)
+
+
+def agent_from_env() -> Agent | None:
+    """The run's clock when this process was started inside one (MOEMESH_CLOCK)."""
+    folder = os.environ.get(CLOCK_ENV)
+    return Agent(folder) if folder else None
