@@ -20,10 +20,14 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
   the first that failed, the load where attainment crosses the target is interpolated
   linearly (`crossing`), a finer figure than the ladder's step. The climb stops after the
   first load at which every policy missed the target on faithful figures.
-* **The host must not be what saturates.** Loads are scenario time; each load runs at the time
-  dilation `base_tdf x max(1, load / base_load)`, so the host sees the same wall-clock
-  request rate at every load (the scenario's own, or the first load's when the factor is
-  calibrated there with `--tdf auto`), and what queues is the emulated devices and links.
+* **In virtual time** (`clock: virtual`) the host cannot saturate anything: every load runs
+  undilated, and the ladder goes on above its top, doubling up to `EXTRA_DOUBLINGS` times,
+  until every policy misses the target, so each capacity is a figure, not "at least the top".
+* **The host must not be what saturates** (real time). Loads are scenario time; each load
+  runs at the time dilation `base_tdf x max(1, load / base_load)`, so the host sees the
+  same wall-clock request rate at every load (the scenario's own, or the first load's when
+  the factor is calibrated there with `--tdf auto`), and what queues is the emulated devices
+  and links.
   `base_tdf` is the scenario's `capacity.time_dilation`, else its `time_dilation`
   (`--tdf` replaces both). A
   point where a policy's host overhead share (experiments.faithful's measure and 5% limit:
@@ -68,6 +72,7 @@ __all__ = ["CAPACITY_REQUESTS", "LOAD_FACTORS", "SLO_TARGET", "WARMUP_SHARE", "C
            "write_capacity"]
 
 CAPACITY_REQUESTS = 16
+EXTRA_DOUBLINGS = 5  # virtual time: loads added above the ladder (x2 each) until all saturate
 LOAD_FACTORS = (5.0, 20.0, 40.0)
 SLO_TARGET = 0.9
 WARMUP_SHARE = 0.2
@@ -113,7 +118,8 @@ def at_load(scenario: Scenario, load: float, *, base_load: float, base_tdf: floa
         if requests is not None:
             w = replace(w, requests=requests, duration_s=None,
                         warmup_s=round(WARMUP_SHARE * requests / load, 6))
-    tdf = base_tdf * max(1.0, load / base_load)
+    # in virtual time the host's work takes no emulated time: no load needs a dilation
+    tdf = 1.0 if scenario.clock == "virtual" else base_tdf * max(1.0, load / base_load)
     return replace(scenario, workload=w, faults=(), time_dilation=tdf, auto_dilation=False)
 
 
@@ -277,6 +283,8 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
         scenario = replace(scenario, time_dilation=scenario.capacity.time_dilation,
                            auto_dilation=False)
     loads = sorted(loads or default_loads(scenario))
+    if scenario.clock == "virtual":  # no host limit: climb until every policy saturates
+        loads += [loads[-1] * 2.0 ** k for k in range(1, EXTRA_DOUBLINGS + 1)]
     knob = load_knob(scenario)
     points = [at_load(scenario, v, base_load=load_of(scenario),
                       base_tdf=scenario.time_dilation, requests=requests)

@@ -7,7 +7,6 @@ on Ctrl-C (the mesh is stopped and checked for leaks first).
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 
 from .commands import _duration
@@ -37,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, metavar="RPS",
                    help="requests per second of all policies together, e.g. 2 (default: the "
                         "scenario's)")
+    p.add_argument("--clock", choices=["virtual", "realtime", "auto"],
+                   help="virtual (the scenario's clock by default where it says so) or "
+                        "realtime (dilated by --tdf); see `moemesh run --help`")
     p.add_argument("--tdf", type=float, metavar="FACTOR",
                    help="time dilation, e.g. 4 (default: the scenario's factor, 1 if auto)")
     p.add_argument("--runtime", choices=["local", "netns", "docker"],
@@ -61,8 +63,11 @@ def _chaos(args: argparse.Namespace) -> int:
     from orchestrator.chaos import ChaosSpec
 
     from .chaos import default_homes, run_chaos
+    from .clock import clock_for_overrides, resolve_clock, run_clocked
 
     scenario, arms = load_experiment(args.scenario)
+    scenario = replace(scenario, **clock_for_overrides(
+        scenario, args.clock, dilated=args.tdf is not None, changed=bool(args.runtime)))
     if args.runtime:
         scenario = replace(scenario, runtime=args.runtime,
                            shaper="auto" if scenario.shaper == "tc" and args.runtime == "local"
@@ -71,6 +76,9 @@ def _chaos(args: argparse.Namespace) -> int:
         if not args.tdf >= 1:
             raise ValueError(f"--tdf must be >= 1, got {args.tdf:g}")
         scenario = replace(scenario, time_dilation=args.tdf, auto_dilation=False)
+    scenario, notes = resolve_clock(scenario, args.clock)
+    for note in notes:
+        print(f"moemesh chaos: {note}")
     if args.rate is not None and not args.rate > 0:
         raise ValueError(f"--rate must be > 0, got {args.rate:g}")
     own = [a for a in arms if a.placement is None and a.redundancy is None]
@@ -82,5 +90,5 @@ def _chaos(args: argparse.Namespace) -> int:
     homes = (_names(args.homes, "--homes", list(scenario.topology.names))
              or list(default_homes(scenario)))
     spec = ChaosSpec(args.duration, args.seed, tuple(homes))
-    result = asyncio.run(run_chaos(scenario, own, spec, rate_rps=args.rate))
+    result = run_clocked(run_chaos(scenario, own, spec, rate_rps=args.rate), scenario)
     return 1 if result.violations else 0

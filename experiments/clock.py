@@ -15,9 +15,22 @@ from typing import Any, TypeVar
 
 from orchestrator.scenario import Scenario
 
-__all__ = ["clock_meta", "resolve_clock", "run_clocked"]
+__all__ = ["clock_for_overrides", "clock_meta", "resolve_clock", "run_clocked"]
 
 T = TypeVar("T")
+
+
+def clock_for_overrides(scenario: Scenario, flag: str | None, *, dilated: bool,
+                        changed: bool) -> dict[str, str]:
+    """The `clock` change that command-line overrides imply: a dilation (`--tdf`) asks for
+    the wall clock, another shaper or runtime may rule virtual time out (then `auto` decides);
+    an explicit `--clock virtual` with `--tdf` is a contradiction."""
+    if flag == "virtual" and dilated:
+        raise ValueError("--tdf: not with --clock virtual (in virtual time the host's work "
+                         "takes no emulated time: there is nothing to dilate)")
+    if flag is None and scenario.clock == "virtual" and (dilated or changed):
+        return {"clock": "realtime" if dilated else "auto"}
+    return {}
 
 
 def resolve_clock(scenario: Scenario, flag: str | None = None) -> tuple[Scenario, list[str]]:

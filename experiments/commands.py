@@ -22,7 +22,7 @@ from typing import Any
 
 from moe.vocab import is_number
 
-from .clock import resolve_clock, run_clocked
+from .clock import clock_for_overrides, resolve_clock, run_clocked
 
 __all__ = ["register"]
 
@@ -178,10 +178,13 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
         changes.update(time_dilation=args.tdf, auto_dilation=False)
     if changes.get("runtime") == "local" and "shaper" not in changes and scenario.shaper == "tc":
         changes["shaper"] = "auto"
+    clock = getattr(args, "clock", None)
+    changes.update(clock_for_overrides(scenario, clock, dilated=args.tdf is not None,
+                                       changed=bool(changes)))
     if changes:
         scenario = replace(scenario, **changes)
     scenario, notes = shorten(scenario, requests=args.requests, duration_s=args.duration)
-    scenario, clock_notes = resolve_clock(scenario, getattr(args, "clock", None))
+    scenario, clock_notes = resolve_clock(scenario, clock)
     notes += clock_notes
     if args.policies:
         wanted = [p.strip() for p in args.policies.split(",") if p.strip()]

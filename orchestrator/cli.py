@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "router.commands",
     "bench.engine",
     "bench.restart",
+    "bench.clock",
     "netem.commands",
     "orchestrator.commands",
     "orchestrator.mesh_commands",

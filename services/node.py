@@ -91,6 +91,11 @@ class Node:
 
     # -- life -----------------------------------------------------------------------------
     @property
+    def port(self) -> int:
+        """The port it listens on (0 before `start`)."""
+        return self._port
+
+    @property
     def url(self) -> str:
         host = self.settings.host
         if host in ("0.0.0.0", ""):

@@ -56,7 +56,7 @@ async def _main(settings: NodeSettings, agent: Agent | None = None) -> int:
             freeze_heap()
             print(ready_line(node), flush=True)
             if agent is not None:  # listening: from now on the run's clock waits for this node
-                agent.register(settings.name)
+                agent.register(settings.name, [(settings.host, node.port)])
             await stop.wait()
             print(f"moemesh node {settings.name} draining ({node.device.queue_depth} queued, "
                   f"{node.device.in_service} in service)", file=sys.stderr, flush=True)

@@ -33,9 +33,21 @@ from .authority import Authority, current
 from .participant import CLOCK_ENV, Agent, VirtualLoop, agent_from_env
 
 __all__ = ["CLOCK_ENV", "Agent", "Authority", "ClockStalled", "VirtualLoop", "agent_from_env",
-           "current", "run_on_clock", "virtual_phase"]
+           "current", "current_agent", "run_on_clock", "set_current_agent", "virtual_phase"]
 
 T = TypeVar("T")
+_AGENT: Agent | None = None
+
+
+def current_agent() -> Agent:
+    """This process's agent on the run's clock (`set_current_agent`)."""
+    assert _AGENT is not None, "this process is not on a run's clock"
+    return _AGENT
+
+
+def set_current_agent(agent: Agent | None) -> None:
+    global _AGENT
+    _AGENT = agent
 
 
 class ClockStalled(RuntimeError):

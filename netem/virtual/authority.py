@@ -67,6 +67,7 @@ class _Part:
     since: float = field(default_factory=time.monotonic)  # wall time of the last change
     leaving: bool = False
     keys: set[tuple] = field(default_factory=set)
+    listens: list[tuple[str, int]] = field(default_factory=list)  # its servers' addresses
 
 
 def _balanced(e: list) -> bool:
@@ -281,6 +282,7 @@ class Authority:
                 part.idle = False
             elif kind == "hello":
                 part.name, part.pid = str(msg[1]), int(msg[2])
+                part.listens = [(str(h), int(p)) for h, p in (msg[3] if len(msg) > 3 else ())]
                 self._expected.pop(part.name, None)
                 self._exits.discard(part.name)
             elif kind == "bye":
@@ -308,7 +310,14 @@ class Authority:
             self._sel.unregister(part.sock)
         part.sock.close()
         self._parts.pop(part.sock, None)
-        for key in part.keys:
+        served = {p for _, p in part.listens}
+        lost = set(part.keys)
+        for key, e in self._conns.items():  # bytes sent to its servers that it never counted
+            for side in (0, 1):
+                if e[4 + side] is None and key[side][1] in served and any(
+                        h in ("0.0.0.0", "::", "", key[side][0]) for h, _ in part.listens):
+                    lost.add(key)
+        for key in lost:
             e = self._conns.pop(key, None)
             if e is not None and not _balanced(e):
                 self._unbalanced -= 1

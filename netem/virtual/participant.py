@@ -25,7 +25,7 @@ import math
 import os
 import selectors
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +55,15 @@ class Agent:
         self.on_lost: Callable[[], None] | None = None  # the authority went away
 
     # -- life ---------------------------------------------------------------------------
-    def register(self, name: str) -> None:
-        """Join the mesh's clock: from now on the authority waits for this process."""
+    def register(self, name: str, listens: Sequence[tuple[str, int]] = ()) -> None:
+        """Join the mesh's clock: from now on the authority waits for this process.
+        `listens`: the addresses its servers listen on (bytes sent there that it never read
+        are forgotten if it dies)."""
         chan = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         chan.connect(str(self.folder / "sock"))
         self.name = name
         self.chan = chan
-        self._send(["hello", name, os.getpid()])
+        self._send(["hello", name, os.getpid(), [[h, int(p)] for h, p in listens]])
         self.idle = False
         self._on_register(chan)
 
