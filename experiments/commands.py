@@ -36,7 +36,7 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
+def _add_run_flags(p: argparse.ArgumentParser, both: bool = False) -> None:
     p.add_argument("scenario", type=Path,
                    help="scenario YAML, e.g. experiments/scenarios/quickstart.yaml")
     p.add_argument("--runtime", choices=["local", "netns", "docker"],
@@ -63,11 +63,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="run the whole set of policies N times, each time in a "
                         "counterbalanced order (rotated, then reversed), e.g. 4; the report "
                         "shows the run-to-run spread (default: the scenario's repeat, 1)")
-    p.add_argument("--clock", choices=["virtual", "realtime", "auto"],
+    p.add_argument("--clock", choices=["virtual", "realtime", "auto", *(["both"] if both else [])],
                    help="virtual: every process on one clock that jumps to the next event "
                         "(exact, repeatable, as fast as the host computes; app shaper, local "
                         "or netns runtime); realtime: the wall clock, dilated by --tdf; auto: "
-                        "virtual where it can run (default: the scenario's clock)")
+                        "virtual where it can run" + ("; both: virtual, then realtime, and "
+                        "their paired difference (crosscheck.md)" if both else "")
+                        + " (default: the scenario's clock)")
     p.add_argument("--tdf", type=_tdf, metavar="FACTOR",
                    help="time dilation, a factor >= 1 or auto (the smallest factor at which "
                         "the host's overhead share is small, measured on the live mesh), "
@@ -98,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "workload (queues and caches reset in between), score quality, measure the "
         "emulator's overhead, stop the mesh, and write tokens.csv, requests.csv, run.json, "
         "summary.json, report.md and plots into --out.")
-    _add_run_flags(run)
+    _add_run_flags(run, both=True)
     run.add_argument("--out", type=Path, metavar="DIR",
                      help="results folder, e.g. results/quickstart (default: results/NAME, "
                           "results/NAME-capacity with --capacity)")
@@ -252,6 +254,8 @@ def _run(args: argparse.Namespace) -> int:
         return _capacity(args)
     if args.loads:
         raise ValueError("--loads: only with --capacity")
+    if args.clock == "both":
+        return _both(args)
     scenario, arms, notes = _prepare(args)
     options = _options(args, scenario)
     out = args.out or Path("results") / scenario.name
@@ -260,6 +264,32 @@ def _run(args: argparse.Namespace) -> int:
     print(f"moemesh run: {scenario.name} done in {time.monotonic() - t0:.0f} s: "
           f"{out / 'report.md'}, {out / 'summary.json'}")
     warn_unfaithful(out)
+    return 0
+
+
+def _both(args: argparse.Namespace) -> int:
+    """`--clock both`: the scenario in virtual time, then on the wall clock (--tdf, else the
+    scenario's dilation), and the paired comparison of the two (experiments.crosscheck)."""
+    from .crosscheck import crosscheck, crosscheck_lines, write_crosscheck
+    from .live import open_live
+    from .runner import run_experiment
+
+    base = args.out or Path("results") / f"{args.scenario.stem}-clocks"
+    for clock in ("virtual", "realtime"):
+        one = argparse.Namespace(**{**vars(args), "clock": clock,
+                                    "tdf": args.tdf if clock == "realtime" else None})
+        scenario, arms, notes = _prepare(one)
+        options = _options(one, scenario)
+        t0 = time.monotonic()
+        run_clocked(run_experiment(scenario, arms, open_live, base / clock, options,
+                                   notes=notes), scenario)
+        print(f"moemesh run: {scenario.name} in {clock} time done in "
+              f"{time.monotonic() - t0:.0f} s: {base / clock / 'report.md'}")
+    data = crosscheck(base / "virtual", base / "realtime")
+    path = write_crosscheck(base, data)
+    print("\n".join(crosscheck_lines(data)))
+    print(f"moemesh run --clock both: {path}")
+    warn_unfaithful(base / "realtime")
     return 0
 
 

@@ -1,0 +1,131 @@
+"""Runs in virtual time (netem.virtual) on real node processes (the local runtime, the app
+shaper): exact and repeatable, a node that dies with no fault scheduled is named and does not
+freeze the clock, and the clock choices that cannot be honoured are clear errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from experiments.clock import resolve_clock
+from experiments.live import open_live
+from experiments.progress import RunProgress
+from experiments.runner import RunOptions, run_experiment, shorten
+from netem.virtual import run_on_clock
+from orchestrator.arms import load_experiment
+from orchestrator.scenario import Scenario
+from tests.helpers import ROOT, moemesh, moemesh_process, processes_with
+
+QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+HOST_ONLY = {"dense_host_ms"}  # the host's own time, measured beside the timeline
+
+
+def _rows(folder: Path) -> list[dict[str, str]]:
+    with (folder / "tokens.csv").open() as fh:
+        return [{k: v for k, v in r.items() if k not in HOST_ONLY} for r in csv.DictReader(fh)]
+
+
+@pytest.mark.slow
+def test_a_virtual_run_is_exact_and_repeats_to_the_bit(tmp_path: Path) -> None:
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}"
+        done = moemesh_process("run", str(QUICKSTART), "--requests", "6", "--quality-windows",
+                               "1", "--policies", "local-first,hetroute", "--quiet", "--out",
+                               str(out))
+        assert done.returncode == 0, done.stdout + done.stderr
+        outs.append(out)
+    first, second = _rows(outs[0]), _rows(outs[1])
+    assert first and first == second  # latency, emulated split, routing: identical
+    a, b = (json.loads((o / "summary.json").read_text()) for o in outs)
+    assert a["clock"] == "virtual" and a["virtual_speedup"] > 0
+    assert a["time_dilation"] == 1.0 and a["faithful"], a["unfaithful_reasons"]
+    for name, p in a["policies"].items():
+        assert p["overhead_share"] == pytest.approx(0.0, abs=1e-9)  # by construction
+        assert p["quality_delta_pct"] == b["policies"][name]["quality_delta_pct"]
+        assert p["latency_ms"] == b["policies"][name]["latency_ms"]
+    for r in first:  # the measured latency is the emulated latency
+        if r["status"] == "ok":
+            assert float(r["latency_ms"]) == pytest.approx(float(r["emulated_ms"]), abs=2e-4)
+    run = json.loads((outs[0] / "run.json").read_text())
+    assert run["clock"] == "virtual" and run["clock_stats"]["advances"] > 0
+    assert "virtual" in (outs[0] / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_node_killed_with_no_fault_is_named_and_the_run_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scenario, arms = load_experiment(QUICKSTART)
+    scenario, _ = shorten(scenario, duration_s=6.0)
+    scenario = replace(scenario, faults=())
+    scenario, _ = resolve_clock(scenario)
+    arms = tuple(a for a in arms if a.label == "hetroute")
+    killed: list[int] = []
+    seen = RunProgress.on_request
+
+    def kill_edge3_after_the_first_request(self, row, tokens) -> None:
+        seen(self, row, tokens)
+        if not killed:  # mid-arm: the workload is under way (a request came back)
+            pids = processes_with("--name edge3 ")
+            assert pids, "edge3's node process was not found"
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            killed.extend(pids)
+
+    monkeypatch.setattr(RunProgress, "on_request", kill_edge3_after_the_first_request)
+    out = tmp_path / "run"
+    run_on_clock(run_experiment(scenario, arms, open_live, out,
+                                RunOptions(quality_windows=0, quiet=True)), virtual=True)
+    assert killed
+    run = json.loads((out / "run.json").read_text())
+    assert [d["node"] for d in run["clock_stats"]["deaths"]] == ["edge3"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert not summary["faithful"]
+    assert any("edge3 died" in r for r in summary["unfaithful_reasons"])
+    assert summary["policies"]["hetroute"]["tokens"] > 0  # the others served on
+    assert processes_with("--name edge") == []
+
+
+def _scenario_text(**keys: str) -> str:
+    text = QUICKSTART.read_text()
+    for key, value in keys.items():
+        text = text.replace(f"\n{key}: ", f"\n{key}: {value}  # was: ", 1)
+    return text
+
+
+def test_virtual_time_refuses_what_it_cannot_emulate(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    topo = ROOT / "experiments" / "scenarios" / "topologies"
+    bad = tmp_path / "tc.yaml"
+    bad.write_text(_scenario_text(runtime="netns", shaper="tc").replace(
+        "topologies/edge5.yaml", str(topo / "edge5.yaml")))
+    assert moemesh("scenario", "check", str(bad)) == 2
+    err = capsys.readouterr().err
+    assert "clock" in err and "kernel delays packets in real time" in err
+    docker = tmp_path / "docker.yaml"
+    docker.write_text(_scenario_text(runtime="docker").replace(
+        "topologies/edge5.yaml", str(topo / "edge5.yaml")))
+    assert moemesh("scenario", "check", str(docker)) == 2
+    assert "runtime docker" in capsys.readouterr().err
+    assert moemesh("run", str(QUICKSTART), "--clock", "virtual", "--tdf", "2",
+                   "--out", str(tmp_path / "x")) == 2
+    assert "nothing to dilate" in capsys.readouterr().err
+
+
+def test_auto_picks_virtual_where_it_can_and_says_so() -> None:
+    scenario, _ = load_experiment(QUICKSTART)
+    v, notes = resolve_clock(replace(scenario, clock="auto"))
+    assert v.clock == "virtual" and v.time_dilation == 1.0 and not v.auto_dilation
+    assert any("virtual time" in n for n in notes)
+    tc = Scenario(**{**{f: getattr(scenario, f) for f in scenario.__dataclass_fields__},
+                     "clock": "auto", "runtime": "netns", "shaper": "tc"})
+    r, notes = resolve_clock(tc)
+    assert r.clock == "realtime" and any("kernel delays packets" in n for n in notes)
+    # an explicit dilation on a virtual scenario asks for the wall clock
+    assert resolve_clock(replace(scenario, clock="realtime"))[0].clock == "realtime"
