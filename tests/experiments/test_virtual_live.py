@@ -129,3 +129,26 @@ def test_auto_picks_virtual_where_it_can_and_says_so() -> None:
     assert r.clock == "realtime" and any("kernel delays packets" in n for n in notes)
     # an explicit dilation on a virtual scenario asks for the wall clock
     assert resolve_clock(replace(scenario, clock="realtime"))[0].clock == "realtime"
+
+
+@pytest.mark.slow
+def test_virtual_and_real_time_tell_the_same_story(tmp_path: Path) -> None:
+    """`--clock both` (what CI runs as the cross-check): the realtime run's own emulated
+    timeline equals virtual time's, and its measured mean differs by its host share."""
+    out = tmp_path / "clocks"
+    done = moemesh_process("run", str(QUICKSTART), "--clock", "both", "--requests", "6",
+                           "--quality-windows", "0", "--tdf", "8",
+                           "--policies", "greedy,hetroute", "--quiet", "--out", str(out),
+                           timeout_s=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((out / "crosscheck.json").read_text())
+    assert "Virtual against real time" in (out / "crosscheck.md").read_text()
+    assert json.loads((out / "virtual" / "summary.json").read_text())["clock"] == "virtual"
+    real = json.loads((out / "realtime" / "summary.json").read_text())
+    assert real["clock"] == "realtime" and real["time_dilation"] == 8.0
+    assert set(data["policies"]) == {"greedy", "hetroute"}
+    for name, e in data["policies"].items():
+        assert abs(e["emulated_mean"]["change_pct"]) <= 1.0, (name, e)
+        # the host's share s of each realtime token: realtime = emulated / (1 - s)
+        s = e["realtime_overhead_share"]
+        assert e["mean"]["change_pct"] == pytest.approx(100 * s / (1 - s), abs=1.0), (name, e)
