@@ -1,9 +1,12 @@
 """Weights on disk: Mixtral-style safetensors folders (ours, or as `transformers` writes them).
 
 A checkpoint folder holds `config.json` and `model.safetensors`. Tensor names follow Mixtral
-(`model.layers.L.block_sparse_moe.experts.E.w1.weight`, ...), so a folder saved by
-`transformers.MixtralForCausalLM.save_pretrained` loads here too; the fused layout of newer
-`transformers` (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) is unfused on load.
+(`model.layers.L.block_sparse_moe.experts.E.w1.weight`, ...; shared experts as
+`block_sparse_moe.shared_expert.w1.weight`), so a folder saved by `save_pretrained` of
+`transformers`' Mixtral, Qwen2-MoE or OLMoE loads here too: their `mlp.experts.E.gate_proj`
+/ `up_proj` / `down_proj` are our w1 / w3 / w2, Qwen2-MoE's `mlp.shared_expert` and
+`shared_expert_gate` our shared expert, and the fused layout of newer `transformers`
+(`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) is unfused on load.
 """
 
 from __future__ import annotations
@@ -24,15 +27,30 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
+_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+# Tensors some `transformers` versions saved that carry no weights (RoPE tables).
+_IGNORED = re.compile(r"rotary_emb\.inv_freq$")
+
+
 def _to_ours(name: str) -> str:
     name = name.removeprefix("model.")
-    return name.replace("block_sparse_moe.", "").replace("mlp.gate.", "gate.")
+    name = re.sub(r"^(layers\.\d+)\.(?:block_sparse_moe|mlp)\.", r"\1.", name)
+    name = re.sub(r"^(layers\.\d+\.)shared_experts\.", r"\1shared_expert.", name)
+    return re.sub(
+        r"^(layers\.\d+\.(?:experts\.\d+|shared_expert))\.(gate_proj|up_proj|down_proj)\.",
+        lambda m: f"{m[1]}.{_PROJ[m[2]]}.",
+        name,
+    )
 
 
 def _to_mixtral(name: str) -> str:
     if name.startswith("lm_head."):
         return name
-    name = re.sub(r"^layers\.(\d+)\.(gate|experts)\.", r"layers.\1.block_sparse_moe.\2.", name)
+    name = re.sub(
+        r"^layers\.(\d+)\.(gate|experts|shared_expert_gate|shared_expert)\.",
+        r"layers.\1.block_sparse_moe.\2.",
+        name,
+    )
     return "model." + name
 
 
@@ -92,6 +110,12 @@ def load_checkpoint(folder: Path) -> MoEModel:
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise WeightsError(f"{path} lacks {len(missing)} tensors, first {missing[0]!r}")
+    unexpected = sorted(k for k in set(tensors) - set(expected) if not _IGNORED.search(k))
+    if unexpected:
+        raise WeightsError(
+            f"{path} has {len(unexpected)} tensors its config.json does not describe, "
+            f"first {unexpected[0]!r}"
+        )
     for name, ref in expected.items():
         if tensors[name].shape != ref.shape:
             raise WeightsError(
