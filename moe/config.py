@@ -204,3 +204,15 @@ def _refuse(data: dict[str, Any], kind: str) -> None:
         raise WeightsError(f"config.json: clip_qkv {data['clip_qkv']}: unsupported")
     if kind == "olmoe" and data.get("attention_bias"):
         raise WeightsError("config.json: attention_bias true: unsupported for olmoe")
+
+
+# tiny-moe-fg: DeepSeek-MoE-16B's expert topology (64 routed experts, top-6, two shared experts
+# as wide as a routed one each) at tiny-moe's width, in 6 layers. Cutting tiny-moe's 16 experts
+# of d_ff 96 in four (the fine-grained segmentation of arXiv 2401.06066) would give d_ff 24; 32
+# is the smallest width whose int4 replicas work (moe/quant.py groups 32 weights of a row), and
+# a token's active expert width, (6 routed + 2 shared) × 32 = 256, stays near tiny-moe's
+# 2 × 96 = 192. 5.4M parameters, 10.7 MB in fp16.
+TINY_MOE_FG = ModelConfig(
+    d_model=128, d_ff=32, layers=6, experts=64, top_k=6, heads=4, kv_heads=4,
+    shared_experts=2, shared_d_ff=32,
+)
