@@ -24,6 +24,7 @@ from .errors import WeightsError
 from .model import MoEModel
 
 WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # what save_pretrained writes for sharded weights
 CONFIG_FILE = "config.json"
 
 
@@ -95,13 +96,7 @@ def load_checkpoint(folder: Path) -> MoEModel:
     if not folder.is_dir():
         raise WeightsError(f"checkpoint folder {folder} does not exist")
     config = ModelConfig.load(folder / CONFIG_FILE)
-    path = folder / WEIGHTS_FILE
-    if not path.exists():
-        raise WeightsError(f"missing weights file {path}")
-    try:
-        raw = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise WeightsError(f"corrupt weights file {path}: {exc}") from exc
+    path, raw = _read_weights(folder)
     tensors = {_to_ours(k): v for k, v in _unfuse(raw, config.d_ff).items()}
     model = MoEModel(config)
     expected = model.state_dict()
@@ -126,6 +121,35 @@ def load_checkpoint(folder: Path) -> MoEModel:
     model.eval()
     model.requires_grad_(False)
     return model
+
+
+def _read_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """(the file to name in errors, every tensor): model.safetensors, or the shards that
+    model.safetensors.index.json lists (real checkpoints of Qwen-MoE or OLMoE come sharded)."""
+    path = folder / WEIGHTS_FILE
+    index = folder / INDEX_FILE
+    if not path.exists() and index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise WeightsError(f"corrupt index file {index}: no weight_map ({exc})") from exc
+        raw: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            raw.update(_load_file(folder / shard))
+        return index, raw
+    if not path.exists():
+        raise WeightsError(f"missing weights file {path} (and no {INDEX_FILE})")
+    return path, _load_file(path)
+
+
+def _load_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.exists():
+        raise WeightsError(f"missing weights file {path}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise WeightsError(f"corrupt weights file {path}: {exc}") from exc
 
 
 def checkpoint_metadata(folder: Path) -> dict:

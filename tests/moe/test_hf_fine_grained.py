@@ -176,6 +176,29 @@ def test_a_tensor_the_config_does_not_describe_is_named(hf_pair, tmp_path: Path)
         moe.load(tmp_path)
 
 
+def test_sharded_checkpoint_loads_the_same(hf_pair, tmp_path: Path) -> None:
+    """Real Qwen-MoE and OLMoE checkpoints come in shards with an index file."""
+    hf, ours, _ = hf_pair
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert not (tmp_path / "model.safetensors").exists()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    sharded = moe.load(tmp_path)
+    tokens = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(sharded(tokens), ours(tokens), rtol=0, atol=0)
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(WeightsError, match=f"missing weights file .*{shard.name}"):
+        moe.load(tmp_path)
+
+
+def test_corrupt_index_file_is_named(hf_pair, tmp_path: Path) -> None:
+    _, _, folder = hf_pair
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(WeightsError, match=r"corrupt index file .*index\.json: no weight_map"):
+        moe.load(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("field", "value", "named"),
     [
