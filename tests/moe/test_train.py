@@ -107,3 +107,26 @@ def test_untrained_builtin_model_says_how_to_train_it() -> None:
         pytest.skip("tiny-moe-fg's weights are shipped")
     with pytest.raises(moe.WeightsError, match="moemesh model train --model tiny-moe-fg"):
         moe.load("tiny-moe-fg")
+
+
+def test_cli_trains_tiny_moe_fg_with_its_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`moemesh model train --model tiny-moe-fg` wires its shape and settings (one step here;
+    the full run is 1500)."""
+    import json
+
+    from orchestrator.cli import main
+
+    assert main(["model", "train", "--model", "tiny-moe-fg", "--steps", "1",
+                 "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "tiny-moe-fg"
+    expected = {**TRAIN_SETTINGS["tiny-moe-fg"].__dict__, "steps": 1}
+    assert out["settings"] == expected
+    assert checkpoint_metadata(tmp_path)["training"]["settings"] == expected
+    assert ModelConfig.load(tmp_path / "config.json") == BUILTIN_CONFIGS["tiny-moe-fg"]
+    with pytest.raises(SystemExit) as exit_:  # argparse: an unknown choice is bad input
+        main(["model", "train", "--model", "tiny-moe-xl", "--steps", "1"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'tiny-moe-xl'" in capsys.readouterr().err
