@@ -38,9 +38,10 @@ class TrainSettings:
 
 # What trains each built-in model (`moemesh model train --model NAME`); the shipped weights
 # record theirs. tiny-moe-fg sees the same data as tiny-moe (1500 steps of 16 windows of 256
-# bytes, 6.1M bytes, one seed), so their bits/byte differ by the architecture alone. One
-# thread, not two: on these small matrices a second thread measured no faster (1.1-1.3 s a
-# step either way) and, on a shared 2-core host, spin-waiting made single steps 10x slower.
+# bytes, 6.1M bytes, one seed), so their bits/byte differ by the architecture alone: 1.2-1.5 s
+# a step, 30-40 minutes on a quiet 2-core host. One thread, not two: on these small matrices
+# a second thread measured no faster (1.1-1.5 s a step either way) and, on a shared 2-core
+# host, its spin-waiting made single steps up to 10x slower.
 TRAIN_SETTINGS: dict[str, TrainSettings] = {
     "tiny-moe": TrainSettings(),
     "tiny-moe-fg": TrainSettings(steps=1500, threads=1),
