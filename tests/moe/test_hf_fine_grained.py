@@ -191,6 +191,18 @@ def test_sharded_checkpoint_loads_the_same(hf_pair, tmp_path: Path) -> None:
         moe.load(tmp_path)
 
 
+def test_checkpoint_in_fused_layout_loads_the_same(hf_pair, tmp_path: Path) -> None:
+    """The fused expert tensors `transformers` keeps in memory, written as they are."""
+    hf, ours, _ = hf_pair
+    tensors = {f"model.{k}": v.contiguous() for k, v in hf.model.state_dict().items()}
+    tensors["lm_head.weight"] = hf.lm_head.weight.contiguous()
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in tensors)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(hf.config.to_json_string())
+    x = torch.randn(5, D, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(moe.load(tmp_path).moe_block(1, x), ours.moe_block(1, x))
+
+
 def test_corrupt_index_file_is_named(hf_pair, tmp_path: Path) -> None:
     _, _, folder = hf_pair
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
