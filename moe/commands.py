@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from .registry import DEFAULT_MODEL, WEIGHTS_DIR
+from .registry import BUILTIN_CONFIGS, DEFAULT_MODEL, WEIGHTS_DIR
 from .vocab import FULL_PRECISION, VARIANTS
 
 
@@ -41,8 +41,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--json", action="store_true", help="print the summary as JSON")
     st.set_defaults(handler=_stats)
 
-    tr = msub.add_parser("train", help="train tiny-moe from scratch, deterministically")
-    tr.add_argument("--out", type=Path, default=WEIGHTS_DIR / DEFAULT_MODEL, help="output folder")
+    tr = msub.add_parser(
+        "train", help="train a built-in model (tiny-moe, tiny-moe-fg) from scratch, repeatably"
+    )
+    tr.add_argument(
+        "--model", default=DEFAULT_MODEL, choices=sorted(BUILTIN_CONFIGS),
+        help="which built-in model, e.g. tiny-moe-fg (default tiny-moe)",
+    )
+    tr.add_argument(
+        "--out", type=Path, help="output folder (default: the model's folder in moe/weights)"
+    )
     tr.add_argument("--steps", type=int, help="training steps (default 1500)")
     tr.add_argument("--threads", type=int, help="torch threads (default 1; changes the result)")
     tr.set_defaults(handler=_train)
@@ -135,10 +143,10 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .config import ModelConfig
-    from .train import TrainSettings, train
+    from .train import TRAIN_SETTINGS, TrainSettings, train
 
-    settings = TrainSettings()
+    settings = TRAIN_SETTINGS[args.model]
+    out = args.out or WEIGHTS_DIR / args.model
     overrides = {k: v for k, v in (("steps", args.steps), ("threads", args.threads)) if v}
     if any(v < 1 for v in overrides.values()):
         raise ValueError(f"--steps and --threads must be >= 1, got {overrides}")
@@ -149,6 +157,6 @@ def _train(args: argparse.Namespace) -> int:
         def show(step: int, bpb: float, secs: float) -> None:
             bar.update(task, completed=step, info=f"bits/byte {bpb:.3f}  {secs:.0f}s")
 
-        info = train(ModelConfig(), settings, args.out, show)
-    print(json.dumps({"out": str(args.out), **info}, indent=2))
+        info = train(BUILTIN_CONFIGS[args.model], settings, out, show)
+    print(json.dumps({"model": args.model, "out": str(out), **info}, indent=2))
     return 0

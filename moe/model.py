@@ -1,10 +1,13 @@
 """The MoE language model: Mixtral-style blocks with experts addressable one by one.
 
-A layer is `h += attn(norm1(h)); x = norm2(h); h += moe(x)`, where `moe(x)` picks the top-k
-experts per row from a softmax gate and sums their SwiGLU outputs with the renormalised gate
-weights (as Mixtral and `transformers`' MixtralSparseMoeBlock do). The dense part (embedding,
-attention, gate, head) stays on the home node; `moe(x)` is the seam where a router can send
-the work anywhere, through the `executor` hook of `nll` and `forward`.
+A layer is `h += attn(norm1(h)); x = norm2(h); h += moe(x) + shared(x)`, where `moe(x)` picks
+the top-k experts per row from a softmax gate and sums their SwiGLU outputs with the
+renormalised gate weights (as Mixtral and `transformers`' MixtralSparseMoeBlock do; with
+`norm_topk_prob` off, the plain top-k probabilities, as OLMoE and Qwen2-MoE), and `shared(x)`
+is the fine-grained models' always-on shared experts (zero in tiny-moe). The dense part
+(embedding, attention, gate, shared experts, head) stays on the home node; `moe(x)` is the seam
+where a router can send the work anywhere, through the `executor` hook of `nll` and `forward`;
+a caller that runs the routed experts itself adds the shared ones with `with_shared`.
 
 Inference takes a fast path (`MoEModel.fast`, on by default) whenever no autograd graph is
 wanted (grad disabled, or the weights frozen, as `moe.load` leaves them): one matmul for q/k/v,
@@ -20,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .errors import ExpertIndexError
+from .kvcache import KVCache
 from .vocab import FULL_PRECISION, VARIANTS
 
 # Bumped whenever any module or parameter is (re)assigned anywhere: the fast path's cached
@@ -72,47 +75,6 @@ class Expert(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-@dataclass
-class KVCache:
-    """Keys and values per layer for incremental decoding; `length` is the tokens seen.
-
-    `keys[layer]` and `values[layer]` are [B, kv_heads, length, head_dim] (keys after RoPE).
-    The fast path keeps them as views of one preallocated buffer per layer
-    ([B, 2·kv_heads, capacity, head_dim], capacity doubling when full) instead of growing
-    them with torch.cat at every token.
-    """
-
-    keys: list[Tensor | None] = field(default_factory=list)
-    values: list[Tensor | None] = field(default_factory=list)
-    length: int = 0
-    buffers: list[Tensor | None] = field(default_factory=list, repr=False)
-
-    def _buffer(self, layer: int, like: Tensor, kv_heads: int, head_dim: int, end: int) -> Tensor:
-        """Layer's buffer [B, 2·kv_heads, capacity, head_dim] (keys' heads, then values'),
-        with room for `end` positions; what is cached so far is carried over."""
-        while len(self.buffers) <= layer:
-            self.buffers.append(None)
-        buf = self.buffers[layer]
-        b = like.shape[0]
-        if buf is not None and buf.shape[2] >= end and (buf.shape[0], buf.dtype) == (b, like.dtype):
-            return buf
-        cap = max(64, end, 2 * buf.shape[2] if buf is not None else 0)
-        with torch.inference_mode(False):  # a normal tensor: any mode may write to it
-            new = torch.empty((b, 2 * kv_heads, cap, head_dim), dtype=like.dtype,
-                              device=like.device)
-        while len(self.keys) <= layer:
-            self.keys.append(None)
-            self.values.append(None)
-        old_k, old_v = self.keys[layer], self.values[layer]
-        if old_k is not None and old_v is not None and old_k.shape[:2] == (b, kv_heads):
-            # carry over what is cached (by either path)
-            n = old_k.shape[2]
-            new[:, :kv_heads, :n] = old_k
-            new[:, kv_heads:, :n] = old_v
-        self.buffers[layer] = new
-        return new
-
-
 @contextmanager
 def _plain() -> Iterator[None]:
     """For tensors the fast path keeps: normal tensors (not inference ones), no autograd."""
@@ -140,17 +102,23 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.d_model, cfg.heads * hd, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=False)
+        self.q_proj = nn.Linear(cfg.d_model, cfg.heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.heads * hd, cfg.d_model, bias=False)
+        if cfg.qk_norm:  # OLMoE: RMSNorm over the whole projection, before the heads split
+            self.q_norm = RMSNorm(cfg.heads * hd, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.kv_heads * hd, cfg.norm_eps)
 
     def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0) -> Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
         start = cache.length if cache is not None else 0
-        q = self.q_proj(x).view(b, t, cfg.heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, t, cfg.heads, cfg.head_dim).transpose(1, 2)
+        k = k.view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
         cos, sin = _rope_tables(cfg, torch.arange(start, start + t))
         q = q * cos + _rotate_half(q) * sin
@@ -181,12 +149,20 @@ class MoELayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.gate = nn.Linear(cfg.d_model, cfg.experts, bias=False)
         self.experts = nn.ModuleList(Expert(cfg.d_model, cfg.d_ff) for _ in range(cfg.experts))
+        if cfg.shared_experts:
+            # All shared experts of the layer as one SwiGLU of their summed width: the same sum
+            # (DeepSeek stores them so too); Qwen2-MoE's one is scaled by sigmoid(gate(x)).
+            self.shared_expert = Expert(cfg.d_model, cfg.shared_width)
+            if cfg.shared_gate:
+                self.shared_expert_gate = nn.Linear(cfg.d_model, 1, bias=False)
 
 
-def topk_route(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-k experts per row and their weights renormalised over the k (Mixtral's gate)."""
+def topk_route(logits: Tensor, k: int, normalize: bool = True) -> tuple[Tensor, Tensor]:
+    """Top-k experts per row and their softmax weights, renormalised over the k (Mixtral's
+    gate) or, with `normalize` False, as they are (OLMoE's and Qwen2-MoE's default)."""
     weights, idx = torch.topk(logits.float().softmax(dim=-1), k, dim=-1)
-    weights = weights / weights.sum(dim=-1, keepdim=True)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
     return idx, weights.to(logits.dtype)
 
 
@@ -248,6 +224,8 @@ class _FastLayer:
         "expert_modules",
         "experts",
         "key",
+        "shared",
+        "shared_gate",
         "sources",
         "w_gate",
         "w_in",
@@ -272,9 +250,17 @@ class _FastLayer:
             (m.w1.weight, m.w3.weight, m.w2.weight) if type(m) is Expert else None
             for m in self.expert_modules
         ]
+        shared = getattr(blk, "shared_expert", None)
+        self.shared = (
+            (shared.w1.weight, shared.w3.weight, shared.w2.weight) if shared is not None else ()
+        )
+        gate = getattr(blk, "shared_expert_gate", None)
+        self.shared_gate = gate.weight if gate is not None else None
         self.weights = (
             *self.sources,
             *(w for trio in self.experts if trio is not None for w in trio),
+            *self.shared,
+            *((self.shared_gate,) if self.shared_gate is not None else ()),
         )
         self.key = None
         self.refresh()
@@ -305,6 +291,16 @@ class _FastLayer:
         w1, w3, w2 = trio
         return F.linear(F.silu(F.linear(rows, w1)) * F.linear(rows, w3), w2)
 
+    def add_shared(self, x: Tensor, routed: Tensor) -> Tensor:
+        """routed + the shared experts' output on x (routed itself when there are none)."""
+        if not self.shared:
+            return routed
+        w1, w3, w2 = self.shared
+        y = F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+        if self.shared_gate is not None:
+            y = torch.sigmoid(F.linear(x, self.shared_gate)) * y
+        return routed + y
+
 
 def _unit_rms(x: Tensor, c: Tensor) -> Tensor:
     """x / sqrt(Σx² + c²): RMSNorm without its weight, divided by √d (c² = d·eps). 3 ops."""
@@ -329,6 +325,7 @@ class MoEModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self._quantized: dict[tuple[int, int, str], nn.Module] = {}
         self.fast = True  # inference fast path (see the module's docstring); False: modules only
+        self._attention_extras = config.qkv_bias or config.qk_norm
         self._fast_layers: list[_FastLayer | None] = [None] * config.layers
         self._head: tuple | None = None  # (key, *_head_weights()) for `head`
         # RoPE per position and column of [q | k | v]: cos, signed sin, and one row per position
@@ -340,8 +337,10 @@ class MoEModel(nn.Module):
 
     # -- fast path --------------------------------------------------------------------------
     def _fast(self, layer: int) -> _FastLayer | None:
-        """The layer's fast-path weights, or None where the module path must run."""
-        if not self.fast:
+        """The layer's fast-path weights, or None where the module path must run (also for
+        checkpoints whose attention has q/k/v biases or q/k norms: the fused projection
+        assumes neither)."""
+        if not self.fast or self._attention_extras:
             return None
         f = self._fast_layers[layer]
         if f is None or f.epoch != _REGISTRATIONS[0]:
@@ -503,7 +502,8 @@ class MoEModel(nn.Module):
         """(experts [N, k], weights [N, k]) chosen by the gate for each row of h."""
         f = self._fast(layer)
         if f is None:
-            return topk_route(self.gate_logits(layer, h), self.config.top_k)
+            cfg = self.config
+            return topk_route(self.gate_logits(layer, h), cfg.top_k, cfg.norm_topk_prob)
         f.refresh()
         return self._route_fast(f, h)
 
@@ -511,6 +511,8 @@ class MoEModel(nn.Module):
         # Softmax is monotonic and renormalising over the top k is a softmax over their
         # logits: the same choice and weights as topk_route, with 2 ops instead of 5.
         logits = torch.mm(h, f.w_gate) if h.dim() == 2 else torch.matmul(h, f.w_gate)
+        if not self.config.norm_topk_prob:
+            return topk_route(logits, self.config.top_k, normalize=False)
         top, idx = torch.topk(logits, self.config.top_k, dim=-1)
         if top.dtype == torch.float32:
             return idx, torch.softmax(top, dim=-1)
@@ -524,10 +526,26 @@ class MoEModel(nn.Module):
         experts = self.layers[layer].experts
         return combine_experts(h, idx, weights, lambda e, rows: experts[e](rows))
 
+    def with_shared(self, layer: int, h: Tensor, routed: Tensor) -> Tensor:
+        """The MoE block's output from its routed part: `routed` plus the layer's shared
+        experts on rows h [N, d] (run here, at home). Returns `routed` itself when the model
+        has no shared experts, so tiny-moe's sums are untouched."""
+        if not self.config.shared_experts:
+            return routed
+        f = self._fast(layer)
+        if f is not None:
+            return f.add_shared(h, routed)
+        blk = self.layers[layer]
+        y = blk.shared_expert(h)
+        if self.config.shared_gate:
+            y = torch.sigmoid(blk.shared_expert_gate(h)) * y
+        return routed + y
+
     def moe_block(self, layer: int, h: Tensor) -> Tensor:
-        """Exact top-k MoE output for rows h [N, d] (full precision, local)."""
+        """Exact MoE output for rows h [N, d]: top-k routed experts plus any shared ones
+        (full precision, local)."""
         idx, weights = self.route(layer, h)
-        return self.run_experts(layer, h, idx, weights)
+        return self.with_shared(layer, h, self.run_experts(layer, h, idx, weights))
 
     def head(self, h: Tensor) -> Tensor:
         w = self.lm_head.weight
@@ -559,7 +577,7 @@ class MoEModel(nn.Module):
                         h = self._attn_fast(f, layer, h, b, t, cache, refresh=False)
                         x = f.w_post * _unit_rms(h, f.c2)
                         idx, weights = self._route_fast(f, x)
-                        h = h + combine_experts(x, idx, weights, f.run_expert)
+                        h = h + f.add_shared(x, combine_experts(x, idx, weights, f.run_expert))
                     logits = self.head(h).view(b, t, -1)
                 if cache is not None:
                     cache.length += t
@@ -569,7 +587,7 @@ class MoEModel(nn.Module):
             x = self.moe_input(layer, h).reshape(b * t, d)
             idx, weights = self.route(layer, x)
             run = executor or self.run_experts
-            h = h + run(layer, x, idx, weights).reshape(b, t, d)
+            h = h + self.with_shared(layer, x, run(layer, x, idx, weights)).reshape(b, t, d)
         if cache is not None:
             cache.length += t
         return self.head(h)

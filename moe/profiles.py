@@ -214,35 +214,43 @@ _PROFILES: dict[str, ModelProfile] = {
 }
 
 TINY = "tiny-moe"
+TINY_FG = "tiny-moe-fg"
+OWN = (TINY, TINY_FG)  # the models this package trains (moe.registry.BUILTIN_CONFIGS)
 
 
 def profile_of(config: ModelConfig, name: str = TINY) -> ModelProfile:
-    """The profile of one of our own models, from its ModelConfig (every layer is MoE, SwiGLU)."""
+    """The profile of one of our own models, from its ModelConfig (every layer is MoE, SwiGLU).
+
+    Shared experts enter as `shared_experts` of `shared_d_ff`, so `dense_flops_per_token`
+    (the home node's emulated dense cost) includes them; a Qwen-style shared gate's d_model
+    weights per layer are left out (under 0.1% of the shared expert's)."""
     return ModelProfile(
         name, layers=config.layers, experts=config.experts, top_k=config.top_k,
         d_model=config.d_model, d_ff=config.d_ff, heads=config.heads, kv_heads=config.kv_heads,
         head_dim=config.head_dim, vocab_size=config.vocab_size,
+        shared_experts=config.shared_experts, shared_d_ff=config.shared_d_ff,
         tied_embeddings=config.tie_embeddings, source="moe ModelConfig",
     )
 
 
-def _tiny_profile() -> ModelProfile:
-    """tiny-moe from its checked-in config.json, or from ModelConfig's defaults before training."""
-    from .registry import WEIGHTS_DIR
+def _own_profile(name: str) -> ModelProfile:
+    """One of our models from its checked-in config.json, or from its built-in shape before
+    it is trained."""
+    from .registry import BUILTIN_CONFIGS, WEIGHTS_DIR
 
-    path = WEIGHTS_DIR / TINY / "config.json"
-    config = ModelConfig.load(path) if path.exists() else ModelConfig()
-    return profile_of(config, TINY)
+    path = WEIGHTS_DIR / name / "config.json"
+    config = ModelConfig.load(path) if path.exists() else BUILTIN_CONFIGS[name]
+    return profile_of(config, name)
 
 
 def names() -> list[str]:
-    return [*_PROFILES, TINY]
+    return [*_PROFILES, *OWN]
 
 
 def get(name: str) -> ModelProfile:
     """A profile by name; an unknown name raises UnknownModelError listing the known ones."""
     if name in _PROFILES:
         return _PROFILES[name]
-    if name == TINY:
-        return _tiny_profile()
+    if name in OWN:
+        return _own_profile(name)
     raise UnknownModelError(f"unknown model profile {name!r}; known: {', '.join(names())}")

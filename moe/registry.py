@@ -5,11 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from .checkpoint import load_checkpoint
-from .errors import UnknownModelError
+from .config import TINY_MOE_FG, ModelConfig
+from .errors import UnknownModelError, WeightsError
 from .model import MoEModel
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEFAULT_MODEL = "tiny-moe"
+
+# The models this package trains itself (`moemesh model train --model NAME`), by shape.
+BUILTIN_CONFIGS: dict[str, ModelConfig] = {DEFAULT_MODEL: ModelConfig(), "tiny-moe-fg": TINY_MOE_FG}
 
 
 def builtin_models() -> list[str]:
@@ -23,6 +27,11 @@ def model_dir(name_or_path: str | Path) -> Path:
     text = str(name_or_path)
     if text in builtin_models():
         return WEIGHTS_DIR / text
+    if text in BUILTIN_CONFIGS and not Path(text).is_dir():
+        raise WeightsError(
+            f"built-in model {text!r} has no weights in {WEIGHTS_DIR / text} yet: "
+            f"train them with `moemesh model train --model {text}`"
+        )
     path = Path(text).expanduser()
     if path.is_dir():
         return path

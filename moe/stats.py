@@ -94,7 +94,7 @@ class _Runner:
             idx, weights = m.route(layer, x)
             y = m.run_experts(layer, x, idx, weights)
             self.records.append(_Record(x, idx, weights, y))
-            h = h + y.reshape(b, t, d)
+            h = h + m.with_shared(layer, x, y).reshape(b, t, d)
         return self._nll(h)
 
     def _nll(self, h: Tensor) -> float:
@@ -112,7 +112,7 @@ class _Runner:
             h = m.attn_block(layer, h)
             x = m.moe_input(layer, h).reshape(b * t, d)
             idx, weights = m.route(layer, x)
-            h = h + executor(layer, x, idx, weights).reshape(b, t, d)
+            h = h + m.with_shared(layer, x, executor(layer, x, idx, weights)).reshape(b, t, d)
         return self._nll(h)
 
 

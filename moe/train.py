@@ -36,6 +36,18 @@ class TrainSettings:
     threads: int = 1
 
 
+# What trains each built-in model (`moemesh model train --model NAME`); the shipped weights
+# record theirs. tiny-moe-fg sees the same data as tiny-moe (1500 steps of 16 windows of 256
+# bytes, 6.1M bytes, one seed), so their bits/byte differ by the architecture alone: 1.2-1.5 s
+# a step, 30-40 minutes on a quiet 2-core host. One thread, not two: on these small matrices
+# a second thread measured no faster (1.1-1.5 s a step either way) and, on a shared 2-core
+# host, its spin-waiting made single steps up to 10x slower.
+TRAIN_SETTINGS: dict[str, TrainSettings] = {
+    "tiny-moe": TrainSettings(),
+    "tiny-moe-fg": TrainSettings(steps=1500, threads=1),
+}
+
+
 def _lr_at(step: int, s: TrainSettings) -> float:
     if step < s.warmup:
         return s.lr * (step + 1) / s.warmup
@@ -55,11 +67,11 @@ def _loss(model: MoEModel, batch: torch.Tensor, aux_weight: float) -> tuple[torc
         x = model.moe_input(layer, h).reshape(b * t, d)
         probs = model.gate_logits(layer, x).softmax(dim=-1)
         weights, idx = torch.topk(probs, cfg.top_k, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        if cfg.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
         experts = model.layers[layer].experts
-        h = h + combine_experts(x, idx, weights, lambda e, rows, ex=experts: ex[e](rows)).view(
-            b, t, d
-        )
+        routed = combine_experts(x, idx, weights, lambda e, rows, ex=experts: ex[e](rows))
+        h = h + model.with_shared(layer, x, routed).view(b, t, d)
         share = F.one_hot(idx, cfg.experts).float().sum(dim=1).mean(dim=0) / cfg.top_k
         aux = aux + cfg.experts * (share * probs.mean(dim=0)).sum()
     ce = F.cross_entropy(model.head(h).reshape(b * t, -1), targets.reshape(-1))

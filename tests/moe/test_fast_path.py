@@ -159,3 +159,40 @@ def test_training_runs_the_modules_and_gets_gradients(tmp_path) -> None:
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
     save_model(model, tmp_path, dtype=torch.float32)
     assert load(tmp_path).nll(tokens) == pytest.approx(model.nll(tokens), abs=1e-5)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_fine_grained_model_fast_path_matches_the_modules(tmp_path, norm_topk_prob) -> None:
+    """Shared experts (gated too) and unnormalised top-k weights on both paths, with a cache."""
+    from moe import ModelConfig
+
+    torch.manual_seed(4)
+    cfg = ModelConfig(d_model=32, d_ff=8, layers=2, experts=16, top_k=6, heads=4, kv_heads=2,
+                      shared_experts=2, shared_d_ff=8, shared_gate=True,
+                      norm_topk_prob=norm_topk_prob)
+    save_model(MoEModel(cfg), tmp_path, dtype=torch.float32)
+    model = load(tmp_path)
+    tokens = _tokens(1, 12)
+    with torch.no_grad():
+        fast, slow = _both(model, lambda: model(tokens))
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
+
+    def decode():
+        cache = KVCache()
+        with torch.no_grad():
+            outs = [model(tokens[:, :8], cache=cache)[:, -1]]
+            outs += [model(tokens[:, t : t + 1], cache=cache)[:, -1] for t in range(8, 12)]
+        return torch.stack(outs, 1)
+
+    fast_steps, slow_steps = _both(model, decode)
+    torch.testing.assert_close(fast_steps, slow_steps, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fast_steps, fast[:, 7:], rtol=1e-4, atol=1e-5)
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(2))
+    (fi, fw), (si, sw) = _both(model, lambda: model.route(1, x))
+    assert torch.equal(fi, si)
+    torch.testing.assert_close(fw, sw)
+    sums = fw.sum(-1)
+    if norm_topk_prob:
+        torch.testing.assert_close(sums, torch.ones_like(sums))
+    else:
+        assert float(sums.max()) < 0.999

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -111,6 +113,25 @@ def test_profile_of_our_config_matches_the_model() -> None:
     assert p.total_params() == sum(
         t.numel() for n, t in model.state_dict().items() if "norm" not in n
     )
+
+
+def test_shared_experts_of_our_models_are_in_the_profile_and_the_dense_cost() -> None:
+    """tiny-moe-fg's two shared experts run at home: the emulated dense cost includes them."""
+    from moe.registry import BUILTIN_CONFIGS
+
+    cfg = BUILTIN_CONFIGS["tiny-moe-fg"]
+    p = get("tiny-moe-fg")
+    assert "tiny-moe-fg" in names()
+    assert (p.experts, p.top_k, p.shared_experts, p.shared_d_ff) == (64, 6, 2, 32)
+    model = MoEModel(cfg)
+    assert p.total_params() == sum(
+        t.numel() for n, t in model.state_dict().items() if "norm" not in n
+    )
+    assert p.shared_expert_bytes("fp16") == 2 * model.layers[0].shared_expert.w1.weight.numel() * 3
+    without = profile_of(dataclasses.replace(cfg, shared_experts=0, shared_d_ff=0))
+    # per token and layer: 2 FLOPs per weight of the shared SwiGLU (3 matrices 128 x 64)
+    extra = p.dense_flops_per_token() - without.dense_flops_per_token()
+    assert extra == cfg.layers * 2 * 3 * 128 * 64
 
 
 def test_bad_profile_is_refused() -> None:

@@ -67,6 +67,20 @@ def test_restarted_passes_equal_model_nll(small_model: MoEModel, calib: torch.Te
     assert runner.nll_from(1, one) == small_model.nll(calib, executor=one)
 
 
+def test_restarted_passes_include_shared_experts(calib: torch.Tensor) -> None:
+    """A fine-grained model's shared experts are in every pass the statistics measure."""
+    from moe import ModelConfig
+
+    torch.manual_seed(2)
+    model = MoEModel(ModelConfig(d_model=32, d_ff=32, layers=2, experts=16, top_k=6, heads=2,
+                                 kv_heads=2, shared_experts=2, shared_d_ff=32))
+    model.eval().requires_grad_(False)
+    runner = _Runner(model, calib)
+    assert runner.record() == pytest.approx(model.nll(calib), rel=1e-6)
+    whole = variant_executor(model, "int4")
+    assert runner.nll_from(0, whole) == pytest.approx(model.nll(calib, executor=whole), rel=1e-6)
+
+
 def test_routing_tables(stats: GateStats, small_model: MoEModel, calib: torch.Tensor) -> None:
     cfg = small_model.config
     assert (stats.layers, stats.experts, stats.top_k) == (cfg.layers, cfg.experts, cfg.top_k)

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
+import moe
 from moe import ModelConfig
 from moe.checkpoint import checkpoint_metadata
-from moe.registry import WEIGHTS_DIR
-from moe.train import TrainSettings, train
+from moe.registry import BUILTIN_CONFIGS, WEIGHTS_DIR
+from moe.train import TRAIN_SETTINGS, TrainSettings, train
 
 SMALL = ModelConfig(d_model=32, d_ff=32, layers=2, experts=4, top_k=2, heads=2, kv_heads=2)
+# tiny-moe-fg's layout in small: many experts, top-6, two shared experts
+SMALL_FG = ModelConfig(
+    d_model=32, d_ff=8, layers=2, experts=16, top_k=6, heads=2, kv_heads=2,
+    shared_experts=2, shared_d_ff=8,
+)
 
 
-def _train(folder: Path, seed: int = 5) -> dict[str, torch.Tensor]:
-    settings = TrainSettings(steps=3, batch=2, seq=32, warmup=1, seed=seed)
-    train(SMALL, settings, folder)
+def _train(
+    folder: Path, seed: int = 5, config: ModelConfig = SMALL, threads: int = 1
+) -> dict[str, torch.Tensor]:
+    settings = TrainSettings(steps=3, batch=2, seq=32, warmup=1, seed=seed, threads=threads)
+    train(config, settings, folder)
     return load_file(str(folder / "model.safetensors"))
 
 
@@ -37,5 +46,87 @@ def test_another_seed_other_weights(tmp_path: Path) -> None:
 def test_shipped_weights_record_the_default_settings() -> None:
     """`moemesh model train` with no flags uses exactly what trained the shipped weights."""
     info = checkpoint_metadata(WEIGHTS_DIR / "tiny-moe")["training"]
-    assert info["settings"] == TrainSettings().__dict__
+    assert info["settings"] == TrainSettings().__dict__ == TRAIN_SETTINGS["tiny-moe"].__dict__
     assert ModelConfig.load(WEIGHTS_DIR / "tiny-moe" / "config.json") == ModelConfig()
+
+
+def test_tiny_moe_config_file_is_what_its_config_writes(tmp_path: Path) -> None:
+    """Retraining tiny-moe writes its config.json byte for byte: the fine-grained fields are
+    left out at their defaults."""
+    ModelConfig().save(tmp_path / "config.json")
+    shipped = (WEIGHTS_DIR / "tiny-moe" / "config.json").read_text()
+    assert (tmp_path / "config.json").read_text() == shipped
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_shared_expert_model_trains_deterministically(tmp_path: Path, threads: int) -> None:
+    a = _train(tmp_path / "a", config=SMALL_FG, threads=threads)
+    b = _train(tmp_path / "b", config=SMALL_FG, threads=threads)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    shared = "model.layers.1.block_sparse_moe.shared_expert.w2.weight"
+    assert shared in a
+    loaded = moe.load(tmp_path / "a")
+    assert loaded.config == SMALL_FG
+    torch.testing.assert_close(loaded.layers[1].shared_expert.w2.weight, a[shared].float())
+
+
+def test_the_training_loss_reaches_the_shared_expert() -> None:
+    """Its output is in the loss (weight decay alone would move it too: check the gradient)."""
+    from moe import MoEModel
+    from moe.train import _loss
+
+    torch.manual_seed(0)
+    model = MoEModel(SMALL_FG)
+    batch = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
+    loss, _ = _loss(model, batch, 0.01)
+    loss.backward()
+    for layer in model.layers:
+        assert float(layer.shared_expert.w2.weight.grad.abs().sum()) > 0
+
+
+def test_tiny_moe_fg_shape_fits_the_budget() -> None:
+    """Under ~20 MB in fp16, fine-grained (64 experts, top-6), shared experts at home."""
+    cfg = BUILTIN_CONFIGS["tiny-moe-fg"]
+    assert (cfg.experts, cfg.top_k, cfg.shared_experts, cfg.layers) == (64, 6, 2, 6)
+    from moe import MoEModel
+
+    params = sum(p.numel() for p in MoEModel(cfg).parameters())
+    assert 2 * params < 20e6
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    settings = TRAIN_SETTINGS["tiny-moe-fg"]
+    tiny = TRAIN_SETTINGS["tiny-moe"]
+    # the same data as tiny-moe: bits/byte compares the architectures
+    assert (settings.steps, settings.batch, settings.seq, settings.seed) == (
+        tiny.steps, tiny.batch, tiny.seq, tiny.seed
+    )
+
+
+def test_untrained_builtin_model_says_how_to_train_it() -> None:
+    if (WEIGHTS_DIR / "tiny-moe-fg" / "config.json").exists():
+        pytest.skip("tiny-moe-fg's weights are shipped")
+    with pytest.raises(moe.WeightsError, match="moemesh model train --model tiny-moe-fg"):
+        moe.load("tiny-moe-fg")
+
+
+def test_cli_trains_tiny_moe_fg_with_its_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`moemesh model train --model tiny-moe-fg` wires its shape and settings (one step here;
+    the full run is 1500)."""
+    import json
+
+    from orchestrator.cli import main
+
+    assert main(["model", "train", "--model", "tiny-moe-fg", "--steps", "1",
+                 "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "tiny-moe-fg"
+    expected = {**TRAIN_SETTINGS["tiny-moe-fg"].__dict__, "steps": 1}
+    assert out["settings"] == expected
+    assert checkpoint_metadata(tmp_path)["training"]["settings"] == expected
+    assert ModelConfig.load(tmp_path / "config.json") == BUILTIN_CONFIGS["tiny-moe-fg"]
+    with pytest.raises(SystemExit) as exit_:  # argparse: an unknown choice is bad input
+        main(["model", "train", "--model", "tiny-moe-xl", "--steps", "1"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'tiny-moe-xl'" in capsys.readouterr().err
