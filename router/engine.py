@@ -143,10 +143,13 @@ class RealSteps:
         m = self.model
         self.h = m.attn_block(layer, self.h, self.cache)
         x = m.moe_input(layer, self.h).reshape(-1, self.h.shape[-1])
+        self._x = x  # the shared experts (if any) run on these rows at home
         idx, w = m.route(layer, x)
         return x, idx, w
 
+    @torch.no_grad()
     def layer_output(self, layer: int, y: Tensor) -> None:
+        y = self.model.with_shared(layer, self._x, y)  # y itself when there are none
         self.h = self.h + y.reshape(self.h.shape)
 
     @torch.no_grad()

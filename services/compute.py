@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from moe import MoEModel, profiles
-from moe.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from moe.checkpoint import CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE
 from moe.config import ModelConfig
 from moe.registry import model_dir
 from moe.vocab import ACTIVATION_BYTES
@@ -172,7 +172,8 @@ def _swiglu(module: Any) -> Callable[[Tensor], Tensor]:
 
 
 def _is_checkpoint(folder: Path) -> bool:
-    return (folder / CONFIG_FILE).exists() and (folder / WEIGHTS_FILE).exists()
+    return (folder / CONFIG_FILE).exists() and (
+        (folder / WEIGHTS_FILE).exists() or (folder / INDEX_FILE).exists())  # one file or shards
 
 
 def make_compute(model: str, mode: str = "auto") -> ExpertCompute:
