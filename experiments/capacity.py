@@ -21,8 +21,11 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
   linearly (`crossing`), a finer figure than the ladder's step. The climb stops after the
   first load at which every policy missed the target on faithful figures.
 * **In virtual time** (`clock: virtual`) the host cannot saturate anything: every load runs
-  undilated, and the ladder goes on above its top, doubling up to `EXTRA_DOUBLINGS` times,
-  until every policy misses the target, so each capacity is a figure, not "at least the top".
+  undilated, with `steady_requests` requests (`STEADY_SPAN_S` of arrivals, so a load above a
+  policy's capacity overloads it steadily instead of as a burst of 16), and the ladder goes
+  on above its top, doubling up to `EXTRA_DOUBLINGS` times, until every policy misses the
+  target, so each capacity is a figure, not "at least the top". A policy that missed at a
+  load is not run at the higher ones (it would only miss more), which keeps the climb short.
 * **The host must not be what saturates** (real time). Loads are scenario time; each load
   runs at the time dilation `base_tdf x max(1, load / base_load)`, so the host sees the
   same wall-clock request rate at every load (the scenario's own, or the first load's when
@@ -66,13 +69,31 @@ from orchestrator.scenario import Scenario
 
 from .faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT
 
-__all__ = ["CAPACITY_REQUESTS", "LOAD_FACTORS", "SLO_TARGET", "WARMUP_SHARE", "Capacity",
-           "Figure", "at_load", "capacity_arms", "capacity_of", "default_loads", "figures_of",
-           "load_knob", "load_of", "rebuild_capacity", "run_capacity", "should_stop",
-           "write_capacity"]
+__all__ = [
+    "CAPACITY_REQUESTS",
+    "LOAD_FACTORS",
+    "SLO_TARGET",
+    "WARMUP_SHARE",
+    "Capacity",
+    "Figure",
+    "at_load",
+    "capacity_arms",
+    "capacity_of",
+    "default_loads",
+    "figures_of",
+    "load_knob",
+    "load_of",
+    "rebuild_capacity",
+    "run_capacity",
+    "should_stop",
+    "steady_requests",
+    "write_capacity",
+]
 
 CAPACITY_REQUESTS = 16
 EXTRA_DOUBLINGS = 5  # virtual time: loads added above the ladder (x2 each) until all saturate
+STEADY_SPAN_S = 0.6  # virtual time: scenario seconds of arrivals per load (see steady_requests)
+STEADY_MAX = 240  # ... and at most this many requests per load and arm
 LOAD_FACTORS = (5.0, 20.0, 40.0)
 SLO_TARGET = 0.9
 WARMUP_SHARE = 0.2
@@ -98,6 +119,16 @@ def default_loads(scenario: Scenario) -> list[float]:
     if load_knob(scenario) == "concurrency":
         loads = sorted({float(max(1, round(x))) for x in loads})
     return loads
+
+
+def steady_requests(load: float, least: int, knob: str = "rate") -> int:
+    """Requests for one load in virtual time: `STEADY_SPAN_S` of arrivals (at least `least`,
+    at most `STEADY_MAX`), so that a load the mesh cannot carry keeps more requests in
+    flight than a burst of `least` would: its queues grow as a steady overload's do. A
+    closed loop's users are its load: `least` requests, or 4 per user."""
+    if knob == "concurrency":
+        return min(STEADY_MAX, max(least, 4 * int(load)))
+    return min(STEADY_MAX, max(least, math.ceil(load * STEADY_SPAN_S)))
 
 
 def at_load(scenario: Scenario, load: float, *, base_load: float, base_tdf: float,
@@ -283,28 +314,35 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
         scenario = replace(scenario, time_dilation=scenario.capacity.time_dilation,
                            auto_dilation=False)
     loads = sorted(loads or default_loads(scenario))
-    if scenario.clock == "virtual":  # no host limit: climb until every policy saturates
+    virtual = scenario.clock == "virtual"
+    if virtual:  # no host limit: climb until every policy saturates
         loads += [loads[-1] * 2.0 ** k for k in range(1, EXTRA_DOUBLINGS + 1)]
     knob = load_knob(scenario)
+
+    def count(load: float) -> int:  # virtual time: enough requests for a steady state
+        return steady_requests(load, requests, knob) if virtual else requests
+
     points = [at_load(scenario, v, base_load=load_of(scenario),
-                      base_tdf=scenario.time_dilation, requests=requests)
+                      base_tdf=scenario.time_dilation, requests=count(v))
               for v in loads]  # checks every load before anything starts
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     base_load, base_tdf = load_of(scenario), scenario.time_dilation
     auto = scenario.auto_dilation
     done: list[dict[str, Any]] = []
+    out_of_slo: set[str] = set()  # virtual time: arms that missed, not run at higher loads
     for i, load in enumerate(loads):
         point = (replace(points[i], auto_dilation=True) if auto else
                  at_load(scenario, load, base_load=base_load, base_tdf=base_tdf,
-                         requests=requests))
+                         requests=count(load)))
+        live = [a for a in arms if a.label not in out_of_slo]
         folder = out / f"{knob}={load:g}"
         say(f"moemesh run --capacity: {knob} {load:g} {UNITS[knob]} at time dilation "
             f"{'auto' if auto else f'{point.time_dilation:g}'} -> {folder}")
         t = time.monotonic()
         # the links are probed once, at the first load: their fidelity does not depend on
         # the load, and at a high load's dilation the probe alone takes minutes
-        meta = await run_experiment(point, arms, open_mesh, folder,
+        meta = await run_experiment(point, live, open_mesh, folder,
                                     replace(options, link_probe=not done),
                                     notes=[*notes, f"capacity point {knob}={load:g}"])
         if auto:  # calibrated at the first load: later loads keep its wall-clock rate
@@ -312,12 +350,21 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
         done.append(_point(folder, load, float(meta["time_dilation"]),
                            round(time.monotonic() - t, 1)))
         figs = _figures(done[-1:])
+        if virtual:
+            out_of_slo |= {k for k, v in figs.items() if v[0].faithful
+                           and not v[0].passes(target)}
+            if len(out_of_slo) == len(arms) and i + 1 < len(loads):
+                say(f"moemesh run --capacity: every policy has missed {target:.0%} by {load:g} "
+                    f"{UNITS[knob]}; higher loads skipped")
+                break
+            continue
         if should_stop({k: v[0] for k, v in figs.items()}, target) and i + 1 < len(loads):
             say(f"moemesh run --capacity: every policy missed {target:.0%} at {load:g} "
                 f"{UNITS[knob]}; higher loads skipped")
             break
     data = capacity_data(scenario.name, knob, done, target, options.slo_for(scenario),
                          {"load": base_load, "time_dilation": base_tdf}, requests)
+    data["clock"] = scenario.clock
     data["wall_s"] = round(time.monotonic() - t0, 1)
     write_capacity(out, data)
     return data
@@ -383,6 +430,7 @@ def rebuild_capacity(out: Path, *, slo_ms: float | None = None) -> dict[str, Any
                          old["slo_ms"] if slo_ms is None else slo_ms, old["base"],
                          old["requests_per_load"])
     data["wall_s"] = old.get("wall_s")
+    data["clock"] = old.get("clock", "realtime")
     write_capacity(out, data)
     return data
 
@@ -439,9 +487,14 @@ def write_capacity(out: Path, data: Mapping[str, Any]) -> Path:
     lines = [f"# Capacity of {data['scenario']}", "",
              f"SLO: a request's mean token latency ≤ {data['slo_ms']:g} ms (scenario time); "
              f"target: {data['target']:.0%} of the measured requests within it. "
-             f"{data['requests_per_load']} requests per load; each load at the time dilation "
-             f"that keeps the host's wall-clock load at that of {data['base']['load']:g} "
-             f"{unit} at factor {data['base']['time_dilation']:g}.", "",
+             + (f"Virtual time: every load undilated, with at least "
+                f"{data['requests_per_load']} requests ({STEADY_SPAN_S:g} s of arrivals, at "
+                f"most {STEADY_MAX}); a policy that missed is not run at higher loads."
+                if data.get("clock") == "virtual" else
+                f"{data['requests_per_load']} requests per load; each load at the time "
+                f"dilation that keeps the host's wall-clock load at that of "
+                f"{data['base']['load']:g} {unit} at factor "
+                f"{data['base']['time_dilation']:g}."), "",
              *capacity_lines(data), "", f"![capacity]({path.name})", "",
              "| load | policy | within SLO | tok/s | mean ms | p99 ms | host share | "
              "tokens ok/failed | steady state | faithful |",
