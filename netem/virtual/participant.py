@@ -6,8 +6,9 @@ which tells the authority when it has nothing left to do.
   timeouts and aiohttp's own timers all run on the mesh's clock;
 - its selector (`ClockSelector`) reports *idle* to the authority, with the loop's earliest
   timer and this process's byte counters, whenever the loop would block in virtual time, and
-  *busy* before it hands any event to the loop after that, so the authority never sees a
-  stale "idle" for a process that is already working;
+  *busy* before it hands the loop any event after that which no counted byte announces (a
+  byte another process sent and this one has not counted keeps the clock still by itself),
+  so the authority never acts on a stale "idle" of a process that is already working;
 - every TCP socket it creates or accepts counts the bytes it sends and receives, per
   connection (both ends of a loopback or veth connection name it by the same address pair),
   so the authority knows when a message is still in flight;
@@ -21,10 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import math
 import os
 import selectors
 import socket
+import struct
+import termios
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,6 +169,26 @@ def _counting(sock: socket.socket, agent: Agent) -> socket.socket:
     return new
 
 
+def _bytes_waiting(events: list) -> bool:
+    """Whether every event is counted bytes waiting to be read. Then no *busy* is needed: the
+    sender counted them and this process has not, so the connection stays unbalanced (and
+    the clock still) until this process reports again. An accept, an end of stream, a
+    thread's or a signal's wake-up, a socket turned writable carry no counted byte: those
+    must say *busy* before the loop touches them."""
+    for key, mask in events:
+        sock = key.fileobj
+        if mask != selectors.EVENT_READ or not isinstance(sock, _CountingSocket):
+            return False
+        try:
+            waiting = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD,
+                                                     b"\0\0\0\0"))[0]
+        except OSError:
+            return False
+        if waiting <= 0:
+            return False
+    return True
+
+
 class ClockSelector(selectors.EpollSelector):
     """The loop's selector; in virtual time a wait with nothing runnable becomes an idle
     report and a wait for the authority (see the module docstring)."""
@@ -209,7 +233,8 @@ class ClockSelector(selectors.EpollSelector):
         while True:
             events, chan = self._poll(None)
             if events:
-                a.report_busy()
+                if not _bytes_waiting(events):
+                    a.report_busy()
                 return events
             if chan or a.chan is None:
                 return []  # the clock moved (timers are due) or the mode changed
