@@ -36,6 +36,7 @@ __all__ = ["CLOCK_ENV", "Agent", "Authority", "ClockStalled", "VirtualLoop", "ag
            "current", "current_agent", "run_on_clock", "set_current_agent", "virtual_phase"]
 
 T = TypeVar("T")
+STALL_ENV = "MOEMESH_CLOCK_STALL_S"  # wall seconds without progress before a run fails (60)
 _AGENT: Agent | None = None
 
 
@@ -59,6 +60,8 @@ def run_on_clock(main: Coroutine[Any, Any, T], *, virtual: bool,
     """`asyncio.run(main)`, with a virtual-time authority when `virtual` (module docstring)."""
     if not virtual:
         return asyncio.run(main)
+    if stall_s is None and os.environ.get(STALL_ENV):
+        stall_s = float(os.environ[STALL_ENV])
     authority = Authority(**({} if stall_s is None else {"stall_s": stall_s})).install()
     saved = os.environ.get(CLOCK_ENV)
     os.environ.update(authority.env())  # the node processes it starts inherit it

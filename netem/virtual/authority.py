@@ -70,6 +70,23 @@ class _Part:
     listens: list[tuple[str, int]] = field(default_factory=list)  # its servers' addresses
 
 
+def _waits(pid: int) -> str:
+    """Where a process's threads wait in the kernel (/proc wchan), for a stall's message."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return "gone"
+    seen: dict[str, int] = {}
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/wchan") as fh:
+                where = fh.read().strip() or "running"
+        except OSError:
+            continue
+        seen[where] = seen.get(where, 0) + 1
+    return " ".join(f"{w}x{n}" if n > 1 else w for w, n in sorted(seen.items()))
+
+
 def _balanced(e: list) -> bool:
     return e[0] == e[3] and e[2] == e[1]
 
@@ -230,8 +247,10 @@ class Authority:
         self._poke()
 
     def _tell(self, part: _Part, what: bytes) -> None:
+        # never block the clock on one process: a full queue means it has messages to read
+        # and will wake for them anyway (the time itself is in the clock word)
         with contextlib.suppress(OSError):
-            part.sock.send(what)
+            part.sock.send(what, socket.MSG_DONTWAIT)
 
     def _serve(self) -> None:
         while True:
@@ -380,5 +399,11 @@ class Authority:
                        f"reads: " + "; ".join(stuck[:5]))
         if not why:
             why.append("every process is idle with no timer due: nothing can happen any more")
+        why.append("processes: " + ", ".join(
+            f"{p.name or p.pid} {'idle' if p.idle else 'busy'} {now - p.since:.0f} s"
+            + (f" (timer at +{p.deadline - self.clock.now():.6f} s)"
+               if p.idle and math.isfinite(p.deadline) else "")
+            + f" [{_waits(p.pid)}]"
+            for p in self._parts.values()))
         return (f"virtual time stalled: no progress for {self.stall_s:g} s of wall time; "
                 + "; ".join(why))
