@@ -40,7 +40,7 @@ from services.errors import NodeError, ServiceError
 
 from .dispatch import Dispatcher
 from .engine import Engine, Routing
-from .errors import BadRouterInput
+from .errors import BadRouterInput, PeerBug
 from .mesh import Mesh, NodeInfo, node_prior
 from .policies import make_policy
 from .probe import probe_peer
@@ -235,6 +235,8 @@ async def _generate(request: web.Request) -> web.Response:
                                        routing=bool(data.get("routing", False)))
     except BadRouterInput as exc:
         return _bad(str(exc))
+    except PeerBug as exc:  # a bug behind this node: loud, with the peer's message
+        return _bad(str(exc), 502, "peer_bug")
     return web.json_response(result.to_json(records))
 
 
@@ -249,6 +251,8 @@ async def _score(request: web.Request) -> web.Response:
         result = await engine.score(_tokens(data, "text"), policy, budget)
     except BadRouterInput as exc:
         return _bad(str(exc))
+    except PeerBug as exc:  # a bug behind this node: loud, with the peer's message
+        return _bad(str(exc), 502, "peer_bug")
     return web.json_response(result.to_json(records))
 
 
