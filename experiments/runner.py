@@ -35,11 +35,12 @@ from moe.vocab import is_number
 from orchestrator.arms import Arm
 from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
+from orchestrator.supervisor import supervise
 from router.policies import MESH_POLICIES
 
 from .driver import DriveLimits, Driver, DriveResult, first_error
 from .fidelity import combine, configured, pairs_of, passive, probe_base, probe_mesh
-from .looplag import collect_loop_lag
+from .looplag import arm_lag
 from .progress import RunProgress
 from .repeats import rep_label, rep_orders
 from .routing import ROUTING_FILE, RoutingTrace
@@ -280,6 +281,7 @@ class _Run:
         self.got = _Collected()
         self.placements: dict[tuple, dict[str, list[dict]]] = {}
         self.current: tuple | None = None
+        self.logs_dir: Path | None = None  # where a dead node's log is kept (out/logs)
         modeled = scenario.model.mode == "modeled"
         self.windows = (quality_windows(options.quality_windows, options.quality_seq)
                         if options.quality_windows and not modeled else [])
@@ -361,11 +363,26 @@ class _Run:
         self.progress.arm(arm.label, self.plan.expected_requests)
         t = time.monotonic()
         load = os.getloadavg()[0]
-        result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
-                                                  self.options, self.progress)
-        lag = await collect_loop_lag(mesh, result.started_perf, self.tdf)
-        if lag is not None:  # experiments.looplag: each node's event-loop lag in the arm
+        # orchestrator.supervisor: a node that dies with no fault scheduled is recorded, its
+        # log kept; experiments.looplag: each node's event-loop lag over the whole arm
+        try:
+            async with (supervise(mesh, self.logs_dir, tdf=self.tdf) as watch,
+                        arm_lag(mesh, self.tdf) as lagging):
+                result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
+                                                          self.options, self.progress)
+        finally:  # what the runtime noticed (Swarm: the app shaper across hosts, how nodes died)
+            notes = getattr(getattr(mesh, "launcher", None), "notes", None)
+            if notes:
+                self.meta["runtime_notes"] = [str(n) for n in notes]
+        lag = await lagging.finish(result.started_perf)
+        if lag is not None:
             self.meta.setdefault("loop_lag", {})[arm.label] = lag
+        if watch.deaths:
+            self.meta.setdefault("node_deaths", {})[arm.label] = [
+                d.to_json(result.started_perf, self.tdf) for d in watch.deaths]
+            for d in watch.deaths:
+                self.progress.note(f"{arm.label}: node {d.node} {d.how}; log kept in "
+                                   f"{d.log or '(none)'}; it restarts before the next arm")
         self.progress.end_arm()
         self.meta["load"][arm.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
         self.meta["faults"][arm.label] = faults
@@ -472,6 +489,7 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
     with RunProgress(f"moemesh run {scenario.name}: {plan.describe()}",
                      quiet=options.quiet) as progress:
         run = _Run(scenario, arms, options, plan, notes, progress)
+        run.logs_dir = out / "logs"
         orders = rep_orders(list(arms), options.repeat)
         run.meta["repeats"] = {"n": options.repeat,
                                "orders": [[a.label for a in o] for o in orders]}

@@ -282,8 +282,8 @@ class LiveMesh:
                               for a, b in fault.directions()], "pushed_to": senders}
         (name,) = fault.target
         if action == "node-down":
+            self.down.add(name)  # first: a supervisor must not take the kill for a death
             await self.launcher.kill(name)
-            self.down.add(name)
             return {"node": name, "state": "down"}
         if action == "node-up":
             return await self._node_up(name)
