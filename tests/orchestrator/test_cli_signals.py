@@ -43,3 +43,18 @@ def test_sigterm_interrupts_a_command_whose_sigint_was_ignored() -> None:
         proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err
+
+
+def test_sighup_ends_a_command_like_ctrl_c() -> None:
+    """A closed terminal or SSH session (SIGHUP) stops the command the way Ctrl-C does, so
+    what it started is released instead of left running."""
+    proc = subprocess.Popen([sys.executable, "-c", PROGRAM], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
