@@ -67,6 +67,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "the host's overhead share is small, measured on the live mesh), "
                         "e.g. 8 or auto (default: the scenario's time_dilation)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier run in --out (default: refuse; a folder "
+                        "moemesh did not make is always refused)")
     p.add_argument("--trace", type=Path, metavar="FILE",
                    help="modeled mode: route by this trace instead of the seeded synthetic "
                         "one, e.g. routed_experts.npy (vLLM's [tokens, layers, top_k]) or "
@@ -195,7 +198,8 @@ def _options(args: argparse.Namespace, scenario: Any = None) -> Any:
         raise ValueError(f"--repeat must be a whole number >= 1, got {repeat!r}")
     return RunOptions(quality_windows=args.quality_windows,
                       overhead_requests=args.overhead_requests, slo_ms=args.slo_ms,
-                      quiet=args.quiet, repeat=repeat, trace=_trace(args, scenario))
+                      quiet=args.quiet, repeat=repeat, trace=_trace(args, scenario),
+                      force=bool(getattr(args, "force", False)))
 
 
 def _trace(args: argparse.Namespace, scenario: Any) -> Any:

@@ -41,6 +41,7 @@ from router.policies import MESH_POLICIES
 from .driver import DriveLimits, Driver, DriveResult, first_error
 from .fidelity import combine, configured, pairs_of, passive, probe_base, probe_mesh
 from .looplag import arm_lag
+from .outdir import claim_out, finish_out
 from .progress import RunProgress
 from .repeats import rep_label, rep_orders
 from .routing import ROUTING_FILE, RoutingTrace
@@ -71,6 +72,7 @@ class RunOptions:
     repeat: int = 1  # the whole set of arms this many times, counterbalanced (.repeats)
     trace: RoutingTrace | None = None  # modeled mode: route by this trace file (.routing)
     link_probe: bool = True  # probe every pair's link before the first arm (.fidelity)
+    force: bool = False  # replace an earlier run's --out folder (.outdir)
 
     def __post_init__(self) -> None:
         if not is_number(self.repeat, integer=True) or self.repeat < 1:
@@ -483,13 +485,14 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
     options = options or RunOptions()
     if not arms:
         raise ValueError("no policy to run")
-    out.mkdir(parents=True, exist_ok=True)
+    run_id = claim_out(out, force=options.force, scenario=scenario.name)  # never over data
     t_all = time.monotonic()
     plan = plan or plan_workload(scenario)
     with RunProgress(f"moemesh run {scenario.name}: {plan.describe()}",
                      quiet=options.quiet) as progress:
         run = _Run(scenario, arms, options, plan, notes, progress)
         run.logs_dir = out / "logs"
+        run.meta["run_id"] = run_id
         orders = rep_orders(list(arms), options.repeat)
         run.meta["repeats"] = {"n": options.repeat,
                                "orders": [[a.label for a in o] for o in orders]}
@@ -516,9 +519,11 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             run.meta["error"] = f"{type(exc).__name__}: {exc}"
             run._time("total_s", t_all)
             run.write(out)
+            finish_out(out, ok=False)
             raise
         run._time("total_s", t_all)
         run.write(out)
+        finish_out(out, ok=True)
         if options.render:
             from .report import build_report
 

@@ -274,3 +274,17 @@ def test_a_dead_node_a_partial_run_and_runtime_notes_reach_the_verdict(tmp_path:
     head = text[:text.index("| runtime")]
     assert "node died: edge3" in head and "did not finish" in head
     assert "service mm_edge1 has no NET_ADMIN" in head  # a note, beside the verdict
+
+
+def test_moemesh_report_of_a_partial_folder_says_so(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.experiments.conftest import arm, make_rows, write_run
+    from tests.helpers import moemesh
+
+    t, r = make_rows("greedy", 25.0, seed=2)
+    folder = write_run(tmp_path / "run", [arm("greedy"), arm("hetroute")], t, r,
+                       error="RuntimeFailure: node edge2 did not start")
+    assert moemesh("report", str(folder)) == 0
+    err = capsys.readouterr().err
+    assert "not a faithful run" in err and "the run did not finish (RuntimeFailure" in err
+    assert "partial" in err
