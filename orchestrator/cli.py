@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "orchestrator.meshd",
     "orchestrator.docker_commands",
     "orchestrator.doctor",
+    "orchestrator.clean",
     "experiments.commands",
     "experiments.chaos_command",
 )
