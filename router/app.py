@@ -26,7 +26,6 @@ Until a mesh is PUT the router knows only its own node: every expert it holds, n
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
@@ -37,6 +36,7 @@ from aiohttp import web
 from moe.vocab import ACTIVATION_BYTES, is_number
 from services.client import ClientSettings, NodeClient
 from services.errors import NodeError, ServiceError
+from services.routes import token_refusal
 
 from .dispatch import Dispatcher
 from .engine import Engine, Routing
@@ -257,15 +257,8 @@ async def _score(request: web.Request) -> web.Response:
 
 
 def _authorized(request: web.Request) -> web.Response | None:
-    token = request.app[ROUTER_KEY].node.settings.token
-    if token is None:
-        return _bad("this node has no control token: start it with MOEMESH_TOKEN set",
-                    401, "unauthorized")
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        return _bad(f"{'missing' if not given else 'wrong'} control token: send "
-                    "'Authorization: Bearer <MOEMESH_TOKEN>'", 401, "unauthorized")
-    return None
+    refusal = token_refusal(request, request.app[ROUTER_KEY].node.settings.token)
+    return None if refusal is None else _bad(refusal, 401, "unauthorized")
 
 
 async def _put_mesh(request: web.Request) -> web.Response:
