@@ -35,7 +35,7 @@ from moe.vocab import is_number
 from orchestrator.arms import Arm
 from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
-from orchestrator.supervisor import supervise
+from orchestrator.supervisor import runtime_notes, supervise
 from router.policies import MESH_POLICIES
 
 from .driver import DriveLimits, Driver, DriveResult, first_error
@@ -373,9 +373,9 @@ class _Run:
                 result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
                                                           self.options, self.progress)
         finally:  # what the runtime noticed (Swarm: the app shaper across hosts, how nodes died)
-            notes = getattr(getattr(mesh, "launcher", None), "notes", None)
+            notes = runtime_notes(getattr(mesh, "launcher", None))
             if notes:
-                self.meta["runtime_notes"] = [str(n) for n in notes]
+                self.meta["runtime_notes"] = notes
         lag = await lagging.finish(result.started_perf)
         if lag is not None:
             self.meta.setdefault("loop_lag", {})[arm.label] = lag

@@ -32,7 +32,7 @@ from netem.timing import now
 from orchestrator.lifetime import together
 from services.errors import NodeError
 
-__all__ = ["Death", "Supervisor", "supervise"]
+__all__ = ["Death", "Supervisor", "runtime_notes", "supervise"]
 
 EVERY_S = 0.5  # a poll of every node (wall seconds)
 SILENT_S = 30.0  # no health answer for this long (wall seconds x time dilation): hung
@@ -150,3 +150,15 @@ async def supervise(mesh: Any, logs_dir: Path | None, *, tdf: float = 1.0,
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def runtime_notes(launcher: Any) -> list[str]:
+    """What a runtime noted while it ran, as lines for run.json's `runtime_notes`: its
+    `notes` (Swarm: nodes on several hosts, a service without NET_ADMIN) and how each node
+    went down and came back (Swarm's `fault_times`: a container killed or a service scaled
+    to 0, and how long it took)."""
+    out = [str(n) for n in getattr(launcher, "notes", None) or ()]
+    for name, records in (getattr(launcher, "fault_times", None) or {}).items():
+        out += [f"node {name} {r.get('state')}: {r.get('how')} ({r.get('seconds')} s)"
+                for r in records if isinstance(r, dict)]
+    return out

@@ -67,3 +67,15 @@ async def test_a_target_without_a_runtime_is_not_watched() -> None:
     async with supervise(SimpleNamespace(urls={}), None) as watch:
         await asyncio.sleep(0.01)
     assert watch.deaths == []
+
+
+def test_a_runtimes_notes_and_how_its_nodes_went_down_become_runtime_notes() -> None:
+    from orchestrator.supervisor import runtime_notes
+
+    swarm_like = SimpleNamespace(
+        notes=["service mm_edge1 has no NET_ADMIN"],
+        fault_times={"edge3": [{"state": "down", "how": "container killed (SIGKILL)",
+                                "seconds": 1.2}]})
+    assert runtime_notes(swarm_like) == ["service mm_edge1 has no NET_ADMIN",
+                                         "node edge3 down: container killed (SIGKILL) (1.2 s)"]
+    assert runtime_notes(None) == [] and runtime_notes(object()) == []
