@@ -327,6 +327,7 @@ def _trace_export(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from .live import open_live
+    from .outdir import claim_out, finish_out
     from .runner import run_experiment
     from .sweep import DEFAULT_VALUES, apply_knob, write_sweep
 
@@ -338,7 +339,7 @@ def _sweep(args: argparse.Namespace) -> int:
         values = [float(v) for v in DEFAULT_VALUES[args.knob]]
     points = [(v, apply_knob(scenario, args.knob, v)) for v in values]  # check all first
     out = args.out or Path("results") / f"{scenario.name}-sweep-{args.knob}"
-    out.mkdir(parents=True, exist_ok=True)
+    claim_out(out, force=options.force, scenario=scenario.name)  # never over data
     done = []
     for value, point in points:
         folder = out / f"{args.knob}={value:g}"
@@ -347,5 +348,6 @@ def _sweep(args: argparse.Namespace) -> int:
         done.append((value, json.loads((folder / "summary.json").read_text())))
         warn_unfaithful(folder, "moemesh sweep")
     plot = write_sweep(out, args.knob, done, slo_ms=options.slo_for(scenario))
+    finish_out(out, ok=True)
     print(f"moemesh sweep: {out / 'sweep.md'}, {plot}")
     return 0
