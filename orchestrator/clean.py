@@ -68,7 +68,10 @@ def _cmd(*argv: str) -> tuple[int, str]:
     return done.returncode, done.stdout if done.returncode == 0 else done.stderr.strip()
 
 
-def _dead_folders(tmp: Path, kept: list[str]) -> list[tuple[Path, dict]]:
+def _dead_folders(tmp: Path, kept: list[str], live: set[str]) -> list[tuple[Path, dict]]:
+    """Marked folders of this user whose creating process is gone; the ids of live ones go
+    into `live`. The folder's owner is checked, not the marker's word (a marker can be
+    planted by anyone who can write to the temporary folder)."""
     out = []
     for folder in sorted(tmp.glob("moemesh-*")):
         if not folder.is_dir() or folder.is_symlink():
@@ -77,10 +80,11 @@ def _dead_folders(tmp: Path, kept: list[str]) -> list[tuple[Path, dict]]:
         if data is None:
             kept.append(f"folder {folder}: no moemesh marker")
             continue
-        if data.get("uid") != os.getuid() and os.getuid() != 0:
+        if folder.stat().st_uid != os.getuid():
             kept.append(f"folder {folder}: another user's")
             continue
         if owner_alive(data):
+            live.add(str(data.get("id")))
             kept.append(f"folder {folder}: its run (pid {data.get('pid')}) still runs")
             continue
         out.append((folder, data))
@@ -106,7 +110,7 @@ def _processes_naming(paths: list[Path]) -> list[tuple[int, str]]:
     return found
 
 
-def _netns_leftovers(ids: dict[str, str], kept: list[str]) -> list[Leftover]:
+def _netns_leftovers(ids: dict[str, str], kept: list[str], live: set[str]) -> list[Leftover]:
     """The kernel objects of dead netns runtimes, by their id (id → why)."""
     out: list[Leftover] = []
     if not shutil.which("ip"):
@@ -116,6 +120,9 @@ def _netns_leftovers(ids: dict[str, str], kept: list[str]) -> list[Leftover]:
     for ns in names:
         m = _NETNS.match(ns)
         if not m:
+            continue
+        if m.group(1) in live:
+            kept.append(f"netns {ns}: its run {m.group(1)} still runs")
             continue
         if m.group(1) not in ids:
             kept.append(f"netns {ns}: no marker names run {m.group(1)} (owner unknown)")
@@ -172,14 +179,15 @@ def find(tmp: Path | None = None) -> Found:
     """Everything dead runs left (see the module docstring); changes nothing."""
     tmp = Path(tmp or tempfile.gettempdir())
     kept: list[str] = []
-    folders = _dead_folders(tmp, kept)
+    live: set[str] = set()
+    folders = _dead_folders(tmp, kept, live)
     leftovers: list[Leftover] = []
     for pid, path in _processes_naming([f for f, _ in folders]):
         rid = next(str(d.get("id")) for f, d in folders if str(f) == path)
         leftovers.append(Leftover("process", str(pid), rid, f"names {path}"))
     netns_ids = {str(d["id"]): f"its run (pid {d.get('pid')}) is gone"
                  for _, d in folders if d.get("kind") == "netns" and d.get("id")}
-    leftovers += _netns_leftovers(netns_ids, kept)
+    leftovers += _netns_leftovers(netns_ids, kept, live)
     leftovers += _docker_leftovers(kept)
     leftovers += [Leftover("folder", str(f), str(d.get("id")),
                            f"its run (pid {d.get('pid')}) is gone") for f, d in folders]
