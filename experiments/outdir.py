@@ -6,7 +6,9 @@ folder moemesh marked as a run folder earlier: then the run refuses, naming what
 unless `force` (the earlier run's folder is deleted first; nothing unmarked ever is). A
 non-empty folder without the marker (someone's data, or a run from before markers) is always
 refused: pick another `--out`. `finish_out` records how the run ended (`finished` or
-`failed`) in the marker, which is what a later refusal reports.
+`failed`) in the marker, which is what a later refusal reports; a marker still `running`
+whose process is gone is an interrupted run, and one whose process runs is refused even with
+`force`.
 
 Chosen over writing a new numbered folder beside it: the folder a user names is the one the
 report is in, and a refusal costs one flag, where a silent `-2` suffix sends people reading
@@ -18,7 +20,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from orchestrator.markers import NotOurs, describe, mark, marker, update
+from orchestrator.markers import NotOurs, describe, mark, marker, owner_alive, update
 
 __all__ = ["claim_out", "finish_out"]
 
@@ -39,12 +41,18 @@ def claim_out(out: Path, *, force: bool = False, scenario: str = "") -> str:
         if data.get("kind") != "run":
             raise NotOurs(f"--out {out} is a moemesh {data.get('kind')} folder, not a run "
                           "folder: refusing to overwrite it; give another --out")
+        status = data.get("status", "earlier")
+        alive = status == "running" and owner_alive(data)
+        if status == "running" and not alive:
+            status = "interrupted (its process is gone)"
+        what = (f"({data.get('scenario') or 'scenario ?'}, started {data.get('created', '?')}, "
+                f"id {data.get('id')})")
+        if alive:  # never pull a folder from under a run that is writing it
+            raise NotOurs(f"--out {out} is being written by a run in progress {what}, pid "
+                          f"{data.get('pid')}: give another --out")
         if not force:
-            raise NotOurs(
-                f"--out {out} holds a {data.get('status', 'earlier')} run "
-                f"({data.get('scenario') or 'scenario ?'}, started {data.get('created', '?')}, "
-                f"id {data.get('id')}): refusing to overwrite it; give another --out, or "
-                f"--force to replace it")
+            raise NotOurs(f"--out {out} holds an earlier run {what}, {status}: refusing to "
+                          f"overwrite it; give another --out, or --force to replace it")
         shutil.rmtree(out)
     return mark(out, "run", status="running", scenario=scenario)
 

@@ -31,7 +31,8 @@ def test_a_rerun_into_a_finished_folder_refuses_unless_forced(tmp_path: Path) ->
     (out / "tokens.csv").write_text("old rows\n")
     (out / "report.md").write_text("old report\n")
     finish_out(out, ok=True)
-    with pytest.raises(NotOurs, match=r"holds a finished run \(quickstart.*--force"):
+    with pytest.raises(NotOurs,
+                       match=r"holds an earlier run \(quickstart.*\), finished: .*--force"):
         claim_out(out)
     assert (out / "tokens.csv").read_text() == "old rows\n"  # untouched
     claim_out(out, force=True)
@@ -68,3 +69,23 @@ def test_the_runner_refuses_before_starting_anything(tmp_path: Path) -> None:
         asyncio.run(run_experiment(small_scenario(), [Arm("greedy", "greedy")], open_mesh,
                                    out, RunOptions(quiet=True)))
     assert started == [] and (out / "tokens.csv").read_text() == "old rows\n"
+
+
+def test_a_run_in_progress_is_never_replaced_and_an_interrupted_one_says_so(
+        tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    claim_out(live, scenario="s")  # this process: still running
+    (live / "tokens.csv").write_text("rows\n")
+    with pytest.raises(NotOurs, match="being written by a run in progress"):
+        claim_out(live, force=True)
+    assert (live / "tokens.csv").exists()
+    dead = tmp_path / "dead"
+    claim_out(dead, scenario="s")
+    (dead / "tokens.csv").write_text("rows\n")
+    from orchestrator.markers import update
+
+    update(dead, pid=2**22 + 1, start_ticks=1)  # as after kill -9: no such process
+    with pytest.raises(NotOurs,
+                       match=r"holds an earlier run .*, interrupted \(its process is gone\)"):
+        claim_out(dead)
+    claim_out(dead, force=True)
