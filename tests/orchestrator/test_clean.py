@@ -28,8 +28,10 @@ def test_what_a_dead_run_left_is_found_and_removed_and_nothing_else(tmp_path: Pa
     _mark_from_a_dead_process(dead)
     (dead / "nodes" / "edge1").mkdir(parents=True)
     # a node process of that run that outlived it (its argv names the run's folder)
-    node = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)",
-                             "--state-dir", str(dead / "nodes" / "edge1")])
+    node = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); "
+                             "time.sleep(60)", "--state-dir", str(dead / "nodes" / "edge1")],
+                            stdout=subprocess.PIPE, text=True)
+    assert node.stdout is not None and node.stdout.readline().strip() == "up"  # it runs
     live = tmp_path / "moemesh-local-live1"
     mark(live, "logs")  # this process: alive
     unmarked = tmp_path / "moemesh-mesh-notours"
@@ -38,7 +40,7 @@ def test_what_a_dead_run_left_is_found_and_removed_and_nothing_else(tmp_path: Pa
     try:
         found = find(tmp_path)
         mine = {(x.kind, x.name) for x in found.leftovers}
-        assert mine == {("folder", str(dead)), ("process", str(node.pid))}
+        assert mine == {("folder", str(dead)), ("process", str(node.pid))}, found
         kept = "\n".join(found.kept)
         assert f"folder {live}: its run (pid {os.getpid()}) still runs" in kept
         assert f"folder {unmarked}: no moemesh marker" in kept
@@ -48,7 +50,7 @@ def test_what_a_dead_run_left_is_found_and_removed_and_nothing_else(tmp_path: Pa
         assert find(tmp_path).leftovers == []
     finally:
         node.kill()
-        node.wait()
+        node.communicate()
 
 
 def test_a_marker_planted_in_another_users_folder_is_not_trusted(tmp_path: Path) -> None:
