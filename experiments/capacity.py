@@ -306,6 +306,7 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
                        notes: Sequence[str] = (), say: Callable[[str], None] = print
                        ) -> dict[str, Any]:
     """Climb the ladder (see the module docstring); returns capacity.json's content."""
+    from .outdir import claim_out, finish_out
     from .runner import run_experiment
 
     if not 0 < target <= 1:
@@ -325,7 +326,7 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
     points = [at_load(scenario, v, base_load=load_of(scenario),
                       base_tdf=scenario.time_dilation, requests=count(v))
               for v in loads]  # checks every load before anything starts
-    out.mkdir(parents=True, exist_ok=True)
+    claim_out(out, force=bool(getattr(options, "force", False)), scenario=scenario.name)
     t0 = time.monotonic()
     base_load, base_tdf = load_of(scenario), scenario.time_dilation
     auto = scenario.auto_dilation
@@ -367,6 +368,7 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
     data["clock"] = scenario.clock
     data["wall_s"] = round(time.monotonic() - t0, 1)
     write_capacity(out, data)
+    finish_out(out, ok=True)
     return data
 
 

@@ -34,6 +34,7 @@ from rich.table import Table
 from orchestrator.arms import Arm
 from orchestrator.chaos import ChaosPlan, ChaosSpec, Invariants, LeakProbe, Violation, plan_chaos
 from orchestrator.faults import FaultError, FaultTimeline
+from orchestrator.markers import mark
 from orchestrator.scenario import Scenario
 
 from .driver import DriveLimits, Driver, first_error
@@ -145,6 +146,7 @@ async def run_chaos(scenario: Scenario, arms: Sequence[Arm], spec: ChaosSpec, *,
                   f"{', '.join(a.label for a in arms)}, time dilation "
                   f"{scenario.time_dilation:g}")
     work_dir = Path(tempfile.mkdtemp(prefix="moemesh-chaos-"))
+    mark(work_dir, "work")  # moemesh clean: ours, and whether this run still lives
     probe = LeakProbe(work_dir)
     t0 = time.monotonic()
     try:

@@ -75,6 +75,9 @@ def _add_run_flags(p: argparse.ArgumentParser, both: bool = False) -> None:
                         "the host's overhead share is small, measured on the live mesh), "
                         "e.g. 8 or auto (default: the scenario's time_dilation)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier run in --out (default: refuse; a folder "
+                        "moemesh did not make is always refused)")
     p.add_argument("--trace", type=Path, metavar="FILE",
                    help="modeled mode: route by this trace instead of the seeded synthetic "
                         "one, e.g. routed_experts.npy (vLLM's [tokens, layers, top_k]) or "
@@ -208,7 +211,8 @@ def _options(args: argparse.Namespace, scenario: Any = None) -> Any:
         raise ValueError(f"--repeat must be a whole number >= 1, got {repeat!r}")
     return RunOptions(quality_windows=args.quality_windows,
                       overhead_requests=args.overhead_requests, slo_ms=args.slo_ms,
-                      quiet=args.quiet, repeat=repeat, trace=_trace(args, scenario))
+                      quiet=args.quiet, repeat=repeat, trace=_trace(args, scenario),
+                      force=bool(getattr(args, "force", False)))
 
 
 def _trace(args: argparse.Namespace, scenario: Any) -> Any:
@@ -365,6 +369,7 @@ def _trace_export(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from .live import open_live
+    from .outdir import claim_out, finish_out
     from .runner import run_experiment
     from .sweep import DEFAULT_VALUES, apply_knob, write_sweep
 
@@ -376,7 +381,7 @@ def _sweep(args: argparse.Namespace) -> int:
         values = [float(v) for v in DEFAULT_VALUES[args.knob]]
     points = [(v, apply_knob(scenario, args.knob, v)) for v in values]  # check all first
     out = args.out or Path("results") / f"{scenario.name}-sweep-{args.knob}"
-    out.mkdir(parents=True, exist_ok=True)
+    claim_out(out, force=options.force, scenario=scenario.name)  # never over data
     done = []
     for value, point in points:
         folder = out / f"{args.knob}={value:g}"
@@ -385,5 +390,6 @@ def _sweep(args: argparse.Namespace) -> int:
         done.append((value, json.loads((folder / "summary.json").read_text())))
         warn_unfaithful(folder, "moemesh sweep")
     plot = write_sweep(out, args.knob, done, slo_ms=options.slo_for(scenario))
+    finish_out(out, ok=True)
     print(f"moemesh sweep: {out / 'sweep.md'}, {plot}")
     return 0

@@ -8,8 +8,11 @@ generation length and its seed; the answer's per-token records become `TokenRow`
 
 Every token asked for ends as a row: completed, failed by the router (its reason), never run
 because an earlier token failed (`after:<reason>`), or lost with the whole request
-(`request:<why>`: the home node unreachable, an HTTP error, the client's time limit). Times
-are divided by the time dilation factor (scenario time).
+(`request:<why>`: the home node unreachable, a 503, the client's time limit). Any other HTTP
+error (400, 500, a peer's bug as 502) is a bug, not a fault: the run fails with the node's
+message (`RequestRefused`). At most `DriveLimits.connections` connections are open at once;
+a request past them waits for one (its time counts). Times are divided by the time dilation
+factor (scenario time).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def first_error(group: BaseExceptionGroup) -> BaseException:
 
 
 class RequestRefused(RuntimeError):
-    """The home node refused a request as malformed (400): a bug in the run, not a fault."""
+    """The home node answered an error that is a bug, not a fault (any 4xx or 5xx but 503:
+    a malformed request, a crash, a peer's bug behind it): the run fails with its message."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class DriveLimits:
     per_request_s: float = 60.0  # plus per_token_s for each generated token
     per_token_s: float = 10.0
     connect_s: float = 5.0
+    connections: int = 256  # open at once, all homes together (file handles are finite)
 
 
 @dataclass
@@ -181,7 +186,7 @@ class Driver:
     @contextlib.asynccontextmanager
     async def _session(self) -> AsyncIterator[aiohttp.ClientSession]:
         """The run's client session; the run's clock starts when it is open."""
-        conn = aiohttp.TCPConnector(limit=0, force_close=False)
+        conn = aiohttp.TCPConnector(limit=self.limits.connections, force_close=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect_s * self.tdf)
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
             self._start = self.result.started_perf = now()
@@ -258,11 +263,12 @@ class Driver:
                                         data=json.dumps(body),
                                         headers={"Content-Type": "application/json"}) as resp:
                     data = await resp.read()
-                    if resp.status == 400:
-                        raise RequestRefused(f"{req.home} refused request {req.id} as "
-                                             f"malformed: {data[:300].decode(errors='replace')}")
-                    if resp.status >= 400:
+                    if resp.status == 503:  # overloaded, shutting down, an injected fault
                         error = f"http_{resp.status}"
+                    elif resp.status >= 400:
+                        raise RequestRefused(
+                            f"{req.home} answered request {req.id} with {resp.status} (a bug, "
+                            f"not a fault): {data[:500].decode(errors='replace')}")
                     else:
                         answer = json.loads(data)
         except TimeoutError:

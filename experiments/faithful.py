@@ -10,13 +10,21 @@ A run is NOT faithful, and says so at the top of report.md, in summary.json (`fa
 * some node's event loop lagged more than `LAG_MS` (5 ms) for more than `LAG_SHARE` (1%) of
   the time while a policy ran (run.json `loop_lag`);
 * a scoring token failed under some policy (it is left out of every policy's quality
-  average, see `experiments.quality`, and the quality deltas rest on fewer tokens).
+  average, see `experiments.quality`, and the quality deltas rest on fewer tokens);
+* a node died during an arm with no fault scheduled (run.json `node_deaths`, from
+  `orchestrator.supervisor`): "not faithful: node died", naming the node, the arm and the
+  interval from the death to the arm's end;
+* a node's loop lag could not be read for an arm (other than a node a fault took down), or
+  its record lost samples (`lost`): the arm's lag was judged on part of it;
+* the run did not finish (run.json `error`): a partial folder;
+* the runtime noted that its shaper cannot be faithful (Swarm: the app shaper across hosts).
 
-* (virtual time) a node process died with no fault scheduled (run.json `clock_stats.deaths`).
-
-A run whose nodes recorded no loop lag is not marked for it (nothing to judge); the report
-says the lag was not measured. In virtual time (`clock: virtual`, netem.virtual) no wall time
-is waited, so the overhead share is 0 by construction and there is no loop lag to sample.
+Other runtime notes (run.json `runtime_notes`) are listed beside the verdict
+(`runtime_notes`). A run whose nodes recorded no loop lag is not marked for it (nothing to
+judge); the report says the lag was not measured. In virtual time (`clock: virtual`,
+netem.virtual) no wall time is waited, so the overhead share is 0 by construction and there
+is no loop lag to sample; a node death there is the supervisor's too (the clock also keeps
+it in run.json `clock_stats.deaths`).
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from .repeats import base_label
 if TYPE_CHECKING:
     from .metrics import PolicyStats
 
-__all__ = ["LAG_MS", "LAG_SHARE", "NO_SPLIT", "OVERHEAD_LIMIT", "assess", "loop_lag_of"]
+__all__ = ["LAG_MS", "LAG_SHARE", "NO_SPLIT", "OVERHEAD_LIMIT", "assess", "loop_lag_of",
+           "runtime_notes"]
 
 OVERHEAD_LIMIT = 0.05
 LAG_MS = 5.0
@@ -76,6 +85,11 @@ def _lag_reasons(meta: Mapping[str, Any], labels: set[str]) -> list[str]:
         if base_label(str(key)) not in labels or not isinstance(nodes, Mapping):
             continue
         for node, v in nodes.items():
+            if isinstance(v, Mapping) and v.get("error") and v["error"] != "node down":
+                out.append(f"{key}: {node}'s event-loop lag could not be read ({v['error']})")
+            elif isinstance(v, Mapping) and v.get("lost"):
+                out.append(f"{key}: {node}'s event-loop lag record lost samples (its ring "
+                           f"was overwritten): the lag was judged on part of the arm")
             frac = _float(v.get("over_5ms_frac")) if isinstance(v, Mapping) else math.nan
             if math.isfinite(frac) and frac > LAG_SHARE:
                 out.append(f"{key}: {node}'s event loop lagged more than {LAG_MS:g} ms for "
@@ -99,9 +113,8 @@ def assess(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
             reasons.append(f"{s.name}: overhead share {100 * s.overhead_share:.1f}% of the "
                            f"measured token latency (limit {100 * OVERHEAD_LIMIT:g}%)")
     reasons += _lag_reasons(meta, {s.name for s in stats})
-    for death in (meta.get("clock_stats") or {}).get("deaths") or ():
-        reasons.append(f"node {death.get('node')} died with no fault scheduled (virtual time "
-                       f"{death.get('virtual_s')} s); the run went on with it down")
+    reasons += _death_reasons(meta)
+    reasons += _run_reasons(meta, {s.name for s in stats})
     failed = dict(scoring_failed or {})
     for s in stats:
         failed.setdefault(s.name, s.scoring_failed_tokens)
@@ -111,3 +124,40 @@ def assess(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
                        + ", ".join(f"{k}: {n}" for k, n in bad.items())
                        + "): left out of every policy's quality average")
     return not reasons, reasons
+
+
+def _death_reasons(meta: Mapping[str, Any]) -> list[str]:
+    out = []
+    for key, deaths in (meta.get("node_deaths") or {}).items():
+        for d in deaths if isinstance(deaths, Sequence) else ():
+            if not isinstance(d, Mapping):
+                continue
+            log = f"its log: {d['log']}" if d.get("log") else "no log could be kept"
+            out.append(f"{key}: not faithful: node died: {d.get('node')} {d.get('how')} at "
+                       f"{_float(d.get('at_s')):.1f} s; the arm is not faithful from then to "
+                       f"its end ({log})")
+    return out
+
+
+MULTI_HOST = "only tc shapes them faithfully"  # orchestrator.runtimes.swarm's note
+
+
+def runtime_notes(meta: Mapping[str, Any]) -> list[str]:
+    """What the runtime noted during the run (run.json `runtime_notes`)."""
+    return [str(n) for n in meta.get("runtime_notes") or ()]
+
+
+def _run_reasons(meta: Mapping[str, Any], labels: set[str]) -> list[str]:
+    out = []
+    if meta.get("error"):
+        ran = sorted(labels)
+        out.append(f"the run did not finish ({meta['error']}): a partial folder; policies "
+                   f"with rows: {', '.join(ran) or 'none'}")
+    arms = [str(a.get("label")) for a in meta.get("arms") or () if isinstance(a, Mapping)]
+    missing = [a for a in arms if a not in labels]
+    if missing and not meta.get("error"):
+        out.append(f"policies without a single row: {', '.join(missing)} (a partial folder)")
+    for note in runtime_notes(meta):
+        if MULTI_HOST in note and meta.get("shaper") != "tc":
+            out.append(f"runtime: {note}, and this run's shaper is {meta.get('shaper')}")
+    return out

@@ -16,19 +16,29 @@ milliseconds (the host's stall, not scaled). `series` keeps the samples later th
 late; `intervals` are the spans (scenario seconds) during which it was: a sample (t, lag) means
 the loop could not run due work from t - lag to t. A node that could not be read has
 {"error": why} instead.
+
+The whole arm is covered, however long: a node's ring holds ~11 minutes of samples, so
+`ArmLag` reads each node's window every `CHUNK_S` while the arm runs and merges the chunks at
+its end (count and the over-5-ms time added up, max of maxima; p99 is the worst chunk's p99,
+an upper bound). A chunk whose start the ring had already overwritten says `lost`; the merged
+entry keeps `"lost": true` and `experiments.faithful` marks the arm for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from netem.timing import now
 
-__all__ = ["LAG_OVER_MS", "SERIES_MIN_MS", "collect_loop_lag", "lag_intervals", "worst_node"]
+__all__ = ["CHUNK_S", "LAG_OVER_MS", "SERIES_MIN_MS", "ArmLag", "arm_lag", "collect_loop_lag",
+           "lag_intervals", "merge_windows", "worst_node"]
 
 SERIES_MIN_MS = 1.0
 LAG_OVER_MS = 5.0
+CHUNK_S = 120.0  # wall seconds between reads: far inside the ring's ~11 minutes
 
 
 def lag_intervals(series: list[list[float]], tdf: float, over_ms: float = LAG_OVER_MS
@@ -52,11 +62,80 @@ def _node_entry(window: Mapping[str, Any], start: float, tdf: float) -> dict[str
     points = {(float(t), float(lag)) for t, lag in window.get("samples", ())}
     points |= {(float(t), float(lag)) for t, lag in window.get("peaks", ())}
     series = [[round((t - start) / tdf, 4), round(lag, 3)] for t, lag in sorted(points)]
-    return {"p99_ms": float(window.get("p99_ms", 0.0)),
-            "max_ms": float(window.get("max_ms", 0.0)),
-            "over_5ms_frac": float(window.get("over_5ms_frac", 0.0)),
-            "samples": int(window.get("count", 0)),
-            "series": series, "intervals": lag_intervals(series, tdf)}
+    out = {"p99_ms": float(window.get("p99_ms", 0.0)),
+           "max_ms": float(window.get("max_ms", 0.0)),
+           "over_5ms_frac": float(window.get("over_5ms_frac", 0.0)),
+           "samples": int(window.get("count", 0)),
+           "series": series, "intervals": lag_intervals(series, tdf)}
+    if window.get("lost"):
+        out["lost"] = True
+    return out
+
+
+def merge_windows(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One node's consecutive `GET /v1/looplag` windows as one (see the module docstring);
+    {"error"} only when no chunk could be read. A chunk with an error (a node down by a fault,
+    or dead: the supervisor reports that) adds nothing."""
+    ok = [w for w in windows if "error" not in w]
+    if not ok:
+        return {"error": str(windows[-1]["error"]) if windows else "not read"}
+    spans = [max(0.0, float(w.get("until", 0.0)) - float(w.get("since", 0.0))) for w in ok]
+    total = sum(spans)
+    over = sum(float(w.get("over_5ms_frac", 0.0)) * sp for w, sp in zip(ok, spans, strict=True))
+    return {"count": sum(int(w.get("count", 0)) for w in ok),
+            "p99_ms": max(float(w.get("p99_ms", 0.0)) for w in ok),
+            "max_ms": max(float(w.get("max_ms", 0.0)) for w in ok),
+            "over_5ms_frac": over / total if total > 0 else 0.0,
+            "lost": any(bool(w.get("lost")) for w in ok),
+            "samples": [p for w in ok for p in w.get("samples", ())],
+            "peaks": [p for w in ok for p in w.get("peaks", ())]}
+
+
+class ArmLag:
+    """Reads every node's loop lag in chunks while an arm runs (see the module docstring)."""
+
+    def __init__(self, mesh: Any, tdf: float, chunk_s: float = CHUNK_S) -> None:
+        self.read = getattr(mesh, "loop_lag", None)
+        self.tdf = tdf
+        self.chunk_s = chunk_s
+        self.since = now()
+        self.chunks: list[Mapping[str, Mapping[str, Any]]] = []
+
+    async def _chunk(self) -> None:
+        assert self.read is not None
+        until = now()
+        self.chunks.append(await self.read(self.since, until, min_ms=SERIES_MIN_MS,
+                                           every_s=self.tdf))
+        self.since = until
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.chunk_s)
+            await self._chunk()
+
+    async def finish(self, start: float) -> dict[str, dict[str, Any]] | None:
+        """The last chunk, then every node's entry for run.json (times from `start`, the
+        workload's start); None when the target cannot say."""
+        if self.read is None:
+            return None
+        await self._chunk()
+        names = sorted({n for c in self.chunks for n in c})
+        return {name: _node_entry(merge_windows([c[name] for c in self.chunks if name in c]),
+                                  start, self.tdf) for name in names}
+
+
+@contextlib.asynccontextmanager
+async def arm_lag(mesh: Any, tdf: float, chunk_s: float = CHUNK_S) -> AsyncIterator[ArmLag]:
+    """An `ArmLag` reading in the background for the block's length; call `finish` after."""
+    lag = ArmLag(mesh, tdf, chunk_s)
+    task = asyncio.create_task(lag.run(), name="loop-lag") if lag.read is not None else None
+    try:
+        yield lag
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def collect_loop_lag(mesh: Any, start: float, tdf: float, end: float | None = None

@@ -130,6 +130,7 @@ class PolicyStats:
     loop_lag: dict[str, Any] | None = None  # worst node: {"p99", "max", ...} ms; None: absent
     scoring_failed_tokens: int = 0  # held-out positions that failed under this policy
     reps: list[dict[str, float]] = field(default_factory=list)  # per repetition, see reps_of
+    failed_measured: int = 0  # tokens outside the warm-up that failed (beside measured_tokens)
 
     @property
     def rep_spread_pct(self) -> float:
@@ -156,6 +157,8 @@ class PolicyStats:
             "node": self.loop_lag.get("node")}
         return {
             "tokens": self.tokens, "failed_tokens": self.failed_tokens,
+            "measured_tokens": self.measured_tokens,
+            "failed_measured_tokens": self.failed_measured,
             "rerouted_tokens": self.rerouted_tokens,
             "latency_ms": _clean(self.latency), "ttft_ms": _clean(self.ttft),
             "throughput_tok_s": _num(self.throughput_tok_s),
@@ -281,6 +284,7 @@ def policy_stats(
         predicted_mean_ms=float(np.mean([t.predicted_ms for t in done])) if done else math.nan,
         overhead_share=share, emulated=emulated, split=split, split_tokens=split_tokens,
         loop_lag=loop_lag, scoring_failed_tokens=scoring_failed_tokens, reps=reps_of(done),
+        failed_measured=len(measured) - len(done),
     )
 
 

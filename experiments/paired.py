@@ -16,6 +16,14 @@ Metrics (the name is what `summary.json`'s `comparisons` say):
   HDR histograms of the tables use, on exact values);
 * `traffic`: bytes moved per measured token, like `mean_latency`.
 
+Failed tokens are not dropped from the latency metrics, or a policy that fails its slow
+tokens would look faster than one that completes them: a measured token that failed counts
+at `failed_at` ms, the slowest measured token latency any policy of the run completed
+(`failed_charge`): as slow as the slowest completion, so failing can never be cheaper than
+completing, and the comparison stays on the same scale (a 10 s client deadline would swamp
+every mean). A request is then paired when both policies were asked for measured tokens in
+it, completed or not. Traffic stays per completed token (a failed token moved no answer).
+
 The change is `100 x (b / a - 1)` in percent; its 95% CI is the percentile interval of that
 change over `BOOTSTRAP` paired resamples from a generator seeded with the run's seed, so a
 report redrawn from the same rows gives the same interval. With repetitions
@@ -38,7 +46,7 @@ from scipy.stats import wilcoxon
 from .metrics import BOOTSTRAP, Comparison
 from .rows import TokenRow
 
-__all__ = ["METRICS", "PerRequest", "paired_compare", "per_request"]
+__all__ = ["METRICS", "PerRequest", "failed_charge", "paired_compare", "per_request"]
 
 METRICS = {"mean_latency": "latency_ms", "p99_latency": "latency_ms", "traffic": "bytes"}
 P99 = 99.0
@@ -55,16 +63,31 @@ class PerRequest:
         return set(self.values)
 
 
-def per_request(tokens: Sequence[TokenRow], attr: str = "latency_ms") -> PerRequest:
+def per_request(tokens: Sequence[TokenRow], attr: str = "latency_ms",
+                failed_at: float | None = None) -> PerRequest:
     """The completed, measured (outside the warm-up) tokens' `attr`, by request id; every
-    repetition of a request is pooled into it."""
+    repetition of a request is pooled into it. With `failed_at`, a measured token that failed
+    counts at that value (see the module docstring)."""
     out: dict[int, list[float]] = defaultdict(list)
     for t in tokens:
-        if t.ok and not t.warmup:
-            v = float(getattr(t, attr))
-            if math.isfinite(v):
-                out[t.request].append(v)
+        if t.warmup:
+            continue
+        if not t.ok:
+            if failed_at is not None:
+                out[t.request].append(failed_at)
+            continue
+        v = float(getattr(t, attr))
+        if math.isfinite(v):
+            out[t.request].append(v)
     return PerRequest(dict(out))
+
+
+def failed_charge(*policies: Sequence[TokenRow]) -> float:
+    """What a failed measured token counts as in latency comparisons: the slowest measured
+    token latency that any of `policies` completed (nan when none completed one)."""
+    worst = [t.latency_ms for rows in policies for t in rows
+             if t.ok and not t.warmup and math.isfinite(t.latency_ms)]
+    return max(worst) if worst else math.nan
 
 
 def _nearest_rank(sorted_values: np.ndarray, weights: np.ndarray, p: float) -> np.ndarray:
@@ -96,12 +119,15 @@ def _percentile_boot(a: list[np.ndarray], b: list[np.ndarray], idx: np.ndarray,
 
 def paired_compare(a_name: str, a: Sequence[TokenRow], b_name: str, b: Sequence[TokenRow],
                    metric: str = "mean_latency", *, seed: int = 0,
-                   resamples: int = BOOTSTRAP) -> Comparison:
-    """`b` against `a` on `metric` (see the module docstring), paired by request id."""
+                   resamples: int = BOOTSTRAP, failed_at: float | None = None) -> Comparison:
+    """`b` against `a` on `metric` (see the module docstring), paired by request id; with
+    `failed_at` (latency metrics only) a failed measured token counts at that many ms."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     attr = METRICS[metric]
-    pa, pb = per_request(a, attr), per_request(b, attr)
+    charge = (failed_at if attr == "latency_ms" and failed_at is not None
+              and math.isfinite(failed_at) else None)
+    pa, pb = per_request(a, attr, charge), per_request(b, attr, charge)
     keys = sorted(pa.ids() & pb.ids())
     nan = math.nan
     va = [np.asarray(pa.values[k], dtype=float) for k in keys]

@@ -24,7 +24,7 @@ from typing import Any
 from router.records import MIX_KEYS
 
 from . import plots
-from .faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT, assess, loop_lag_of
+from .faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT, assess, loop_lag_of, runtime_notes
 from .fidelity import (
     DELAY_ABS_MS,
     DELAY_REL,
@@ -36,7 +36,7 @@ from .fidelity import (
     summary_of,
 )
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
-from .paired import METRICS, paired_compare
+from .paired import METRICS, failed_charge, paired_compare
 from .quality import QualitySet, identical_set
 from .reproduce import DIFFERENCES, reproduction_rows
 from .rows import RequestRow, TokenRow, read_rows
@@ -150,12 +150,14 @@ def _prediction_gap(tokens: Mapping[str, Sequence[TokenRow]]) -> str:
 
 def comparisons(meta: RunMeta, stats: Sequence[PolicyStats],
                 tokens: Mapping[str, Sequence[TokenRow]]) -> list[Comparison]:
-    """Each policy against the first listed, paired by request, on every paired metric."""
+    """Each policy against the first listed, paired by request, on every paired metric; a
+    failed token counts at the run's slowest completed one (`experiments.paired`)."""
     if len(stats) < 2:
         return []
     ref, seed = stats[0].name, meta.seed
+    charge = failed_charge(*tokens.values())
     return [paired_compare(ref, tokens.get(ref, ()), s.name, tokens.get(s.name, ()), m,
-                           seed=seed)
+                           seed=seed, failed_at=charge)
             for s in stats[1:] for m in METRICS]
 
 
@@ -168,6 +170,12 @@ def _faithful_lines(faithful: tuple[bool, Sequence[str]]) -> list[str]:
                 f"time, and no scoring token failed.", ""]
     return ["> **Not a faithful run.** What it reports is partly the host it ran on, not only "
             "the emulated mesh:", ">", *[f"> - {r}" for r in reasons], ""]
+
+
+def _failed_share(s: PolicyStats) -> float:
+    """Failed measured tokens over the measured tokens asked for."""
+    asked = s.measured_tokens + s.failed_measured
+    return s.failed_measured / asked if asked else math.nan
 
 
 def _pct(x: float, digits: int = 1) -> str:
@@ -239,15 +247,22 @@ def _repeat_lines(meta: RunMeta, stats: Sequence[PolicyStats]) -> list[str]:
                           rows) + [""]
 
 
-def _comparison_lines(stats: Sequence[PolicyStats], comps: Sequence[Comparison]) -> list[str]:
+def _comparison_lines(stats: Sequence[PolicyStats], comps: Sequence[Comparison],
+                      charge: float = math.nan) -> list[str]:
     ref = stats[0].name
+    failed = ", ".join(f"{s.name} {_pct(_failed_share(s))}" for s in stats)
     lines = ["## Comparisons", "",
              f"Each policy against `{ref}` (the first listed), paired by request: every policy "
              f"served the same seeded requests, so the 95% CI is a paired bootstrap over the "
-             f"requests both completed (the same resampled requests on both sides, seeded "
-             f"with the run's seed). Mean metrics are per measured token; p is a Wilcoxon "
-             f"signed-rank test on the per-request differences of the request's mean; a CI "
-             f"that holds 0 is no difference.", ""]
+             f"requests both were asked for (the same resampled requests on both sides, "
+             f"seeded with the run's seed). Mean metrics are per measured token; p is a "
+             f"Wilcoxon signed-rank test on the per-request differences of the request's "
+             f"mean; a CI that holds 0 is no difference.", "",
+             f"Failed tokens are not dropped from the latency comparisons (a policy that "
+             f"fails its slow tokens would look faster): each failed measured token counts "
+             f"at {_f(charge)} ms, the slowest token any policy of this run completed. "
+             f"Failed share of the measured tokens: {failed}. Traffic is per completed "
+             f"token.", ""]
     rows = []
     for c in comps:
         ci = ("–" if not math.isfinite(c.ci_low_pct)
@@ -300,6 +315,10 @@ def _clock_fact(meta: RunMeta) -> tuple[str, str]:
 def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[str]:
     """The verdict, the description and how the run was made."""
     lines = [f"# moemesh run: {meta.scenario}", "", *_faithful_lines(faithful)]
+    notes = runtime_notes(meta.to_json())
+    if notes:
+        lines += ["Runtime notes (what the runtime saw while the nodes ran):", "",
+                  *[f"- {n}" for n in notes], ""]
     if meta.description:
         lines += [meta.description, ""]
     t = meta.timings
@@ -518,7 +537,7 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
     lines += ["", *_split_lines(stats)]
     lines += _repeat_lines(meta, stats)
     if len(stats) > 1:
-        lines += _comparison_lines(stats, comps)
+        lines += _comparison_lines(stats, comps, failed_charge(*tokens.values()))
     lines += _failure_lines(meta, stats)
     if images:
         lines += ["", "## Plots", ""]

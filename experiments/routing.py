@@ -23,6 +23,7 @@ slots, sorted: the first slot weighs most), seeded by the request's seed.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,8 @@ def _load_jsonl(path: Path) -> RoutingTrace:
                 raise TraceFileError(f"{where}: field {key!r} must be an integer")
         if "policy" in data:
             policies.add(str(data["policy"]))
+        if data.get("weights") is not None:
+            _finite_weights(where, data["weights"])
         rows.append((data["request"], data["token"], data["experts"], data.get("weights")))
     if not rows:
         raise TraceFileError(f"{path}: no positions in it")
@@ -151,6 +154,20 @@ def _load_jsonl(path: Path) -> RoutingTrace:
         raise TraceFileError(f"{path}: field 'weights' has shape {list(weights.shape[1:])} per "
                              f"line, 'experts' {list(experts.shape[1:])}")
     return RoutingTrace(experts, weights, str(path), "jsonl")
+
+
+def _finite_weights(where: str, weights: object) -> None:
+    """Every gate weight of one line a finite number >= 0 (JSON lets NaN and Infinity
+    through, and a NaN would abort the run mid-way); TraceFileError naming line and place."""
+    if not isinstance(weights, list):
+        return  # the shape check says what is wrong
+    for i, layer in enumerate(weights):
+        for j, w in enumerate(layer if isinstance(layer, list) else ()):
+            if isinstance(w, bool) or not isinstance(w, int | float):
+                continue  # not a number: the shape check names it
+            if not (math.isfinite(w) and w >= 0):
+                raise TraceFileError(f"{where}: field 'weights'[{i}][{j}] is {w!r}: gate "
+                                     f"weights must be finite numbers >= 0")
 
 
 def _rectangular(path: Path, field: str, values: list, dtype: type) -> np.ndarray:

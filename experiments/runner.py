@@ -35,12 +35,14 @@ from moe.vocab import is_number
 from orchestrator.arms import Arm
 from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
+from orchestrator.supervisor import runtime_notes, supervise
 from router.policies import MESH_POLICIES
 
 from .clock import clock_meta
 from .driver import DriveLimits, Driver, DriveResult, first_error
 from .fidelity import combine, configured, pairs_of, passive, probe_base, probe_mesh
-from .looplag import collect_loop_lag
+from .looplag import arm_lag
+from .outdir import claim_out, finish_out
 from .progress import RunProgress
 from .repeats import rep_label, rep_orders
 from .routing import ROUTING_FILE, RoutingTrace
@@ -71,6 +73,7 @@ class RunOptions:
     repeat: int = 1  # the whole set of arms this many times, counterbalanced (.repeats)
     trace: RoutingTrace | None = None  # modeled mode: route by this trace file (.routing)
     link_probe: bool = True  # probe every pair's link before the first arm (.fidelity)
+    force: bool = False  # replace an earlier run's --out folder (.outdir)
 
     def __post_init__(self) -> None:
         if not is_number(self.repeat, integer=True) or self.repeat < 1:
@@ -281,6 +284,7 @@ class _Run:
         self.got = _Collected()
         self.placements: dict[tuple, dict[str, list[dict]]] = {}
         self.current: tuple | None = None
+        self.logs_dir: Path | None = None  # where a dead node's log is kept (out/logs)
         modeled = scenario.model.mode == "modeled"
         self.windows = (quality_windows(options.quality_windows, options.quality_seq)
                         if options.quality_windows and not modeled else [])
@@ -363,12 +367,27 @@ class _Run:
         self.progress.arm(arm.label, self.plan.expected_requests)
         t = time.monotonic()
         load = os.getloadavg()[0]
-        result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
-                                                  self.options, self.progress)
+        # orchestrator.supervisor: a node that dies with no fault scheduled is recorded, its
+        # log kept; experiments.looplag: each node's event-loop lag over the whole arm
+        try:
+            async with (supervise(mesh, self.logs_dir, tdf=self.tdf) as watch,
+                        arm_lag(mesh, self.tdf) as lagging):
+                result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
+                                                          self.options, self.progress)
+        finally:  # what the runtime noticed (Swarm: the app shaper across hosts, how nodes died)
+            notes = runtime_notes(getattr(mesh, "launcher", None))
+            if notes:
+                self.meta["runtime_notes"] = notes
         lag = (None if self.scenario.clock == "virtual"  # no wall time is waited: no lag
-               else await collect_loop_lag(mesh, result.started_perf, self.tdf))
-        if lag is not None:  # experiments.looplag: each node's event-loop lag in the arm
+               else await lagging.finish(result.started_perf))
+        if lag is not None:
             self.meta.setdefault("loop_lag", {})[arm.label] = lag
+        if watch.deaths:
+            self.meta.setdefault("node_deaths", {})[arm.label] = [
+                d.to_json(result.started_perf, self.tdf) for d in watch.deaths]
+            for d in watch.deaths:
+                self.progress.note(f"{arm.label}: node {d.node} {d.how}; log kept in "
+                                   f"{d.log or '(none)'}; it restarts before the next arm")
         self.progress.end_arm()
         self.meta["load"][arm.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
         self.meta["faults"][arm.label] = faults
@@ -470,12 +489,14 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
     options = options or RunOptions()
     if not arms:
         raise ValueError("no policy to run")
-    out.mkdir(parents=True, exist_ok=True)
+    run_id = claim_out(out, force=options.force, scenario=scenario.name)  # never over data
     t_all = time.monotonic()
     plan = plan or plan_workload(scenario)
     with RunProgress(f"moemesh run {scenario.name}: {plan.describe()}",
                      quiet=options.quiet) as progress:
         run = _Run(scenario, arms, options, plan, notes, progress)
+        run.logs_dir = out / "logs"
+        run.meta["run_id"] = run_id
         orders = rep_orders(list(arms), options.repeat)
         run.meta["repeats"] = {"n": options.repeat,
                                "orders": [[a.label for a in o] for o in orders]}
@@ -502,9 +523,11 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             run.meta["error"] = f"{type(exc).__name__}: {exc}"
             run._time("total_s", t_all)
             run.write(out)
+            finish_out(out, ok=False)
             raise
         run._time("total_s", t_all)
         run.write(out)
+        finish_out(out, ok=True)
         if options.render:
             from .report import build_report
 

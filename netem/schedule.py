@@ -177,6 +177,11 @@ def read_mahimahi(lines: Iterable[str], source: str = "<trace>",
         if not text.isdigit():
             raise ValueError(f"{source}:{no}: {text!r} is not a whole number of milliseconds")
         value = int(text)
+        if value > MAX_STEPS * bin_ms:  # checked here, before any bin is allocated
+            raise ValueError(
+                f"{source}:{no}: {value} ms is {value / 3.6e6:.3g} hours into the trace, more "
+                f"than {MAX_STEPS} bins of {bin_ms:g} ms: a Mahimahi trace counts "
+                f"milliseconds; is this one in µs or ns? (divide by 1,000 or 1,000,000)")
         if stamps and value < stamps[-1]:
             raise ValueError(f"{source}:{no}: {value} ms goes back in time (after "
                              f"{stamps[-1]} ms)")

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "orchestrator.meshd",
     "orchestrator.docker_commands",
     "orchestrator.doctor",
+    "orchestrator.clean",
     "experiments.commands",
     "experiments.chaos_command",
 )
@@ -55,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _term_as_interrupt(_signum: int, _frame: object) -> None:
-    """SIGTERM ends a command the way Ctrl-C does, so what it started is stopped and
-    removed (nodes, namespaces, qdiscs) instead of left running."""
+    """SIGTERM and SIGHUP (a closed terminal or SSH session) end a command the way Ctrl-C
+    does, so what it started is stopped and removed (nodes, namespaces, qdiscs) instead of
+    left running."""
     signal.raise_signal(signal.SIGINT)
 
 
@@ -69,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _term_as_interrupt)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup keeps it ignored
+            signal.signal(signal.SIGHUP, _term_as_interrupt)
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:

@@ -269,20 +269,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "doctor", help="check this machine for moemesh's optional parts and say how to get them",
         description="Checks root and NET_ADMIN, the kernel's sch_netem, ip and iptables (netns "
         "runtime), the Docker engine and the moemesh image, Compose v2 and v1, and the kernel "
-        "lab's prerequisites; prints what works, what does not and the command that fixes it. "
-        "It changes nothing and exits 0.")
+        "lab's prerequisites; prints what works, what does not and the command that fixes it, "
+        "and what runs killed hard left behind (`moemesh clean`). It changes nothing and "
+        "exits 0.")
     p.add_argument("--json", action="store_true", help="print JSON: {checks: [...], "
                    "features: {...}}")
     p.set_defaults(handler=_doctor)
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from orchestrator.clean import find
+
     parts, feats = checks(), features()
+    left = find()  # what runs killed hard left behind (`moemesh clean`)
     if args.json:
         print(json.dumps({
             "checks": [asdict(c) for c in parts],
             "features": {f.name: {"ok": f.ok, "what": f.what,
                                   "missing": [c.part for c in f.missing]} for f in feats},
+            "leftovers": [asdict(x) for x in left.leftovers],
         }, indent=2))
         return 0
     out = sys.stdout
@@ -298,4 +303,11 @@ def _doctor(args: argparse.Namespace) -> int:
         state = "yes" if f.ok else "no, missing " + ", ".join(c.part for c in f.missing)
         print(f"  {f.what}: {state}", file=out)
     print("  app shaper, local runtime, experiments: yes (they need nothing optional)", file=out)
+    if left.leftovers:
+        print(f"\nleft behind by runs killed hard ({len(left.leftovers)}; `moemesh clean` "
+              "removes them):", file=out)
+        for x in left.leftovers:
+            print(f"  {x.kind:9s} {x.name}  (run {x.run_id}: {x.why})", file=out)
+    else:
+        print("\nleft behind by runs killed hard: nothing", file=out)
     return 0

@@ -40,6 +40,7 @@ from typing import Any
 from netem.spec import LinkSpec
 from orchestrator.faults import Fault
 from orchestrator.lifetime import to_the_end, together, undone_on_error
+from orchestrator.markers import mark
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure
 from services.client import ClientSettings, NodeClient
 from services.device import builtin_profiles
@@ -157,6 +158,7 @@ class LiveMesh:
     async def start(self) -> dict[str, Endpoint]:
         if self.work_dir is None:
             self.work_dir = Path(tempfile.mkdtemp(prefix="moemesh-mesh-"))
+            mark(self.work_dir, "work")  # moemesh clean: ours, and whether this run lives
         self.work_dir.mkdir(parents=True, exist_ok=True)
         launches = node_launches(self.scenario, self.runtime, self.token, self.work_dir)
         async with undone_on_error(self.stop):
@@ -282,8 +284,8 @@ class LiveMesh:
                               for a, b in fault.directions()], "pushed_to": senders}
         (name,) = fault.target
         if action == "node-down":
+            self.down.add(name)  # first: a supervisor must not take the kill for a death
             await self.launcher.kill(name)
-            self.down.add(name)
             return {"node": name, "state": "down"}
         if action == "node-up":
             return await self._node_up(name)

@@ -4,7 +4,10 @@
 its own and returns once every node is healthy and configured, printing the endpoints; the
 supervisor keeps the mesh until `down`. One mesh per state folder: `--mesh-dir`, else
 $MOEMESH_MESH_DIR, else $XDG_RUNTIME_DIR/moemesh, else /tmp/moemesh-<uid>. The folder (mode
-0700) holds state.json (endpoints, pids, the mesh token), the supervisor's and nodes' logs.
+0700, owned by this user: checked, so another user cannot plant one) holds a marker
+(`orchestrator.markers`: the mesh's id), state.json (endpoints, pids, the mesh token), the
+supervisor's and nodes' logs. `down` and the stale clean-up of `up` act only on a folder with
+that marker: a folder moemesh did not make is refused, named, and left as it is.
 
 Exit codes: 0 ok, 2 bad input (a bad scenario, an unknown node, a mesh already up), 1 failure.
 Link values are ONE-WAY; link faults act on both directions unless `--oneway`.
@@ -17,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli import BadInput
-from orchestrator.meshd import LOG_FILE, read_state, request
+from orchestrator.markers import describe, mark, marker, private_dir, remove_ours, require_ours
+from orchestrator.meshd import LOG_FILE, STATE_FILE, read_state, request
 from orchestrator.runtimes.local import process_alive
 
 __all__ = ["mesh_dir", "register"]
@@ -144,14 +147,20 @@ def _up(args: argparse.Namespace) -> int:
     if changes:
         scenario = replace(scenario, **changes)
     folder = mesh_dir(args.mesh_dir)
-    state = read_state(folder)
+    state = _trusted_state(folder)
     if state is not None and _alive(state):
         raise BadInput(f"a mesh is already up ({state.get('name', '?')}, state {folder}): "
                        "run `moemesh down` first")
     if state is not None:
         _clean_stale(folder, state)
+    elif folder.exists() and marker(folder) is None and any(folder.iterdir()):
+        raise BadInput(f"mesh state folder {folder} was not made by moemesh and is not empty "
+                       f"(it holds {describe(folder)}): give an empty or new --mesh-dir")
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
+    if folder.stat().st_uid == os.getuid():
+        os.chmod(folder, 0o700)
+    private_dir(folder)
+    mark(folder, "mesh")
     argv = [sys.executable, "-m", "orchestrator.cli", "meshd", "--detach", "--dir", str(folder),
             "--scenario", str(args.scenario.resolve())]
     for key in ("runtime", "shaper", "policy"):
@@ -224,9 +233,21 @@ def _stop_supervisor(pid: int, start_ticks: int | None, timeout_s: float = DOWN_
     return False
 
 
+def _trusted_state(folder: Path) -> dict[str, Any] | None:
+    """The mesh's state, read only from a private folder of this user that moemesh marked
+    (a state file is a list of process groups to signal: another user's must never be)."""
+    if not (folder / STATE_FILE).exists():
+        return None
+    require_ours(folder, "mesh state folder", "mesh")
+    private_dir(folder)
+    return read_state(folder)
+
+
 def _clean_stale(folder: Path, state: dict[str, Any]) -> list[str]:
     """End the node processes a state lists that still run (by pid and start time), then
-    remove the folder. Returns the nodes that had to be ended here."""
+    remove the folder; only a folder with moemesh's mesh marker (NotOurs otherwise, before
+    anything is signalled or deleted). Returns the nodes that had to be ended here."""
+    require_ours(folder, "mesh state folder", "mesh")
     ended = []
     for name, (pid, ticks) in (state.get("processes") or {}).items():
         if process_alive(pid, ticks):
@@ -240,16 +261,20 @@ def _clean_stale(folder: Path, state: dict[str, Any]) -> list[str]:
                     time.sleep(0.1)
                 if not process_alive(pid, ticks):
                     break
-    shutil.rmtree(folder, ignore_errors=True)
+    remove_ours(folder, "mesh state folder", "mesh")
     return ended
 
 
 def _down(args: argparse.Namespace) -> int:
     folder = mesh_dir(args.mesh_dir)
-    state = read_state(folder)
+    if not folder.exists():
+        print(f"no mesh is up (no state folder {folder})")
+        return 0
+    require_ours(folder, "mesh state folder", "mesh")  # before anything is read or deleted
+    state = _trusted_state(folder)
     if state is None:
-        print(f"no mesh is up (state folder {folder})")
-        shutil.rmtree(folder, ignore_errors=True)
+        print(f"no mesh is up (state folder {folder}, removed)")
+        remove_ours(folder, "mesh state folder", "mesh")
         return 0
     sup = state.get("supervisor") or {}
     clean = True
@@ -270,7 +295,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _ask(args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
     folder = mesh_dir(args.mesh_dir)
-    state = read_state(folder)
+    state = _trusted_state(folder)
     if state is None:
         raise BadInput(f"no mesh is up (state folder {folder}): start one with `moemesh up`")
     if not _alive(state):

@@ -26,7 +26,6 @@ Until a mesh is PUT the router knows only its own node: every expert it holds, n
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
@@ -37,10 +36,11 @@ from aiohttp import web
 from moe.vocab import ACTIVATION_BYTES, is_number
 from services.client import ClientSettings, NodeClient
 from services.errors import NodeError, ServiceError
+from services.routes import token_refusal
 
 from .dispatch import Dispatcher
 from .engine import Engine, Routing
-from .errors import BadRouterInput
+from .errors import BadRouterInput, PeerBug
 from .mesh import Mesh, NodeInfo, node_prior
 from .policies import make_policy
 from .probe import probe_peer
@@ -235,6 +235,8 @@ async def _generate(request: web.Request) -> web.Response:
                                        routing=bool(data.get("routing", False)))
     except BadRouterInput as exc:
         return _bad(str(exc))
+    except PeerBug as exc:  # a bug behind this node: loud, with the peer's message
+        return _bad(str(exc), 502, "peer_bug")
     return web.json_response(result.to_json(records))
 
 
@@ -249,19 +251,14 @@ async def _score(request: web.Request) -> web.Response:
         result = await engine.score(_tokens(data, "text"), policy, budget)
     except BadRouterInput as exc:
         return _bad(str(exc))
+    except PeerBug as exc:  # a bug behind this node: loud, with the peer's message
+        return _bad(str(exc), 502, "peer_bug")
     return web.json_response(result.to_json(records))
 
 
 def _authorized(request: web.Request) -> web.Response | None:
-    token = request.app[ROUTER_KEY].node.settings.token
-    if token is None:
-        return _bad("this node has no control token: start it with MOEMESH_TOKEN set",
-                    401, "unauthorized")
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        return _bad(f"{'missing' if not given else 'wrong'} control token: send "
-                    "'Authorization: Bearer <MOEMESH_TOKEN>'", 401, "unauthorized")
-    return None
+    refusal = token_refusal(request, request.app[ROUTER_KEY].node.settings.token)
+    return None if refusal is None else _bad(refusal, 401, "unauthorized")
 
 
 async def _put_mesh(request: web.Request) -> web.Response:

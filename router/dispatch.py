@@ -46,14 +46,14 @@ from services.wire import ForwardResponse, Group, Work, decode_tensor, encode_te
 
 from .breaker import Breakers
 from .cost import branch_cost
-from .errors import NoFeasiblePlan
+from .errors import NoFeasiblePlan, PeerBug
 from .estimators import Estimators
 from .mesh import Mesh
 from .policies import Policy
 from .quality import QualityTable
 from .records import ChoiceRecord, Counters, Failure, LayerRecord, TokenRecord
 from .tables import PlanView
-from .transport import RETRYABLE, Transport, classify
+from .transport import RETRYABLE, Transport, classify, is_bug
 from .types import Choice, ModelShape, PlanRequest
 
 __all__ = ["Dispatcher", "Timeline"]
@@ -358,9 +358,12 @@ class Dispatcher:
         """One request per node, concurrently, leaving at `ready` on the emulated timeline;
         each result is (an answer or an exception, when it was back or failed)."""
         results: dict[str, tuple[ForwardResponse | BaseException, float]] = {}
-        async with asyncio.TaskGroup() as tg:
-            for batch in batches.values():
-                tg.create_task(self._send(layer, x, batch, layer_deadline, ready, results))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for batch in batches.values():
+                    tg.create_task(self._send(layer, x, batch, layer_deadline, ready, results))
+        except* PeerBug as group:  # the peer's own message, not "a TaskGroup failed"
+            raise group.exceptions[0] from None
         return results
 
     async def _send(self, layer, x, batch: _Batch, layer_deadline: float, ready: float,
@@ -419,6 +422,8 @@ class Dispatcher:
                 self.counters.bytes_out += res.body_bytes[0]
                 self.counters.bytes_in += res.body_bytes[1]
         except RETRYABLE as exc:
+            if is_bug(exc):  # no breaker, no replan: the request fails with the peer's words
+                raise PeerBug(node, exc) from exc
             self.counters.failures += 1
             if node != self.home and isinstance(exc, TimeoutError):  # NodeTimeout too
                 # as TCP backs off: the next limit is longer

@@ -5,8 +5,11 @@
     │                                a malformed mesh view, a bad setting (the message names it)
     ├── NoFeasiblePlan               no reachable replica can serve an expert within the token's
     │                                quality budget (the message names layer, expert and why)
-    └── TokenFailed                  a token could not complete inside its deadline; `reason`
-                                     is a short code (no_replica_reachable, ...)
+    ├── TokenFailed                  a token could not complete inside its deadline; `reason`
+    │                                is a short code (no_replica_reachable, ...)
+    └── PeerBug                      a peer answered 4xx/5xx that is no fault of the network
+                                     (a malformed request, a crash in its handler): a bug that
+                                     fails the request loudly (502 peer_bug), never a replan
 
 `BadRouterInput` is a ValueError so `moemesh` maps it to exit code 2 and the HTTP endpoints to
 400. Only `NoFeasiblePlan` and the client's retryable errors make the dispatcher replan.
@@ -14,7 +17,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BadRouterInput", "NoFeasiblePlan", "RouterError", "TokenFailed"]
+__all__ = ["BadRouterInput", "NoFeasiblePlan", "PeerBug", "RouterError", "TokenFailed"]
 
 
 class RouterError(Exception):
@@ -42,3 +45,12 @@ class TokenFailed(RouterError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class PeerBug(RouterError):
+    """A peer refused a forward with a status that names a bug, not a fault (see
+    `router.transport.is_bug`); the message is the peer's own."""
+
+    def __init__(self, node: str, exc: BaseException) -> None:
+        super().__init__(f"peer {node} answered a bug, not a fault: {exc}")
+        self.node = node

@@ -5,6 +5,12 @@ Failures are sorted into three kinds for the circuit breakers (`classify`):
 "node" (refused connection, shutting down, not placed: the node is the problem), "link"
 (timeouts, an answer lost on the way back: the path is the problem) and "busy" (503
 overloaded: try elsewhere, but nothing is broken).
+
+A peer that answers any other 4xx or 5xx (400 malformed, 401, 413, 500 internal) is not a
+network fault: `is_bug` says so, the dispatcher opens no breaker, does not replan and fails
+the request with the peer's message (`router.errors.PeerBug`). Only 503 (overloaded,
+shutting down, an injected fault, a link down) and 404 not_placed (a node revived before its
+placement came back) stay faults.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from services.client import NodeClient
 from services.errors import NodeRefused, NodeTimeout, NodeUnreachable, ServiceError
 from services.wire import ForwardResponse, Group
 
-__all__ = ["RETRYABLE", "MeshTransport", "Transport", "classify"]
+__all__ = ["RETRYABLE", "MeshTransport", "Transport", "classify", "is_bug"]
 
 # What makes the dispatcher replan; anything else is a bug and fails the token loudly.
 RETRYABLE = (NodeUnreachable, NodeTimeout, NodeRefused, ServiceError, TimeoutError,
@@ -40,6 +46,17 @@ class LocalNode(Protocol):
     path as `POST /v1/forward`, without HTTP."""
 
     async def forward(self, groups: Sequence[Group], arrival: float | None = None) -> Any: ...
+
+
+def is_bug(exc: BaseException) -> bool:
+    """Whether a peer's error answer names a bug (see the module docstring): neither a 503 nor
+    a 404 not_placed. In-process `ServiceError`s of the home node are judged alike."""
+    if not isinstance(exc, NodeRefused | ServiceError):
+        return False
+    status = exc.status
+    if isinstance(exc, NodeRefused) and status < 400:  # a 200 that could not be decoded
+        return False
+    return not (status == 503 or (status == 404 and exc.code == "not_placed"))
 
 
 def classify(exc: BaseException) -> str:

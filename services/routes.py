@@ -38,7 +38,8 @@ from .wire import (
 if TYPE_CHECKING:
     from .node import Node
 
-__all__ = ["FORWARD_PATH", "NODE_KEY", "SELF_HEADER", "add_routes", "error_middleware"]
+__all__ = ["FORWARD_PATH", "NODE_KEY", "SELF_HEADER", "add_routes", "error_middleware",
+           "token_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -133,14 +134,23 @@ def arrival_time(raw: str | None) -> float | None:
 def _authorize(request: web.Request, endpoint: str) -> Node:
     node = request.app[NODE_KEY]
     node.metrics.requests.labels(endpoint).inc()
-    token = node.settings.token
-    if token is None:
-        raise Unauthorized("this node has no control token: start it with MOEMESH_TOKEN set")
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-        what = "missing" if not given else "wrong"
-        raise Unauthorized(f"{what} control token: send 'Authorization: Bearer <MOEMESH_TOKEN>'")
+    refusal = token_refusal(request, node.settings.token)
+    if refusal is not None:
+        raise Unauthorized(refusal)
     return node
+
+
+def token_refusal(request: web.Request, token: str | None) -> str | None:
+    """Why the request's control token is refused (None: it is right). A header that is not
+    UTF-8 (aiohttp hands its bytes over as surrogates) is a wrong token, never a crash."""
+    if token is None:
+        return "this node has no control token: start it with MOEMESH_TOKEN set"
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                               f"Bearer {token}".encode()):
+        what = "missing" if not given else "wrong"
+        return f"{what} control token: send 'Authorization: Bearer <MOEMESH_TOKEN>'"
+    return None
 
 
 async def _json_body(request: web.Request, node: Node) -> Any:

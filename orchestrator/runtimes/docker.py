@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from orchestrator.runtimes.base import (
     check_launches,
     wait_listening,
 )
+from orchestrator.runtimes.processes import process_start_ticks
 
 __all__ = ["DEFAULT_IMAGE", "LABEL_RUN", "DockerRuntime", "EngineRuntime", "open_engine",
            "status_of"]
@@ -289,7 +291,10 @@ class DockerRuntime(EngineRuntime):
                 raise RuntimeFailure(f"image {self.image!r} not found: build it first "
                                      "(docker/README.md: docker/build-image.sh)") from None
             raise
-        labels = {LABEL_RUN: self.id}
+        # the creating process of this host: `moemesh clean` removes them once it is gone
+        labels = {LABEL_RUN: self.id, "io.moemesh.pid": str(os.getpid()),
+                  "io.moemesh.start_ticks": str(process_start_ticks(os.getpid()) or ""),
+                  "io.moemesh.host": socket.gethostname()}
         self._network_name = f"moemesh-{self.id}"
         self._creating = True
         network = await docker.networks.create({

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.lifetime import together, undone_on_error
+from orchestrator.markers import mark
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.forkserver import ForkServer, forkable
 from orchestrator.runtimes.processes import (
@@ -132,6 +133,7 @@ class LocalRuntime(ProcessRuntime):
                 self.log_dir = self._log_dir_given
             else:
                 self.log_dir = Path(tempfile.mkdtemp(prefix="moemesh-local-"))
+                mark(self.log_dir, "logs")  # moemesh clean: ours, and whether it still runs
             for launch in nodes:
                 self._nodes[launch.name] = ProcessNode(launch, HOST, 0,
                                                        self.log_dir / f"{launch.name}.log")

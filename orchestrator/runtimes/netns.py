@@ -41,6 +41,7 @@ from pathlib import Path
 
 from orchestrator import doctor
 from orchestrator.lifetime import together, undone_on_error
+from orchestrator.markers import mark
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.processes import (
     ProcessNode,
@@ -175,6 +176,7 @@ class NetnsRuntime(ProcessRuntime):
                 raise ValueError(f"subnet {subnet} has room for {len(hosts) - 1} nodes, "
                                  f"not {len(nodes)}")
             self.log_dir = Path(tempfile.mkdtemp(prefix=f"moemesh-netns-{self.id}-"))
+            mark(self.log_dir, "netns", self.id)  # moemesh clean finds the id's objects by it
             await self._make_bridge(f"{hosts[0]}/{subnet.prefixlen}")
             for i, launch in enumerate(nodes):
                 node = _Node(launch, str(hosts[i + 1]), launch.port, index=i,

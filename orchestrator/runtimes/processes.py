@@ -218,6 +218,11 @@ class ProcessRuntime(Runtime):
         self._node(name)
         return self.log_tail(name, lines)
 
+    def log_path(self, name: str) -> Path | None:
+        """The node's log file (appended to across revivals), for a supervisor to keep."""
+        node = self._nodes.get(name)
+        return None if node is None else node.log
+
     def log_tail(self, name: str, lines: int = 20) -> str:
         node = self._nodes.get(name)
         if node is None or node.log is None or not node.log.exists():

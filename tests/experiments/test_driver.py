@@ -102,3 +102,67 @@ async def test_a_closed_loop_sends_exactly_its_request_count() -> None:
     assert all(r.request % 2 == r.user for r in result.requests)
     assert {r.user for r in result.requests} <= {0, 1}
     assert all(r.at_s == r.sent_s or abs(r.at_s - r.sent_s) < 0.05 for r in result.requests)
+
+
+async def _serve(handler) -> tuple[str, object]:
+    """A real aiohttp server on a free port that answers /v1/generate with `handler`."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/generate", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return f"http://127.0.0.1:{port}", runner
+
+
+async def test_a_500_from_generate_fails_the_run_with_the_nodes_message() -> None:
+    from aiohttp import web
+
+    from experiments.driver import RequestRefused
+
+    async def crash(request: web.Request) -> web.Response:
+        return web.json_response({"error": "internal", "detail": "KeyError: 'edge9'"},
+                                 status=500)
+
+    url, runner = await _serve(crash)
+    try:
+        plan = plan_workload(small_scenario(duration_s=None, requests=2, warmup_s=0.0), TEXT)
+        urls = dict.fromkeys(("edge1", "edge2", "edge3"), url)
+        with pytest.raises(RequestRefused, match=r"500 \(a bug, not a fault\).*KeyError"):
+            await Driver(plan, ARM, urls).run()
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_503_is_a_fault_and_connections_are_bounded() -> None:
+    """A 503 (overloaded) fails the request's tokens as `request:http_503`; with
+    `connections=2`, never more than two requests are in flight at once."""
+    import asyncio
+
+    from aiohttp import web
+
+    from experiments.driver import DriveLimits
+
+    inflight, most = 0, 0
+
+    async def busy(request: web.Request) -> web.Response:
+        nonlocal inflight, most
+        inflight += 1
+        most = max(most, inflight)
+        await asyncio.sleep(0.2)
+        inflight -= 1
+        return web.json_response({"error": "overloaded", "detail": "queue full"}, status=503)
+
+    url, runner = await _serve(busy)
+    try:
+        sc = small_scenario(duration_s=None, requests=6, warmup_s=0.0, rate_rps=1000.0)
+        plan = plan_workload(sc, TEXT)
+        urls = dict.fromkeys(("edge1", "edge2", "edge3"), url)
+        result = await Driver(plan, ARM, urls, limits=DriveLimits(connections=2)).run()
+    finally:
+        await runner.cleanup()
+    assert {r.error for r in result.requests} == {"http_503"}
+    assert {t.reason for t in result.tokens} == {"request:http_503"}
+    assert most == 2

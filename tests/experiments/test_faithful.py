@@ -65,7 +65,7 @@ def _run(tmp_path: Path, *, share: float = 0.02, lag_frac: float = 0.0,
                    for n in ("edge1", "edge2")} for label in ("local-first", "greedy")}
     lag["hetroute"] = {"edge1": {"p99_ms": 1.5, "max_ms": 40.0, "over_5ms_frac": lag_frac,
                                  "series": [[3.0, 40.0]]},
-                       "edge2": {"error": "unreachable"}}
+                       "edge2": {"error": "node down"}}  # a fault took it down: no lag
     return write_run(tmp_path / "run", [arm("local-first"), arm("greedy"), arm("hetroute")],
                      lr_t + gr_t + hr_t, lr_r + gr_r + hr_r, loop_lag=lag,
                      quality=_quality(greedy_failed or []))
@@ -242,3 +242,49 @@ def test_repeat_flag_reaches_the_run_options() -> None:
     assert _options(_parse(["run", "x.yaml"])).repeat == 1
     with pytest.raises(ValueError, match="--repeat"):
         _options(_parse(["run", "x.yaml", "--repeat", "0"]))
+
+
+def test_a_dead_node_a_partial_run_and_runtime_notes_reach_the_verdict(tmp_path: Path) -> None:
+    """run.json's `node_deaths` (orchestrator.supervisor), `error`, an unreadable or
+    overwritten loop-lag record and the runtime's notes all appear in report.md's verdict."""
+    from tests.experiments.conftest import arm, make_rows, write_run
+
+    t, r = make_rows("greedy", 25.0, seed=2)
+    lag = {"greedy": {"edge1": {"p99_ms": 1.0, "max_ms": 2.0, "over_5ms_frac": 0.0,
+                                "series": [], "lost": True},
+                      "edge2": {"error": "GET /v1/looplag: no answer within 30 s"}}}
+    folder = write_run(
+        tmp_path / "run", [arm("greedy"), arm("hetroute")], t, r, loop_lag=lag,
+        node_deaths={"greedy": [{"node": "edge3", "at_s": 12.5, "how": "exited (no fault "
+                                 "scheduled)", "log": "logs/edge3.log"}]},
+        error="KeyboardInterrupt: ", runtime="swarm", shaper="app",
+        runtime_notes=["nodes run on 2 hosts: only tc shapes them faithfully (the app shaper "
+                       "times arrivals on each host's own monotonic clock)",
+                       "service mm_edge1 has no NET_ADMIN"])
+    summary = build_report(folder, plots_too=False)
+    reasons = "\n".join(summary["unfaithful_reasons"])
+    assert summary["faithful"] is False
+    assert "greedy: not faithful: node died: edge3 exited (no fault scheduled) at 12.5 s" \
+        in reasons and "logs/edge3.log" in reasons
+    assert "the run did not finish (KeyboardInterrupt: )" in reasons and "partial" in reasons
+    assert "edge1's event-loop lag record lost samples" in reasons
+    assert "edge2's event-loop lag could not be read" in reasons
+    assert "runtime: nodes run on 2 hosts" in reasons
+    text = (folder / "report.md").read_text()
+    head = text[:text.index("| runtime")]
+    assert "node died: edge3" in head and "did not finish" in head
+    assert "service mm_edge1 has no NET_ADMIN" in head  # a note, beside the verdict
+
+
+def test_moemesh_report_of_a_partial_folder_says_so(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.experiments.conftest import arm, make_rows, write_run
+    from tests.helpers import moemesh
+
+    t, r = make_rows("greedy", 25.0, seed=2)
+    folder = write_run(tmp_path / "run", [arm("greedy"), arm("hetroute")], t, r,
+                       error="RuntimeFailure: node edge2 did not start")
+    assert moemesh("report", str(folder)) == 0
+    err = capsys.readouterr().err
+    assert "not a faithful run" in err and "the run did not finish (RuntimeFailure" in err
+    assert "partial" in err

@@ -70,3 +70,37 @@ def test_the_latency_plot_marks_lag_spans(tmp_path) -> None:
     path = plots.latency_over_time({"hetroute": tokens}, {}, tmp_path / "t.png",
                                    lag_by_policy=lag)
     assert path.stat().st_size > 1000
+
+
+async def test_a_long_arm_is_read_in_chunks_and_merged_and_keeps_lost() -> None:
+    """`ArmLag` reads each node's window every chunk_s while the arm runs, so an arm longer
+    than the node's ring (~11 min) is covered whole; chunks merge (counts and over-5-ms time
+    added, max of maxima, p99 the worst chunk's) and a chunk that lost samples says so."""
+    import asyncio
+
+    from experiments.looplag import arm_lag, merge_windows
+
+    chunks = [
+        {"edge1": {**window([[1.0, 40.0]], [], count=100, p99_ms=2.0, max_ms=40.0,
+                            over_5ms_frac=0.02), "since": 0.0, "until": 10.0}},
+        {"edge1": {**window([[12.0, 9.0]], [], count=300, p99_ms=5.0, max_ms=9.0,
+                            over_5ms_frac=0.0), "since": 10.0, "until": 40.0,
+                   "lost": True}},
+    ]
+    merged = merge_windows([c["edge1"] for c in chunks])
+    assert merged["count"] == 400 and merged["max_ms"] == 40.0 and merged["p99_ms"] == 5.0
+    assert merged["over_5ms_frac"] == pytest.approx(0.02 * 10 / 40) and merged["lost"]
+    assert merged["samples"] == [[1.0, 40.0], [12.0, 9.0]]
+    assert merge_windows([{"error": "node down"}]) == {"error": "node down"}
+
+    class Chunked(FakeMesh):
+        async def loop_lag(self, since, until=None, *, min_ms=0.0, every_s=None):
+            self.asked.append((since, until))
+            return chunks[min(len(self.asked), 2) - 1]
+
+    mesh = Chunked({})
+    async with arm_lag(mesh, 1.0, chunk_s=0.05) as lagging:
+        await asyncio.sleep(0.08)  # one chunk read during the arm
+    got = await lagging.finish(0.0)
+    assert len(mesh.asked) == 2 and mesh.asked[0][1] == mesh.asked[1][0]  # back to back
+    assert got["edge1"]["lost"] is True and got["edge1"]["samples"] == 400

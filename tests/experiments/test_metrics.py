@@ -17,7 +17,8 @@ POLICY_KEYS = {"tokens", "failed_tokens", "rerouted_tokens", "latency_ms", "ttft
                # the latency split, loop lag, scoring failures, repetitions (issue 11)
                "overhead_share", "emulated_ms", "latency_split_ms", "loop_lag_ms",
                "scoring_failed_tokens", "repeats",
-               "slo_share"}  # requests within the SLO (issue 13: capacity mode)
+               "slo_share",  # requests within the SLO (issue 13: capacity mode)
+               "measured_tokens", "failed_measured_tokens"}  # beside the latency (issue 26)
 
 
 def test_hdr_percentiles_match_the_data_within_its_precision() -> None:

@@ -109,3 +109,45 @@ def test_repetition_keys_round_trip() -> None:
     key = rep_label("hetroute@layer-shard", 3)
     assert base_label(key) == "hetroute@layer-shard" and rep_of(key) == 3
     assert base_label("greedy") == "greedy" and rep_of("greedy") == 0
+
+
+def test_failing_ten_percent_of_tokens_cannot_look_faster_than_completing_them_slowly() -> None:
+    """Synthetic rows: policy `slow` completes every token, 10% of them (the slow ones) at
+    5x the latency; policy `fails` is the same run with exactly those tokens failed. Dropping
+    failed tokens would make `fails` ~30% faster; with the rule (a failed token counts at the
+    slowest completed latency of the run) it is never faster, on either latency metric, and
+    neither is it when compared the other way round."""
+    rng = np.random.default_rng(4)
+    slow, fails = [], []
+    for r in range(40):
+        for i in range(10):
+            lat = 20.0 * float(rng.lognormal(0.0, 0.1))
+            if i == 3:  # one token in ten is slow
+                lat *= 5.0
+                fails.append(token("fails", r, i, 0.0, ok=False, reason="deadline"))
+            else:
+                fails.append(token("fails", r, i, lat))
+            slow.append(token("slow", r, i, lat))
+    plain = paired_compare("slow", slow, "fails", fails, "mean_latency", seed=1)
+    assert plain.change_pct < -20  # the trap: dropping failed tokens rewards failing
+    from experiments.paired import failed_charge
+
+    charge = failed_charge(slow, fails)
+    assert charge == max(t.latency_ms for t in slow)
+    for metric in ("mean_latency", "p99_latency"):
+        c = paired_compare("slow", slow, "fails", fails, metric, seed=1, failed_at=charge)
+        assert c.change_pct >= 0 and c.verdict() != "lower", (metric, c)
+        back = paired_compare("fails", fails, "slow", slow, metric, seed=1, failed_at=charge)
+        assert back.change_pct <= 0 and back.verdict() != "higher", (metric, back)
+    # the report's comparisons apply the rule, and say the failed share beside the latency
+    from experiments.metrics import policy_stats
+    from experiments.report import comparisons
+    from experiments.runmeta import RunMeta
+
+    meta = RunMeta.from_json({"scenario": "s", "seed": 1, "arms": [{"label": "slow"},
+                                                                  {"label": "fails"}]})
+    stats = [policy_stats(n, rows, [], warmup_s=0.0, slo_ms=100.0)
+             for n, rows in (("slow", slow), ("fails", fails))]
+    assert stats[1].failed_measured == 40 and stats[1].measured_tokens == 360
+    comps = comparisons(meta, stats, {"slow": slow, "fails": fails})
+    assert all(c.change_pct >= 0 for c in comps if c.metric != "traffic")

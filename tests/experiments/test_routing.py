@@ -51,6 +51,11 @@ def test_a_npy_trace_is_read_and_checked_against_the_model(tmp_path: Path) -> No
     ("e.jsonl", '{"request": 0, "token": 0, "experts": [[1, 2]], "policy": "a"}\n'
                 '{"request": 0, "token": 1, "experts": [[1, 2]], "policy": "b"}\n',
      "several policies (a, b)"),
+    ("nan.jsonl", '{"request": 0, "token": 0, "experts": [[1, 2]], "weights": [[0.5, 0.5]]}\n'
+                  '{"request": 0, "token": 1, "experts": [[1, 2]], "weights": [[NaN, 0.5]]}\n',
+     ":2: field 'weights'[0][0] is nan: gate weights must be finite"),
+    ("inf.jsonl", '{"request": 0, "token": 0, "experts": [[1, 2]], '
+                  '"weights": [[0.5, Infinity]]}\n', ":1: field 'weights'[0][1] is inf"),
 ])
 def test_bad_trace_files_name_the_file_and_field(tmp_path: Path, name: str, content: object,
                                                  says: str) -> None:

@@ -8,6 +8,7 @@ through the same runner and checks they are recorded, undone and felt by the tok
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 from collections import Counter
@@ -116,6 +117,7 @@ async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
                                 RunOptions(quality_windows=0, overhead_requests=0, quiet=True,
                                            repeat=2))
     assert meta["repeats"] == {"n": 2, "orders": [["hetroute"], ["hetroute"]]}
+    assert "node_deaths" not in meta  # a scheduled node-down is a fault, not a death
     for key in ("hetroute", "hetroute#rep1"):  # every repetition has the fault timeline
         events = meta["faults"][key]
         assert [(e["action"], e["at_s"]) for e in events] == [
@@ -164,3 +166,55 @@ def test_a_sweep_runs_each_point_and_plots_them(tmp_path: Path) -> None:
         point = json.loads((out / f"budget={value}" / "run.json").read_text())
         assert point["quality_budget_pct"] == float(value) and point["faults"]["hetroute"] == []
     assert (out / "sweep_budget.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+async def test_a_node_killed_hard_mid_arm_is_named_in_the_verdict_with_its_log(
+        tmp_path: Path) -> None:
+    """`kill -9` of edge3's node process while the arm runs, with no fault scheduled: the
+    supervisor records it (run.json `node_deaths`), keeps its log in the output folder, the
+    report's verdict says "not faithful: node died: edge3", and the next repetition finds
+    edge3 restarted."""
+    import asyncio
+    import os
+    import signal
+    from dataclasses import replace
+
+    scenario, arms = load_experiment(FAULTY)
+    wl = replace(scenario.workload, duration_s=8.0, warmup_s=0.0)
+    scenario = replace(scenario, faults=(), workload=wl, time_dilation=2.0,
+                       auto_dilation=False)
+    killed: list[int] = []
+
+    async def kill_later(mesh: Any) -> None:
+        await asyncio.sleep(4.0)  # mesh started, placement and reset done: the arm runs
+        pid, _ = mesh.launcher.processes()["edge3"]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    @contextlib.asynccontextmanager
+    async def open_mesh(sc: Any, placement: Any) -> Any:
+        async with open_live(sc, placement, work_dir=tmp_path / "mesh") as mesh:
+            task = asyncio.create_task(kill_later(mesh))
+            try:
+                yield mesh
+            finally:
+                task.cancel()
+
+    out = tmp_path / "out"
+    meta = await run_experiment(scenario, arms, open_mesh, out,
+                                RunOptions(quality_windows=0, overhead_requests=0, quiet=True,
+                                           repeat=2, link_probe=False))
+    assert killed, "the kill never happened"
+    (death,) = meta["node_deaths"]["hetroute"]
+    assert death["node"] == "edge3" and death["how"].startswith("exited")
+    assert 0 < death["at_s"] < 8.0 and death["log"] == "logs/edge3.log"
+    log = (out / "logs" / "edge3.log").read_text()
+    assert "edge3" in log and len(log) > 0  # the node's own output, kept
+    assert "hetroute#rep1" not in meta.get("node_deaths", {})  # restarted, and it held
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["faithful"] is False
+    assert any("not faithful: node died: edge3" in r for r in summary["unfaithful_reasons"])
+    text = (out / "report.md").read_text()
+    assert "node died: edge3" in text[:text.index("| runtime")]
+    assert processes_with(str(tmp_path / "mesh")) == []

@@ -1,6 +1,7 @@
 """A small real aiohttp server for runtime tests: `python aiohttp_node.py NAME PORT`.
 
 GET /       -> {"name": NAME, "pid": ...}
+GET /v1/health -> {"name": NAME, "status": "ok"} (what a supervisor asks)
 GET /fetch?url=URL -> what URL answered, fetched from inside this node's namespace
 """
 
@@ -26,10 +27,16 @@ async def fetch(request: web.Request) -> web.Response:
         return web.json_response(await resp.json())
 
 
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"name": request.app["name"], "status": "ok"})
+
+
 def main() -> None:
     app = web.Application()
     app["name"] = sys.argv[1]
+    print(f"aiohttp_node {sys.argv[1]} listening on {sys.argv[2]}", flush=True)
     app.router.add_get("/", whoami)
+    app.router.add_get("/v1/health", health)
     app.router.add_get("/fetch", fetch)
     web.run_app(app, host="0.0.0.0", port=int(sys.argv[2]), print=None)
 

@@ -211,3 +211,20 @@ def test_shipped_traces_are_what_the_generator_makes() -> None:
         assert [int(x) for x in path.read_text().split()] == stamps
         sched = read_schedule(path, "mahimahi")
         assert sched.loop_s == stamps[-1] / 1e3 and len(sched.steps) == stamps[-1] // 100
+
+
+def test_a_mahimahi_trace_in_microseconds_is_refused_before_memory_goes(tmp_path: Path) -> None:
+    """Nanosecond stamps would make ~10^11 bins: refused at the first such line, naming it,
+    with the likely cause; memory never grows (the file is read as lines, no bin is made)."""
+    import resource
+
+    trace = tmp_path / "ns.trace"
+    trace.write_text("0\n1000000000\n2000000000000\n")
+    from netem.schedule import read_schedule
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ValueError, match=r"ns\.trace:2: 1000000000 ms .* µs or ns"):
+        read_schedule(trace, "mahimahi")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
+    ok = read_mahimahi([str(t) for t in range(0, 999_000, 7)], "t", bin_ms=10)
+    assert len(ok.steps) == 99_900  # a long millisecond trace is still read

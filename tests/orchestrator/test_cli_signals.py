@@ -1,5 +1,5 @@
-"""SIGTERM stops any `moemesh` command the way Ctrl-C does, even where the shell that started
-it in the background ignores SIGINT for it (`cmd &` in a script, nohup)."""
+"""SIGTERM and SIGHUP stop any `moemesh` command the way Ctrl-C does, even where the shell that
+started it in the background ignores SIGINT for it (`cmd &` in a script, nohup)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 from tests.helpers import ROOT
 
@@ -32,12 +34,15 @@ PROGRAM = textwrap.dedent("""\
 """)
 
 
-def test_sigterm_interrupts_a_command_whose_sigint_was_ignored() -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_interrupt_a_command_whose_sigint_was_ignored(sig: int) -> None:
+    """SIGTERM, and SIGHUP (a closed terminal or SSH session), stop the command the way
+    Ctrl-C does, so what it started is released instead of left running."""
     proc = subprocess.Popen([sys.executable, "-c", PROGRAM], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=20)
     finally:
         proc.kill()

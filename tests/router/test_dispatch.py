@@ -279,3 +279,42 @@ async def test_a_late_answer_from_the_only_replica_is_waited_for_not_cut_off(
     assert d.counters.failures == 0 and d.counters.retries == 0
     assert d.breakers.states()["a"] == {"node": "closed", "link": "closed"}
     assert 0.24 <= waited < 10.0  # two layers of 120 ms round trips, no 30 s breaker wait
+
+
+async def test_a_peer_answering_500_is_a_bug_not_a_fault(stack, router_compute) -> None:
+    """Node a's forward handler crashes (a bug in a real node: its own middleware answers
+    500 internal). The request fails loudly with a's message as 502 peer_bug; a's breakers
+    stay closed and nothing is retried or counted as a failure."""
+    mesh = await start_inproc_mesh(stack, router_compute,
+                                   {"h": [], "a": experts(2, range(8))},
+                                   {("h", "a"): 0.0, ("a", "h"): 0.0})
+
+    async def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("expert table corrupted on a")
+
+    mesh.nodes["a"].forward = crash  # type: ignore[method-assign]
+    d = mesh.router.engine().dispatcher
+    body_in = {"tokens": tokens(4).tolist(), "max_tokens": 2, "policy": "greedy"}
+    async with (aiohttp.ClientSession() as session,
+                session.post(mesh.nodes["h"].url + "/v1/generate", json=body_in) as resp):
+        body = await resp.json()
+    assert resp.status == 502 and body["error"] == "peer_bug"
+    assert "peer a" in body["detail"] and "expert table corrupted on a" in body["detail"]
+    assert "500" in body["detail"]
+    assert d.breakers.states()["a"] == {"node": "closed", "link": "closed"}
+    assert d.counters.failures == 0 and d.counters.retries == 0
+
+
+def test_which_answers_are_bugs() -> None:
+    from router.transport import classify, is_bug
+    from services.errors import NodeRefused, NodeTimeout, Unavailable
+
+    assert is_bug(NodeRefused("u", 500, "internal", "boom"))
+    assert is_bug(NodeRefused("u", 400, "malformed", "bad dtype"))
+    assert is_bug(NodeRefused("u", 401, "unauthorized", "wrong token"))
+    assert not is_bug(NodeRefused("u", 503, "overloaded", "queue full"))
+    assert not is_bug(NodeRefused("u", 503, "link_down", "cut"))
+    assert not is_bug(NodeRefused("u", 404, "not_placed", "expert 3 not here"))
+    assert not is_bug(NodeRefused("u", 200, "bad_answer", "2 outputs"))
+    assert not is_bug(NodeTimeout("slow", "u")) and not is_bug(Unavailable("busy"))
+    assert classify(NodeRefused("u", 503, "overloaded", "")) == "busy"

@@ -273,3 +273,25 @@ def test_mesh_naming_unknown_nodes_is_refused_with_the_name(served: ThreadedNode
             "links": {"home": {"ghost": {"delay_ms": 1.0}}}, "placement": {"home": entries}}
     status, _, data = served.request("PUT", "/v1/mesh", json.dumps(body).encode(), AUTH)
     assert status == 400 and "ghost" in json.loads(data)["detail"]
+
+
+# bytes a header may carry past aiohttp's own parser (which answers control bytes itself,
+# with a plain-text 400): printable ASCII, tabs and any byte >= 0x80 (not UTF-8 either)
+header_bytes = st.binary(max_size=64).filter(lambda b: all(c == 9 or 32 <= c != 127
+                                                           for c in b))
+
+
+@settings(FUZZ, max_examples=150)
+@given(auth=header_bytes, ctype=header_bytes,
+       where=st.sampled_from([("PUT", "/v1/mesh"), ("GET", "/v1/router"),
+                              ("POST", "/v1/generate"), ("POST", "/v1/score")]))
+def test_random_headers(served: ThreadedNode, auth: bytes, ctype: bytes,
+                        where: tuple[str, str]) -> None:
+    """Headers fuzzed as well as bodies: any bytes in Authorization (not UTF-8 either) and
+    Content-Type answer below 500 with an error code; a control endpoint answers 401."""
+    method, path = where
+    body = b"" if method == "GET" else b"{}"
+    status = call(served, method, path, body,
+                  {"Authorization": auth, "Content-Type": ctype})  # type: ignore[dict-item]
+    if path in ("/v1/mesh", "/v1/router"):
+        assert status == 401

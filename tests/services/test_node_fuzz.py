@@ -260,3 +260,31 @@ def test_random_control_bodies(served: ThreadedNode, body: bytes, path: str) -> 
     if status == 200 and path == "/v1/placement":
         assert json.loads(data)["placed"] == len(served.node.tiers.placement())
         assert served.request("PUT", path, served.placement, headers)[0] == 200
+
+
+header_bytes = st.binary(max_size=64).filter(lambda b: not any(c in b for c in b"\r\n\0"))
+
+
+@settings(FUZZ, max_examples=200)
+@given(auth=header_bytes, arrive=header_bytes, sender=header_bytes, ctype=header_bytes,
+       path=st.sampled_from(["/v1/placement", "/v1/links", "/v1/faults", "/v1/health",
+                             "/v1/stats", "/v1/forward"]))
+def test_random_headers(served: ThreadedNode, auth: bytes, arrive: bytes, sender: bytes,
+                        ctype: bytes, path: str) -> None:
+    """Headers are fuzzed as well as bodies: any bytes (not UTF-8 either) in Authorization,
+    the arrival and sender headers and Content-Type answer below 500 on every endpoint."""
+    method = {"/v1/faults": "POST", "/v1/forward": "POST", "/v1/health": "GET",
+              "/v1/stats": "GET"}.get(path, "PUT")
+    body = None if method == "GET" else b"{}"
+    headers = {"Authorization": auth, "X-Moemesh-Arrive": arrive, "X-Moemesh-From": sender,
+               "Content-Type": ctype}
+    status, _, data = served.request(method, path, body, headers)  # type: ignore[arg-type]
+    assert status < 500, (status, data[:300])
+
+
+@pytest.mark.parametrize("path", ["/v1/placement", "/v1/links", "/v1/faults"])
+def test_a_non_utf8_token_is_401_not_500(served: ThreadedNode, path: str) -> None:
+    method = "POST" if path == "/v1/faults" else "PUT"
+    headers = {"Authorization": b"Bearer \xff\xfe\xc3", "Content-Type": "application/json"}
+    status, _, data = served.request(method, path, b"{}", headers)  # type: ignore[arg-type]
+    assert status == 401 and json.loads(data)["error"] == "unauthorized", data

@@ -1,0 +1,62 @@
+"""A run's `--out` folder: claimed before anything is written, never over another run's data.
+
+`claim_out` runs before a run writes anything. The folder may be new or empty (it is marked
+as a run folder, `orchestrator.markers`, with the run's id and `status: running`), or a
+folder moemesh marked as a run folder earlier: then the run refuses, naming what is there,
+unless `force` (the earlier run's folder is deleted first; nothing unmarked ever is). A
+non-empty folder without the marker (someone's data, or a run from before markers) is always
+refused: pick another `--out`. `finish_out` records how the run ended (`finished` or
+`failed`) in the marker, which is what a later refusal reports; a marker still `running`
+whose process is gone is an interrupted run, and one whose process runs is refused even with
+`force`.
+
+Chosen over writing a new numbered folder beside it: the folder a user names is the one the
+report is in, and a refusal costs one flag, where a silent `-2` suffix sends people reading
+the old report.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from orchestrator.markers import NotOurs, describe, mark, marker, owner_alive, update
+
+__all__ = ["claim_out", "finish_out"]
+
+
+def claim_out(out: Path, *, force: bool = False, scenario: str = "") -> str:
+    """Make `out` this run's folder (see the module docstring); returns the run's id.
+    NotOurs (a ValueError: exit 2) when it holds data that is not an earlier run's to
+    replace."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NotOurs(f"--out {out} is a file, not a folder: refusing to overwrite it")
+    if out.exists() and any(out.iterdir()):
+        data = marker(out)
+        if data is None:
+            raise NotOurs(f"--out {out} was not made by moemesh run (no marker; it holds "
+                          f"{describe(out)}): refusing to overwrite it; give another --out "
+                          f"(or remove it yourself)")
+        if data.get("kind") != "run":
+            raise NotOurs(f"--out {out} is a moemesh {data.get('kind')} folder, not a run "
+                          "folder: refusing to overwrite it; give another --out")
+        status = data.get("status", "earlier")
+        alive = status == "running" and owner_alive(data)
+        if status == "running" and not alive:
+            status = "interrupted (its process is gone)"
+        what = (f"({data.get('scenario') or 'scenario ?'}, started {data.get('created', '?')}, "
+                f"id {data.get('id')})")
+        if alive:  # never pull a folder from under a run that is writing it
+            raise NotOurs(f"--out {out} is being written by a run in progress {what}, pid "
+                          f"{data.get('pid')}: give another --out")
+        if not force:
+            raise NotOurs(f"--out {out} holds an earlier run {what}, {status}: refusing to "
+                          f"overwrite it; give another --out, or --force to replace it")
+        shutil.rmtree(out)
+    return mark(out, "run", status="running", scenario=scenario)
+
+
+def finish_out(out: Path, ok: bool) -> None:
+    """Record in the marker whether the run finished or failed part-way."""
+    update(out, status="finished" if ok else "failed")

@@ -1,0 +1,144 @@
+"""Marks on what moemesh makes, so that it deletes or overwrites only that.
+
+Every folder the tool creates holds a marker file, `.moemesh-marker`: JSON with the tool, what
+the folder is (`kind`: mesh, run, work, logs), the id of the run or mesh that made it, and
+the creating process (pid and start time, so `moemesh clean` can tell a live owner from a
+dead one). Kernel objects carry the id in their names (netns `mm<id>-<node>`, veths
+`mv<id>…`, bridge `mmbr<id>`, an iptables rule commented `moemesh-<id>`); containers carry
+labels. `moemesh down`, the stale clean-up of `up`, `--out` and `moemesh clean` refuse a
+folder without a marker and say what they found in it.
+
+State folders (`moemesh up`'s default) must also be private: owned by this user, mode 0700,
+not a link; another local user cannot plant one for us (`private_dir`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MARKER", "NotOurs", "describe", "mark", "marker", "new_id", "owner_alive",
+           "private_dir", "remove_ours", "require_ours", "update"]
+
+MARKER = ".moemesh-marker"
+TOOL = "moemesh"
+
+
+class NotOurs(ValueError):
+    """A folder or file moemesh did not make (or may not trust); the message says what was
+    found. A ValueError: the CLI answers exit 2."""
+
+
+def new_id() -> str:
+    """A short run or mesh id (8 hex digits): short enough for interface names."""
+    return secrets.token_hex(4)
+
+
+def _start_ticks(pid: int) -> int | None:
+    from orchestrator.runtimes.processes import process_start_ticks
+
+    return process_start_ticks(pid)
+
+
+def mark(folder: Path, kind: str, run_id: str | None = None, **extra: Any) -> str:
+    """Create `folder` if needed and write its marker; returns the id."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    run_id = run_id or new_id()
+    data = {"tool": TOOL, "kind": kind, "id": run_id, "pid": os.getpid(),
+            "start_ticks": _start_ticks(os.getpid()), "uid": os.getuid(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+    tmp = folder / f"{MARKER}.tmp"
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, folder / MARKER)
+    return run_id
+
+
+def marker(folder: Path) -> dict[str, Any] | None:
+    """The folder's marker, or None when it has none (or not a readable one of ours)."""
+    try:
+        data = json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("tool") == TOOL else None
+
+
+def update(folder: Path, **fields: Any) -> None:
+    """Change fields of an existing marker (a run's `status`)."""
+    data = marker(folder)
+    if data is None:
+        return
+    data.update(fields)
+    tmp = Path(folder) / f"{MARKER}.tmp"
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, Path(folder) / MARKER)
+
+
+def describe(folder: Path, limit: int = 6) -> str:
+    """What a folder holds, for a refusal: "3 entries: a, b, c"."""
+    try:
+        names = sorted(p.name for p in Path(folder).iterdir())
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if not names:
+        return "nothing"
+    more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
+    return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'}: " \
+           f"{', '.join(names[:limit])}{more}"
+
+
+def require_ours(folder: Path, what: str, kind: str | None = None) -> dict[str, Any]:
+    """The folder's marker; NotOurs (naming what is there) when it has none or another
+    kind's."""
+    data = marker(folder)
+    if data is None:
+        raise NotOurs(f"{what} {folder} was not made by moemesh (no {MARKER} in it; it holds "
+                      f"{describe(folder)}): refusing to delete or overwrite it")
+    if kind is not None and data.get("kind") != kind:
+        raise NotOurs(f"{what} {folder} is a moemesh {data.get('kind')} folder, not a {kind} "
+                      f"folder: refusing to delete or overwrite it")
+    return data
+
+
+def remove_ours(folder: Path, what: str, kind: str | None = None) -> None:
+    """Delete a folder moemesh made (its marker says so); NotOurs otherwise. Gone: no-op."""
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    require_ours(folder, what, kind)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def owner_alive(data: dict[str, Any]) -> bool:
+    """Whether the process that wrote a marker still runs (pid and start time)."""
+    from orchestrator.runtimes.processes import process_alive
+
+    pid = data.get("pid")
+    return isinstance(pid, int) and process_alive(pid, data.get("start_ticks"))
+
+
+def private_dir(folder: Path) -> Path:
+    """Create `folder` mode 0700, or check an existing one is a real folder owned by this user
+    and closed to others; NotOurs says what is wrong (another user could have made it)."""
+    folder = Path(folder)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700, parents=True)
+    st = os.lstat(folder)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise NotOurs(f"state folder {folder} is not a folder (a link or a file): refusing "
+                      "to use it; remove it or give --mesh-dir")
+    if st.st_uid != os.getuid():
+        raise NotOurs(f"state folder {folder} belongs to uid {st.st_uid}, not to you (uid "
+                      f"{os.getuid()}): refusing to trust it; give --mesh-dir")
+    if st.st_mode & 0o077:
+        raise NotOurs(f"state folder {folder} is open to others (mode "
+                      f"{stat.S_IMODE(st.st_mode):o}, want 700): refusing to trust it; "
+                      "remove it or give --mesh-dir")
+    return folder

@@ -1,0 +1,63 @@
+"""`moemesh clean`'s folders and processes (orchestrator.clean), in a scratch temp folder:
+what a dead run left goes, what has no marker, a live owner or another owner stays.
+The kernel objects of a killed netns run: tests/netem/test_netns_clean.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.clean import find, remove
+from orchestrator.markers import mark
+from tests.helpers import ROOT
+
+
+def _mark_from_a_dead_process(folder: Path, kind: str = "work") -> None:
+    """The marker a run writes, from a process that has ended since (as after kill -9)."""
+    code = f"from orchestrator.markers import mark; mark({str(folder)!r}, {kind!r})"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_what_a_dead_run_left_is_found_and_removed_and_nothing_else(tmp_path: Path) -> None:
+    dead = tmp_path / "moemesh-mesh-dead1"
+    _mark_from_a_dead_process(dead)
+    (dead / "nodes" / "edge1").mkdir(parents=True)
+    # a node process of that run that outlived it (its argv names the run's folder)
+    node = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); "
+                             "time.sleep(60)", "--state-dir", str(dead / "nodes" / "edge1")],
+                            stdout=subprocess.PIPE, text=True)
+    assert node.stdout is not None and node.stdout.readline().strip() == "up"  # it runs
+    live = tmp_path / "moemesh-local-live1"
+    mark(live, "logs")  # this process: alive
+    unmarked = tmp_path / "moemesh-mesh-notours"
+    unmarked.mkdir()
+    (unmarked / "data.csv").write_text("keep me\n")
+    try:
+        found = find(tmp_path)
+        mine = {(x.kind, x.name) for x in found.leftovers}
+        assert mine == {("folder", str(dead)), ("process", str(node.pid))}, found
+        kept = "\n".join(found.kept)
+        assert f"folder {live}: its run (pid {os.getpid()}) still runs" in kept
+        assert f"folder {unmarked}: no moemesh marker" in kept
+        assert remove(found.leftovers) == []
+        assert node.wait(10) is not None
+        assert not dead.exists() and live.is_dir() and (unmarked / "data.csv").exists()
+        assert find(tmp_path).leftovers == []
+    finally:
+        node.kill()
+        node.communicate()
+
+
+def test_a_marker_planted_in_another_users_folder_is_not_trusted(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    theirs = tmp_path / "moemesh-mesh-theirs"
+    _mark_from_a_dead_process(theirs)
+    os.chown(theirs, 65534, 65534)
+    found = find(tmp_path)
+    assert found.leftovers == [] and any("another user's" in k for k in found.kept)
