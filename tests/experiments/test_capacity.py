@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from experiments.capacity import (
+    STEADY_MAX,
+    STEADY_SPAN_S,
     Figure,
     at_load,
     capacity_arms,
@@ -24,6 +26,7 @@ from experiments.capacity import (
     figures_of,
     rebuild_capacity,
     should_stop,
+    steady_requests,
     write_capacity,
 )
 from experiments.rows import RequestRow, write_rows
@@ -91,6 +94,17 @@ def test_a_load_point_scales_the_dilation_and_counts_requests() -> None:
     assert low.time_dilation == 2.0 and low.workload.duration_s == sc.workload.duration_s
     with pytest.raises(ValueError, match="load"):
         at_load(sc, 0, base_load=base, base_tdf=2.0)
+
+
+def test_in_virtual_time_a_load_is_undilated_and_held_not_a_burst() -> None:
+    sc = replace(small_scenario(), time_dilation=2.0, clock="virtual")
+    base = sc.workload.rate_rps
+    hi = at_load(sc, 40 * base, base_load=base, base_tdf=2.0, requests=30)
+    assert hi.time_dilation == 1.0  # the host's work takes no emulated time
+    assert steady_requests(10.0, 16) == 16  # a low load: the ladder's own count
+    assert steady_requests(160.0, 16) == math.ceil(160 * STEADY_SPAN_S)  # 0.6 s of arrivals
+    assert steady_requests(1e6, 16) == STEADY_MAX
+    assert steady_requests(8, 16, "concurrency") == 32  # four requests per user
 
 
 def test_a_closed_loop_point_sets_whole_users() -> None:
