@@ -64,7 +64,9 @@ def test_summary_json_has_exactly_the_design_shape() -> None:
             "seed": 3, "time_dilation": 2}
     out = summary_json(meta, [s])
     assert set(out) == {"scenario", "runtime", "shaper", "model", "seed", "time_dilation",
-                        "policies", "faithful", "unfaithful_reasons", "comparisons", "repeat"}
+                        "clock", "virtual_speedup", "policies", "faithful",
+                        "unfaithful_reasons", "comparisons", "repeat"}
+    assert out["clock"] == "realtime" and out["virtual_speedup"] is None  # an older run.json
     assert out["faithful"] is False and out["unfaithful_reasons"] == ["no latency split"]
     assert out["comparisons"] == []
     p = out["policies"]["hetroute"]
