@@ -35,9 +35,10 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", type=Path,
-                   help="scenario YAML, e.g. experiments/scenarios/quickstart.yaml")
+def _add_run_flags(p: argparse.ArgumentParser, resumable: bool = False) -> None:
+    p.add_argument("scenario", type=Path, nargs="?" if resumable else None,
+                   help="scenario YAML, e.g. experiments/scenarios/quickstart.yaml"
+                        + (" (optional with --resume)" if resumable else ""))
     p.add_argument("--runtime", choices=["local", "netns", "docker"],
                    help="override the scenario's runtime, e.g. local (netns needs root)")
     p.add_argument("--shaper", choices=["tc", "app", "auto"],
@@ -92,7 +93,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "workload (queues and caches reset in between), score quality, measure the "
         "emulator's overhead, stop the mesh, and write tokens.csv, requests.csv, run.json, "
         "summary.json, report.md and plots into --out.")
-    _add_run_flags(run)
+    _add_run_flags(run, resumable=True)
+    run.add_argument("--resume", type=Path, metavar="DIR",
+                     help="finish a stopped run in DIR, e.g. results/quickstart: only the "
+                          "policies and repetitions not on disk run, on the same seeds; the "
+                          "scenario and flags come from DIR/run.json (given ones must match); "
+                          "refused when the scenario or the code's commit differ")
     run.add_argument("--out", type=Path, metavar="DIR",
                      help="results folder, e.g. results/quickstart (default: results/NAME, "
                           "results/NAME-capacity with --capacity)")
@@ -237,6 +243,22 @@ def _run(args: argparse.Namespace) -> int:
     from .live import open_live
     from .runner import run_experiment
 
+    resume = None
+    if args.resume is not None:
+        from .resume import load
+
+        if args.capacity:
+            raise ValueError("--resume: not with --capacity (rerun the capacity ladder; each "
+                             "load's run folder is complete or redone)")
+        if args.out is not None and args.out.resolve() != args.resume.resolve():
+            raise ValueError(f"--resume {args.resume} and --out {args.out}: the run resumes "
+                             f"in its own folder; drop --out")
+        resume = load(args.resume)
+        args.out = args.resume
+        if args.scenario is None:  # the scenario file and flags the run was made with
+            args = _recorded(args, resume)
+    elif args.scenario is None:
+        raise ValueError("give a SCENARIO file (or --resume DIR to finish a stopped run)")
     if args.capacity:
         return _capacity(args)
     if args.loads:
@@ -245,11 +267,36 @@ def _run(args: argparse.Namespace) -> int:
     options = _options(args, scenario)
     out = args.out or Path("results") / scenario.name
     t0 = time.monotonic()
-    asyncio.run(run_experiment(scenario, arms, open_live, out, options, notes=notes))
+    asyncio.run(run_experiment(scenario, arms, open_live, out, options, notes=notes,
+                               resume=resume, command=_command(args)))
     print(f"moemesh run: {scenario.name} done in {time.monotonic() - t0:.0f} s: "
           f"{out / 'report.md'}, {out / 'summary.json'}")
     warn_unfaithful(out)
     return 0
+
+
+# the flags that decide what a run is (recorded in run.json `command` for --resume)
+_RECORDED = ("runtime", "shaper", "requests", "duration", "policies", "quality_windows",
+             "overhead_requests", "slo_ms", "repeat", "tdf", "trace")
+
+
+def _command(args: argparse.Namespace) -> dict[str, Any]:
+    flags = {k: getattr(args, k) for k in _RECORDED}
+    flags["trace"] = None if flags["trace"] is None else str(Path(flags["trace"]).resolve())
+    return {"scenario_file": str(Path(args.scenario).resolve()), "flags": flags}
+
+
+def _recorded(args: argparse.Namespace, meta: dict[str, Any]) -> argparse.Namespace:
+    """`args` with the scenario file and flags of run.json `command`."""
+    cmd = meta.get("command")
+    if not isinstance(cmd, dict) or not isinstance(cmd.get("flags"), dict):
+        raise ValueError(f"--resume {args.resume}: run.json does not record the command the "
+                         f"run was made with; give its SCENARIO and flags again")
+    flags = {k: cmd["flags"].get(k) for k in _RECORDED}
+    if flags["trace"] is not None:
+        flags["trace"] = Path(flags["trace"])
+    return argparse.Namespace(**{**vars(args), **flags,
+                                 "scenario": Path(cmd["scenario_file"])})
 
 
 def _numbers(text: str, flag: str) -> list[float]:
