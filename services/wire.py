@@ -232,9 +232,9 @@ def pack_request(request: ForwardRequest | Sequence[Group], req: str = "",
 
 def max_request_bytes(d_model: int) -> int:
     """The largest forward request a node of this width can need: MAX_ROWS rows of f32
-    activations, each with MAX_WORK entries, plus the framing. A longer body is refused
-    (413) before it is read."""
-    return MAX_ROWS * (d_model * 4 + MAX_WORK * WORK_ENTRY_BYTES) + 64 * 1024
+    activations, each with MAX_WORK entries and room for a group of its own (64 bytes of
+    framing), plus the body's. A longer body is refused (413) before it is read."""
+    return MAX_ROWS * (d_model * 4 + MAX_WORK * WORK_ENTRY_BYTES + 64) + 64 * 1024
 
 
 class _ItemBudget:
