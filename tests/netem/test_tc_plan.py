@@ -231,8 +231,8 @@ async def test_a_looping_schedule_s_step_log_stays_bounded(monkeypatch) -> None:
         await asyncio.sleep(0)  # as the thread's future does: the loop goes on meanwhile
 
     monkeypatch.setattr(shaper, "_nl", kernel)
-    link = LinkSpec(delay_ms=1, schedule=Schedule((Step(0.0, 1.0), Step(0.01, 2.0)),
-                                                  loop_s=0.02))
+    link = LinkSpec(delay_ms=1, schedule=Schedule((Step(0.0, 1.0), Step(2**-7, 2.0)),
+                                                  loop_s=2**-6))  # binary: exact modulo
     shaper._links, shaper._addresses = {"n2": link}, {"n2": "10.0.0.2"}
     shaper._slots, shaper._index = {"10.0.0.2": 0x10}, 1
     shaper._follow("n2")
