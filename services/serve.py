@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from .logcap import LogCap
 from .node import Node, freeze_heap
 from .settings import NodeSettings
 
@@ -48,10 +49,12 @@ async def _main(settings: NodeSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with node:
+        async with node, asyncio.TaskGroup() as tasks:
             freeze_heap()
             print(ready_line(node), flush=True)
+            capping = tasks.create_task(LogCap(settings.log_max_bytes).run(), name="log-cap")
             await stop.wait()
+            capping.cancel()
             print(f"moemesh node {settings.name} draining ({node.device.queue_depth} queued, "
                   f"{node.device.in_service} in service)", file=sys.stderr, flush=True)
     finally:
