@@ -86,7 +86,10 @@ class PartStream:
         self._fh.flush()  # to the OS: a killed process keeps it (a reboot may not)
 
     def close(self) -> None:
-        self._fh.close()
+        """Close the file (again is fine): `finish` does, and the runner does when the part
+        fails, leaving what was streamed."""
+        if not self._fh.closed:
+            self._fh.close()
 
 
 class RunFolder:

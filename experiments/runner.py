@@ -392,31 +392,34 @@ class _Run:
         await self.use(mesh, keyed)
         await mesh.reset()
         before = self._sections()
-        stream = self.folder.start(key)
 
         def relabel(tokens: list[TokenRow]) -> list[TokenRow]:
             return [replace(t, policy=arm.label, rep=rep) for t in tokens] if rep else tokens
 
-        self.progress.arm(key, self.plan.expected_requests)
-        t = time.monotonic()
-        load = os.getloadavg()[0]
-        result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, keyed,
-                                                  self.options, self.progress,
-                                                  stream=lambda ts: stream.add(relabel(ts)))
-        lag = await collect_loop_lag(mesh, result.started_perf, self.tdf)
-        if lag is not None:  # experiments.looplag: each node's event-loop lag in the arm
-            self.meta.setdefault("loop_lag", {})[key] = lag
-        self.progress.end_arm()
-        self.meta["load"][key] = [round(load, 2), round(os.getloadavg()[0], 2)]
-        self.meta["faults"][key] = faults
-        self._time(key, t)
-        if rep:
-            result.tokens = relabel(result.tokens)
-            result.requests = [replace(r, policy=arm.label, rep=rep) for r in result.requests]
-            result.routing = [{**g, "policy": arm.label, "rep": rep} for g in result.routing]
-        if rep == 0:  # quality is scored once per arm
-            await self.quality(mesh, arm)
-        self._finish(key, stream, before, result, {"label": arm.label, "rep": rep})
+        stream = self.folder.start(key)
+        try:
+            self.progress.arm(key, self.plan.expected_requests)
+            t = time.monotonic()
+            load = os.getloadavg()[0]
+            result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, keyed,
+                                                      self.options, self.progress,
+                                                      stream=lambda ts: stream.add(relabel(ts)))
+            lag = await collect_loop_lag(mesh, result.started_perf, self.tdf)
+            if lag is not None:  # experiments.looplag: each node's event-loop lag in the arm
+                self.meta.setdefault("loop_lag", {})[key] = lag
+            self.progress.end_arm()
+            self.meta["load"][key] = [round(load, 2), round(os.getloadavg()[0], 2)]
+            self.meta["faults"][key] = faults
+            self._time(key, t)
+            if rep:
+                result.tokens = relabel(result.tokens)
+                result.requests = [replace(r, policy=arm.label, rep=rep) for r in result.requests]
+                result.routing = [{**g, "policy": arm.label, "rep": rep} for g in result.routing]
+            if rep == 0:  # quality is scored once per arm
+                await self.quality(mesh, arm)
+            self._finish(key, stream, before, result, {"label": arm.label, "rep": rep})
+        finally:
+            stream.close()  # a failed part leaves its streamed rows, closed
 
     async def probe_links(self, mesh: MeshTarget) -> None:
         """Per-pair fidelity, first half: every pair probed over the data plane before the
@@ -461,19 +464,23 @@ class _Run:
         label = replace(arm, label=f"overhead:{arm.label}")
         before = self._sections()
         stream = self.folder.start(OVERHEAD)
-        self.progress.arm(label.label, small.expected_requests)
-        t = time.monotonic()
-        load = os.getloadavg()[0]
-        result, _ = await _drive_with_faults(mesh, self.scenario, small, label, self.options,
-                                             self.progress, faults=False, stream=stream.add)
-        self.progress.end_arm()
-        self.meta["load"][label.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
-        await mesh.use_links(None)
-        self.meta["overhead"] = {"arm": arm.label, "requests": len(result.requests),
-                                 "links": "every link 0 ms delay, 0 jitter, 0% loss, 100 Gbit/s"}
-        self._time("overhead_s", t)
-        result.links, result.routing = [], []  # not the scenario's links; no routing file
-        self._finish(OVERHEAD, stream, before, result, {"overhead": self.meta["overhead"]})
+        try:
+            self.progress.arm(label.label, small.expected_requests)
+            t = time.monotonic()
+            load = os.getloadavg()[0]
+            result, _ = await _drive_with_faults(mesh, self.scenario, small, label, self.options,
+                                                 self.progress, faults=False, stream=stream.add)
+            self.progress.end_arm()
+            self.meta["load"][label.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
+            await mesh.use_links(None)
+            self.meta["overhead"] = {
+                "arm": arm.label, "requests": len(result.requests),
+                "links": "every link 0 ms delay, 0 jitter, 0% loss, 100 Gbit/s"}
+            self._time("overhead_s", t)
+            result.links, result.routing = [], []  # not the scenario's links; no routing file
+            self._finish(OVERHEAD, stream, before, result, {"overhead": self.meta["overhead"]})
+        finally:
+            stream.close()
 
     def resume_from(self, old: Mapping[str, Any]) -> list[str]:
         """Take what a stopped run left in the folder: its run.json's probe, calibration and
