@@ -23,6 +23,7 @@ from netem import LinkDownError
 
 from .clock import now, sleep_until
 from .errors import BadRequest, ServiceError, TooLarge, Unauthorized, Unavailable
+from .links import ARRIVE_SLACK_S
 from .metrics import CONTENT_TYPE_LATEST
 from .tiers import parse_placement
 from .wire import (
@@ -145,8 +146,9 @@ def arrival_time(raw: str | None, horizon_s: float = math.inf) -> float | None:
     ahead = value - now()
     if ahead > horizon_s:
         raise BadRequest(f"{ARRIVE_HEADER} is {ahead:.6g} s ahead of this node's clock; the "
-                         f"bound is {horizon_s:.6g} s (the longest delay and slowest rate of "
-                         f"its links for this body, times the time dilation, plus slack)")
+                         f"bound is {horizon_s:.6g} s (its links' longest delay and this body at "
+                         f"their slowest rate, plus {ARRIVE_SLACK_S:g} s of slack, times the "
+                         f"time dilation)")
     return value
 
 
