@@ -398,3 +398,21 @@ def assert_healthy_roomy(t: ThreadedNode) -> None:
     x = torch.randn(1, D)
     status, _, body = t.request("POST", "/v1/forward", pack_request([expert_group(0, 1, x)]))
     assert status == 200
+
+
+async def test_the_arrival_bound_follows_the_links_and_the_dilation() -> None:
+    """horizon_s: the longest delay (4 jitters, schedule steps included) and the body at the
+    slowest rate (steps included) of any link, plus the slack, times the time dilation."""
+    from services.links import ARRIVE_SLACK_S, Links
+
+    links = Links(time_dilation=4.0)
+    assert links.horizon_s(10**6) == ARRIVE_SLACK_S * 4  # no links: the slack alone
+    await links.put({"backend": "app", "links": {
+        "n2": {"delay_ms": 50.0, "jitter_ms": 5.0, "rate_mbit": 100.0},
+        "n3": {"delay_ms": 10.0, "rate_mbit": 1000.0,
+               "schedule": {"steps": [[0, 10.0, 1000.0, 0.0], [5, 200.0, 2.0, 0.0]]}}}})
+    try:
+        expect = (0.2 + 10**6 * 8 / 2e6 + ARRIVE_SLACK_S) * 4  # n3's step: 200 ms, 2 Mbit/s
+        assert links.horizon_s(10**6) == pytest.approx(expect)
+    finally:
+        await links.close()
