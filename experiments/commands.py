@@ -153,6 +153,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--out", type=Path, metavar="DIR",
                     help="sweep folder, e.g. results/sweep-redundancy "
                          "(default: results/NAME-sweep-KNOB)")
+    sw.add_argument("--resume", action="store_true",
+                    help="continue a stopped sweep in --out with the same SCENARIO and flags: "
+                         "finished points are kept, a stopped point runs only what it lacks "
+                         "(as `moemesh run --resume`), the others run")
     sw.set_defaults(handler=_sweep)
 
 
@@ -385,8 +389,14 @@ def _sweep(args: argparse.Namespace) -> int:
     done = []
     for value, point in points:
         folder = out / f"{args.knob}={value:g}"
+        resume = None
+        if args.resume and (folder / "run.json").is_file():  # finished: redrawn; else resumed
+            from .resume import load
+
+            resume = load(folder)
         asyncio.run(run_experiment(point, arms, open_live, folder, options,
-                                   notes=[*notes, f"sweep point {args.knob}={value:g}"]))
+                                   notes=[*notes, f"sweep point {args.knob}={value:g}"],
+                                   resume=resume))
         done.append((value, json.loads((folder / "summary.json").read_text())))
         warn_unfaithful(folder, "moemesh sweep")
     plot = write_sweep(out, args.knob, done, slo_ms=options.slo_for(scenario))
