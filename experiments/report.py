@@ -328,8 +328,9 @@ def _missing_lines(meta: RunMeta) -> list[str]:
     gone = missing(meta.to_json())
     if not gone:
         return []
-    return ["", f"**Partial run: {len(gone)} part(s) missing**, the figures below are of the "
-            f"finished ones only:", "", *(f"- {key}: {why}" for key, why in gone.items())]
+    return [f"**Partial run: {len(gone)} part(s) missing**; every figure below (and the "
+            f"verdict) is of the finished ones only:", "",
+            *(f"- {key}: {why}" for key, why in gone.items()), ""]
 
 
 def _fidelity_lines(meta: RunMeta) -> list[str]:
@@ -509,8 +510,8 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
         faithful = assess(meta.to_json(), stats, qset.failed)
     if comps is None:
         comps = comparisons(meta, stats, tokens)
-    lines = _header_lines(meta, faithful)
-    lines += _missing_lines(meta)
+    head = _header_lines(meta, faithful)  # the title, then the verdict: a partial run says
+    lines = [*head[:2], *_missing_lines(meta), *head[2:]]  # so before anything else
     lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
     lines += _fidelity_lines(meta)
     lines += _base_lines(meta)
