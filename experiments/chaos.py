@@ -41,7 +41,9 @@ from .driver import DriveLimits, Driver, first_error
 from .rows import RequestRow, TokenRow
 from .workload import plan_workload
 
-__all__ = ["ChaosResult", "default_homes", "print_result", "run_chaos"]
+__all__ = ["FIRST_TOKEN", "ChaosResult", "default_homes", "print_result", "run_chaos"]
+
+FIRST_TOKEN = "chaos: the first token completed, the workload is under way"
 
 def default_homes(scenario: Scenario) -> tuple[str, ...]:
     """The nodes with the most users, at most half the nodes (rounded up)."""
@@ -77,6 +79,7 @@ class ChaosResult:
     wall_s: float = 0.0
     interrupted: bool = False
     errors: list[Violation] = field(default_factory=list)
+    under_way: bool = False  # a token has completed (FIRST_TOKEN was printed)
 
     @property
     def violations(self) -> list[Violation]:
@@ -93,6 +96,10 @@ async def _drive(mesh: Any, scenario: Scenario, arms: Sequence[Arm], plan: Chaos
 
     def on_request(row: RequestRow, tokens: list[TokenRow]) -> None:
         result.requests += 1
+        if not result.under_way and any(t.ok for t in tokens):
+            result.under_way = True  # said once: a test (or a person) can wait for it
+            console.print(f"{FIRST_TOKEN} ({row.policy}, request {row.request})",
+                          soft_wrap=True)
         seen = len(inv.violations)
         for t in tokens:
             inv.check(t)

@@ -36,9 +36,11 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_run_flags(p: argparse.ArgumentParser, both: bool = False) -> None:
-    p.add_argument("scenario", type=Path,
-                   help="scenario YAML, e.g. experiments/scenarios/quickstart.yaml")
+def _add_run_flags(p: argparse.ArgumentParser, both: bool = False,
+                   resumable: bool = False) -> None:
+    p.add_argument("scenario", type=Path, nargs="?" if resumable else None,
+                   help="scenario YAML, e.g. experiments/scenarios/quickstart.yaml"
+                        + (" (optional with --resume)" if resumable else ""))
     p.add_argument("--runtime", choices=["local", "netns", "docker"],
                    help="override the scenario's runtime, e.g. local (netns needs root)")
     p.add_argument("--shaper", choices=["tc", "app", "auto"],
@@ -103,7 +105,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "workload (queues and caches reset in between), score quality, measure the "
         "emulator's overhead, stop the mesh, and write tokens.csv, requests.csv, run.json, "
         "summary.json, report.md and plots into --out.")
-    _add_run_flags(run, both=True)
+    _add_run_flags(run, both=True, resumable=True)
+    run.add_argument("--resume", type=Path, metavar="DIR",
+                     help="finish a stopped run in DIR, e.g. results/quickstart: only the "
+                          "policies and repetitions not on disk run, on the same seeds; the "
+                          "scenario and flags come from DIR/run.json (given ones must match); "
+                          "refused when the scenario or the code's commit differ")
     run.add_argument("--out", type=Path, metavar="DIR",
                      help="results folder, e.g. results/quickstart (default: results/NAME, "
                           "results/NAME-capacity with --capacity)")
@@ -158,6 +165,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--out", type=Path, metavar="DIR",
                     help="sweep folder, e.g. results/sweep-redundancy "
                          "(default: results/NAME-sweep-KNOB)")
+    sw.add_argument("--resume", action="store_true",
+                    help="continue a stopped sweep in --out with the same SCENARIO and flags: "
+                         "finished points are kept, a stopped point runs only what it lacks "
+                         "(as `moemesh run --resume`), the others run")
     sw.set_defaults(handler=_sweep)
 
 
@@ -254,6 +265,22 @@ def _run(args: argparse.Namespace) -> int:
     from .live import open_live
     from .runner import run_experiment
 
+    resume = None
+    if args.resume is not None:
+        from .resume import load
+
+        if args.capacity:
+            raise ValueError("--resume: not with --capacity (rerun the capacity ladder; each "
+                             "load's run folder is complete or redone)")
+        if args.out is not None and args.out.resolve() != args.resume.resolve():
+            raise ValueError(f"--resume {args.resume} and --out {args.out}: the run resumes "
+                             f"in its own folder; drop --out")
+        resume = load(args.resume)
+        args.out = args.resume
+        if args.scenario is None:  # the scenario file and flags the run was made with
+            args = _recorded(args, resume)
+    elif args.scenario is None:
+        raise ValueError("give a SCENARIO file (or --resume DIR to finish a stopped run)")
     if args.capacity:
         return _capacity(args)
     if args.loads:
@@ -264,7 +291,8 @@ def _run(args: argparse.Namespace) -> int:
     options = _options(args, scenario)
     out = args.out or Path("results") / scenario.name
     t0 = time.monotonic()
-    run_clocked(run_experiment(scenario, arms, open_live, out, options, notes=notes), scenario)
+    run_clocked(run_experiment(scenario, arms, open_live, out, options, notes=notes,
+                               resume=resume, command=_command(args)), scenario)
     print(f"moemesh run: {scenario.name} done in {time.monotonic() - t0:.0f} s: "
           f"{out / 'report.md'}, {out / 'summary.json'}")
     warn_unfaithful(out)
@@ -295,6 +323,30 @@ def _both(args: argparse.Namespace) -> int:
     print(f"moemesh run --clock both: {path}")
     warn_unfaithful(base / "realtime")
     return 0
+
+
+# the flags that decide what a run is (recorded in run.json `command` for --resume)
+_RECORDED = ("runtime", "shaper", "clock", "requests", "duration", "policies", "quality_windows",
+             "overhead_requests", "slo_ms", "repeat", "tdf", "trace")
+
+
+def _command(args: argparse.Namespace) -> dict[str, Any]:
+    flags = {k: getattr(args, k) for k in _RECORDED}
+    flags["trace"] = None if flags["trace"] is None else str(Path(flags["trace"]).resolve())
+    return {"scenario_file": str(Path(args.scenario).resolve()), "flags": flags}
+
+
+def _recorded(args: argparse.Namespace, meta: dict[str, Any]) -> argparse.Namespace:
+    """`args` with the scenario file and flags of run.json `command`."""
+    cmd = meta.get("command")
+    if not isinstance(cmd, dict) or not isinstance(cmd.get("flags"), dict):
+        raise ValueError(f"--resume {args.resume}: run.json does not record the command the "
+                         f"run was made with; give its SCENARIO and flags again")
+    flags = {k: cmd["flags"].get(k) for k in _RECORDED}
+    if flags["trace"] is not None:
+        flags["trace"] = Path(flags["trace"])
+    return argparse.Namespace(**{**vars(args), **flags,
+                                 "scenario": Path(cmd["scenario_file"])})
 
 
 def _numbers(text: str, flag: str) -> list[float]:
@@ -385,8 +437,14 @@ def _sweep(args: argparse.Namespace) -> int:
     done = []
     for value, point in points:
         folder = out / f"{args.knob}={value:g}"
+        resume = None
+        if args.resume and (folder / "run.json").is_file():  # finished: redrawn; else resumed
+            from .resume import load
+
+            resume = load(folder)
         run_clocked(run_experiment(point, arms, open_live, folder, options,
-                                   notes=[*notes, f"sweep point {args.knob}={value:g}"]), point)
+                                   notes=[*notes, f"sweep point {args.knob}={value:g}"],
+                                   resume=resume), point)
         done.append((value, json.loads((folder / "summary.json").read_text())))
         warn_unfaithful(folder, "moemesh sweep")
     plot = write_sweep(out, args.knob, done, slo_ms=options.slo_for(scenario))

@@ -8,7 +8,8 @@ non-empty folder without the marker (someone's data, or a run from before marker
 refused: pick another `--out`. `finish_out` records how the run ended (`finished` or
 `failed`) in the marker, which is what a later refusal reports; a marker still `running`
 whose process is gone is an interrupted run, and one whose process runs is refused even with
-`force`.
+`force`. `moemesh run --resume DIR` takes an earlier run's folder over instead (keeping
+what it holds).
 
 Chosen over writing a new numbered folder beside it: the folder a user names is the one the
 report is in, and a refusal costs one flag, where a silent `-2` suffix sends people reading
@@ -25,10 +26,12 @@ from orchestrator.markers import NotOurs, describe, mark, marker, owner_alive, u
 __all__ = ["claim_out", "finish_out"]
 
 
-def claim_out(out: Path, *, force: bool = False, scenario: str = "") -> str:
+def claim_out(out: Path, *, force: bool = False, scenario: str = "", resume: bool = False
+              ) -> str:
     """Make `out` this run's folder (see the module docstring); returns the run's id.
     NotOurs (a ValueError: exit 2) when it holds data that is not an earlier run's to
-    replace."""
+    replace. `resume` (`moemesh run --resume`): the earlier run's folder is taken over, its
+    files kept and its id too, unless a run in progress is writing it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NotOurs(f"--out {out} is a file, not a folder: refusing to overwrite it")
@@ -50,6 +53,9 @@ def claim_out(out: Path, *, force: bool = False, scenario: str = "") -> str:
         if alive:  # never pull a folder from under a run that is writing it
             raise NotOurs(f"--out {out} is being written by a run in progress {what}, pid "
                           f"{data.get('pid')}: give another --out")
+        if resume:  # experiments.resume checks that it is the same run
+            return mark(out, "run", run_id=str(data.get("id") or "") or None,
+                        status="running", scenario=scenario)
         if not force:
             raise NotOurs(f"--out {out} holds an earlier run {what}, {status}: refusing to "
                           f"overwrite it; give another --out, or --force to replace it")

@@ -37,6 +37,7 @@ from .fidelity import (
 )
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
 from .paired import METRICS, failed_charge, paired_compare
+from .parts import missing
 from .quality import QualitySet, identical_set
 from .reproduce import DIFFERENCES, reproduction_rows
 from .rows import RequestRow, TokenRow, read_rows
@@ -352,6 +353,16 @@ def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[s
     return lines
 
 
+def _missing_lines(meta: RunMeta) -> list[str]:
+    """A partial folder (experiments.parts): what is not in this report, and why."""
+    gone = missing(meta.to_json())
+    if not gone:
+        return []
+    return [f"**Partial run: {len(gone)} part(s) missing**; every figure below (and the "
+            f"verdict) is of the finished ones only:", "",
+            *(f"- {key}: {why}" for key, why in gone.items()), ""]
+
+
 def _fidelity_lines(meta: RunMeta) -> list[str]:
     """Configured against measured delay and goodput per pair (experiments.fidelity)."""
     rows = pair_rows(meta.fidelity)
@@ -529,7 +540,8 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
         faithful = assess(meta.to_json(), stats, qset.failed)
     if comps is None:
         comps = comparisons(meta, stats, tokens)
-    lines = _header_lines(meta, faithful)
+    head = _header_lines(meta, faithful)  # the title, then the verdict: a partial run says
+    lines = [*head[:2], *_missing_lines(meta), *head[2:]]  # so before anything else
     lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
     lines += _fidelity_lines(meta)
     lines += _base_lines(meta)
@@ -553,6 +565,10 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
     meta, tokens, requests, overhead = load_run(folder)
     if slo_ms is not None:
         meta = replace(meta, slo_ms=float(slo_ms))
+    gone = missing(meta.to_json())
+    if gone:  # a partial folder: the policies with no rows yet are listed, not summarised
+        have = {t.policy for t in tokens}
+        meta = replace(meta, arms=tuple(a for a in meta.arms if a["label"] in have))
     raw = meta.to_json()  # for the modules that read the plain mapping
     order = meta.labels
     tok = _by_policy(tokens, order)
@@ -572,6 +588,8 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
                "comparable": qset.comparable, "scoring_failed_tokens": dict(qset.failed)}
     summary = summary_json(raw, stats, comparisons=comps, faithful=faithful,
                            quality=quality if meta.quality else None)
+    if gone:
+        summary["missing"] = gone
     fidelity = summary_of(meta.fidelity)
     if fidelity is not None:
         summary["fidelity"] = fidelity

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from router.records import MIX_KEYS
 
-__all__ = ["RequestRow", "TokenRow", "read_rows", "write_rows"]
+__all__ = ["RequestRow", "TokenRow", "cell", "read_rows", "write_rows"]
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,8 @@ Row = TypeVar("Row", TokenRow, RequestRow)
 _CONVERT = {"int": int, "float": float, "str": str, "bool": lambda v: v in ("1", "True", "true")}
 
 
-def _cell(value: Any) -> Any:
+def cell(value: Any) -> Any:
+    """A row's value as its CSV cell (bools as 0/1, nan as empty, floats to 6 places)."""
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, float):
@@ -121,7 +122,7 @@ def write_rows(path: Path, rows: Iterable[TokenRow] | Iterable[RequestRow],
         writer.writerow(names)
         for row in rows:
             data = asdict(row)
-            writer.writerow([_cell(data[k]) for k in names])
+            writer.writerow([cell(data[k]) for k in names])
             n += 1
     return n
 

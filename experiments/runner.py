@@ -8,16 +8,17 @@ through the arm's routing for quality (`/v1/score`, against `exact`). Last, the 
 the same workload (its first `overhead_requests` requests) under the first arm with every link
 at zero delay, which measures what the emulator itself adds.
 
-Compute → rows → render: this module writes `tokens.csv`, `requests.csv`,
-`overhead.csv` and `run.json` into the output folder and then calls `experiments.report` to
-turn them into `summary.json`, `report.md` and the plots, exactly as `moemesh report DIR` does.
+Compute → rows → render: each arm's rows reach the output folder as soon as it finishes
+(experiments.parts: `parts/KEY/`, then `tokens.csv`, `requests.csv`, `routing.jsonl`,
+`overhead.csv` and `run.json` rebuilt from the finished parts); at the end
+`experiments.report` turns them into `summary.json`, `report.md` and the plots, exactly as
+`moemesh report DIR` does. `resume` runs only the parts a stopped run left undone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import os
 import platform
@@ -43,10 +44,11 @@ from .driver import DriveLimits, Driver, DriveResult, first_error
 from .fidelity import combine, configured, pairs_of, passive, probe_base, probe_mesh
 from .looplag import arm_lag
 from .outdir import claim_out, finish_out
+from .parts import OVERHEAD, PartStream, RunFolder
 from .progress import RunProgress
 from .repeats import rep_label, rep_orders
-from .routing import ROUTING_FILE, RoutingTrace
-from .rows import RequestRow, TokenRow, write_rows
+from .routing import RoutingTrace
+from .rows import RequestRow, TokenRow
 from .target import MeshTarget, zero_links
 from .workload import WorkloadPlan, plan_workload
 
@@ -165,11 +167,18 @@ def _jsonable(value: Any) -> Any:
 
 
 async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: WorkloadPlan, arm: Arm,
-                             options: RunOptions, progress: RunProgress,
-                             faults: bool = True) -> tuple[DriveResult, list[dict[str, Any]]]:
+                             options: RunOptions, progress: RunProgress, faults: bool = True,
+                             stream: Callable[[list[TokenRow]], None] | None = None
+                             ) -> tuple[DriveResult, list[dict[str, Any]]]:
     tdf = scenario.time_dilation
+
+    def on_request(row: RequestRow, tokens: list[TokenRow]) -> None:
+        progress.on_request(row, tokens)
+        if stream is not None:
+            stream(tokens)
+
     driver = Driver(plan, arm, mesh.urls, time_dilation=tdf, limits=options.limits,
-                    on_request=progress.on_request, budget=arm.budget_of(scenario),
+                    on_request=on_request, budget=arm.budget_of(scenario),
                     trace=options.trace)
     events = scenario.timeline() if faults else ()
     timeline = FaultTimeline(mesh, events, time_dilation=tdf)
@@ -263,25 +272,22 @@ def _host() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the run
 
 
-@dataclass
-class _Collected:
-    tokens: list[TokenRow] = field(default_factory=list)
-    requests: list[RequestRow] = field(default_factory=list)
-    overhead_tokens: list[TokenRow] = field(default_factory=list)
-    overhead_requests: list[RequestRow] = field(default_factory=list)
-    routing: list[dict[str, Any]] = field(default_factory=list)  # experiments.routing lines
-    links: list[tuple] = field(default_factory=list)  # experiments.fidelity.link_samples
+# run.json's sections that a part adds keys to (its share of run.json, in part.json)
+_PART_SECTIONS = ("faults", "load", "timings", "loop_lag", "quality")
 
 
 class _Run:
     """One `run_experiment` call's state: the plan, the placements, what was collected."""
 
     def __init__(self, scenario: Scenario, arms: Sequence[Arm], options: RunOptions,
-                 plan: WorkloadPlan, notes: Sequence[str], progress: RunProgress) -> None:
+                 plan: WorkloadPlan, notes: Sequence[str], progress: RunProgress,
+                 out: Path) -> None:
         self.scenario, self.arms, self.options, self.plan = scenario, arms, options, plan
         self.progress = progress
         self.tdf = scenario.time_dilation
-        self.got = _Collected()
+        self.folder = RunFolder(out)
+        self.keys: list[str] = []  # every part of the run, in order (set by run_experiment)
+        self.links: list[tuple] = []  # experiments.fidelity.link_samples of finished parts
         self.placements: dict[tuple, dict[str, list[dict]]] = {}
         self.current: tuple | None = None
         self.logs_dir: Path | None = None  # where a dead node's log is kept (out/logs)
@@ -306,6 +312,11 @@ class _Run:
             "placements": {}, "faults": {}, "quality": {}, "timings": {}, "overhead": None,
             "load": {},  # 1-minute load average of the host before and after each arm
             "trace": None if options.trace is None else options.trace.describe(),
+            # what shapes the rows besides the scenario (experiments.resume compares it)
+            "options": {"repeat": options.repeat, "quality_windows": options.quality_windows,
+                        "quality_seq": options.quality_seq,
+                        "overhead_requests": options.overhead_requests,
+                        "slo_ms": options.slo_for(scenario)},
         }
 
     def _time(self, key: str, since: float) -> None:
@@ -361,54 +372,76 @@ class _Run:
             await mesh.use_placement(self.placements[want[0]], arm.router_settings())
             self.current = want
 
-    async def arm(self, mesh: MeshTarget, arm: Arm) -> None:
-        await self.use(mesh, arm)
-        await mesh.reset()
-        self.progress.arm(arm.label, self.plan.expected_requests)
-        t = time.monotonic()
-        load = os.getloadavg()[0]
-        # orchestrator.supervisor: a node that dies with no fault scheduled is recorded, its
-        # log kept; experiments.looplag: each node's event-loop lag over the whole arm
-        try:
-            async with (supervise(mesh, self.logs_dir, tdf=self.tdf) as watch,
-                        arm_lag(mesh, self.tdf) as lagging):
-                result, faults = await _drive_with_faults(mesh, self.scenario, self.plan, arm,
-                                                          self.options, self.progress)
-        finally:  # what the runtime noticed (Swarm: the app shaper across hosts, how nodes died)
-            notes = runtime_notes(getattr(mesh, "launcher", None))
-            if notes:
-                self.meta["runtime_notes"] = notes
-        lag = (None if self.scenario.clock == "virtual"  # no wall time is waited: no lag
-               else await lagging.finish(result.started_perf))
-        if lag is not None:
-            self.meta.setdefault("loop_lag", {})[arm.label] = lag
-        if watch.deaths:
-            self.meta.setdefault("node_deaths", {})[arm.label] = [
-                d.to_json(result.started_perf, self.tdf) for d in watch.deaths]
-            for d in watch.deaths:
-                self.progress.note(f"{arm.label}: node {d.node} {d.how}; log kept in "
-                                   f"{d.log or '(none)'}; it restarts before the next arm")
-        self.progress.end_arm()
-        self.meta["load"][arm.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
-        self.meta["faults"][arm.label] = faults
-        self._time(arm.label, t)
-        self.got.tokens += result.tokens
-        self.got.requests += result.requests
-        self.got.routing += result.routing
-        self.got.links += result.links
+    def _sections(self) -> dict[str, set[str]]:
+        return {sec: set(self.meta.get(sec) or {}) for sec in _PART_SECTIONS}
+
+    def _finish(self, key: str, stream: PartStream, before: dict[str, set[str]],
+                result: DriveResult, part: dict[str, Any]) -> None:
+        """The part's rows and its share of run.json to disk (experiments.parts), then the
+        folder's top-level files again."""
+        part["meta"] = {sec: {k: v for k, v in (self.meta.get(sec) or {}).items()
+                              if k not in before[sec]} for sec in _PART_SECTIONS}
+        part["links"] = [list(x) for x in result.links]
+        self.folder.finish(key, stream, result.tokens, result.requests,
+                           [_jsonable(g) for g in result.routing], _jsonable(part))
+        self.links += result.links
+        self.write()
 
     async def arm_in(self, mesh: MeshTarget, arm: Arm, rep: int) -> None:
         """`arm` in repetition `rep` (experiments.repeats): its run.json keys are
-        `LABEL#repN` from repetition 1 on; its rows keep the label and say `rep`."""
-        if rep == 0:
-            await self.arm(mesh, arm)
+        `LABEL#repN` from repetition 1 on; its rows keep the label and say `rep`. A part
+        already on disk (`--resume`) is not run again."""
+        key = rep_label(arm.label, rep)
+        if self.folder.done(key):
             return
-        nt, nr, ng = len(self.got.tokens), len(self.got.requests), len(self.got.routing)
-        await self.arm(mesh, replace(arm, label=rep_label(arm.label, rep)))
-        got = self.got
-        got.tokens[nt:] = [replace(t, policy=arm.label, rep=rep) for t in got.tokens[nt:]]
-        got.requests[nr:] = [replace(r, policy=arm.label, rep=rep) for r in got.requests[nr:]]
-        got.routing[ng:] = [{**g, "policy": arm.label, "rep": rep} for g in got.routing[ng:]]
+        keyed = replace(arm, label=key)
+        await self.use(mesh, keyed)
+        await mesh.reset()
+        before = self._sections()
+
+        def relabel(tokens: list[TokenRow]) -> list[TokenRow]:
+            return [replace(t, policy=arm.label, rep=rep) for t in tokens] if rep else tokens
+
+        stream = self.folder.start(key)
+        try:
+            self.progress.arm(key, self.plan.expected_requests)
+            t = time.monotonic()
+            load = os.getloadavg()[0]
+            # orchestrator.supervisor: a node that dies with no fault scheduled is recorded,
+            # its log kept; experiments.looplag: each node's event-loop lag over the whole arm
+            try:
+                async with (supervise(mesh, self.logs_dir, tdf=self.tdf) as watch,
+                            arm_lag(mesh, self.tdf) as lagging):
+                    result, faults = await _drive_with_faults(
+                        mesh, self.scenario, self.plan, keyed, self.options, self.progress,
+                        stream=lambda ts: stream.add(relabel(ts)))
+            finally:  # what the runtime noticed (Swarm: the app shaper across hosts, deaths)
+                notes = runtime_notes(getattr(mesh, "launcher", None))
+                if notes:
+                    self.meta["runtime_notes"] = notes
+            lag = (None if self.scenario.clock == "virtual"  # no wall time waited: no lag
+                   else await lagging.finish(result.started_perf))
+            if lag is not None:
+                self.meta.setdefault("loop_lag", {})[key] = lag
+            if watch.deaths:
+                self.meta.setdefault("node_deaths", {})[key] = [
+                    d.to_json(result.started_perf, self.tdf) for d in watch.deaths]
+                for d in watch.deaths:
+                    self.progress.note(f"{key}: node {d.node} {d.how}; log kept in "
+                                       f"{d.log or '(none)'}; it restarts before the next arm")
+            self.progress.end_arm()
+            self.meta["load"][key] = [round(load, 2), round(os.getloadavg()[0], 2)]
+            self.meta["faults"][key] = faults
+            self._time(key, t)
+            if rep:
+                result.tokens = relabel(result.tokens)
+                result.requests = [replace(r, policy=arm.label, rep=rep) for r in result.requests]
+                result.routing = [{**g, "policy": arm.label, "rep": rep} for g in result.routing]
+            if rep == 0:  # quality is scored once per arm
+                await self.quality(mesh, arm)
+            self._finish(key, stream, before, result, {"label": arm.label, "rep": rep})
+        finally:
+            stream.close()  # a failed part leaves its streamed rows, closed
 
     async def probe_links(self, mesh: MeshTarget) -> None:
         """Per-pair fidelity, first half: every pair probed over the data plane before the
@@ -441,6 +474,8 @@ class _Run:
 
     async def overhead(self, mesh: MeshTarget) -> None:
         """The first arm on zero-delay links, the first `overhead_requests` requests."""
+        if self.folder.done(OVERHEAD):
+            return
         arm = self.arms[0]
         small = self.plan.truncated(self.options.overhead_requests)
         self.progress.note(f"overhead run: {arm.label} on zero-delay links "
@@ -449,57 +484,118 @@ class _Run:
         await mesh.use_links(zero_links(self.scenario.topology))
         await mesh.reset()
         label = replace(arm, label=f"overhead:{arm.label}")
-        self.progress.arm(label.label, small.expected_requests)
-        t = time.monotonic()
-        load = os.getloadavg()[0]
-        result, _ = await _drive_with_faults(mesh, self.scenario, small, label, self.options,
-                                             self.progress, faults=False)
-        self.progress.end_arm()
-        self.meta["load"][label.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
-        await mesh.use_links(None)
-        self.got.overhead_tokens, self.got.overhead_requests = result.tokens, result.requests
-        self.meta["overhead"] = {"arm": arm.label, "requests": len(result.requests),
-                                 "links": "every link 0 ms delay, 0 jitter, 0% loss, 100 Gbit/s"}
-        self._time("overhead_s", t)
+        before = self._sections()
+        stream = self.folder.start(OVERHEAD)
+        try:
+            self.progress.arm(label.label, small.expected_requests)
+            t = time.monotonic()
+            load = os.getloadavg()[0]
+            result, _ = await _drive_with_faults(mesh, self.scenario, small, label, self.options,
+                                                 self.progress, faults=False, stream=stream.add)
+            self.progress.end_arm()
+            self.meta["load"][label.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
+            await mesh.use_links(None)
+            self.meta["overhead"] = {
+                "arm": arm.label, "requests": len(result.requests),
+                "links": "every link 0 ms delay, 0 jitter, 0% loss, 100 Gbit/s"}
+            self._time("overhead_s", t)
+            result.links, result.routing = [], []  # not the scenario's links; no routing file
+            self._finish(OVERHEAD, stream, before, result, {"overhead": self.meta["overhead"]})
+        finally:
+            stream.close()
 
-    def write(self, out: Path) -> None:
-        got = self.got
+    def resume_from(self, old: Mapping[str, Any]) -> list[str]:
+        """Take what a stopped run left in the folder: its run.json's probe, calibration and
+        start, and every finished part's share of run.json and link samples. Returns the
+        keys already done."""
+        for key in ("started", "fidelity", "calibration", "time_dilation", "resumed"):
+            if old.get(key) is not None:
+                self.meta[key] = old[key]
+        done = [k for k in self.keys if self.folder.done(k)]
+        for key in done:
+            part = self.folder.part(key)
+            for sec, values in (part.get("meta") or {}).items():
+                if sec in _PART_SECTIONS:
+                    self.meta.setdefault(sec, {}).update(values)
+            self.links += [tuple(x) for x in part.get("links") or ()]
+            if key == OVERHEAD:
+                self.meta["overhead"] = part.get("overhead")
+        self.meta.setdefault("resumed", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": done,
+             "commit": self.meta["host"].get("commit")})
+        return done
+
+    def _render(self, out: Path) -> dict[str, Any]:
+        from .report import build_report
+
+        self.progress.note("writing the report")
+        build_report(out)
+        return self.meta
+
+    def write(self) -> None:
+        """run.json and the top-level files from the finished parts (experiments.parts);
+        `parts` says which are done, which are not, and whether the run is still going."""
         self.meta.update(clock_meta())
         if self.meta.get("fidelity"):
-            self.meta["fidelity"]["passive"] = passive(got.links, self.scenario.topology)
-        write_rows(out / "tokens.csv", got.tokens, TokenRow)
-        write_rows(out / "requests.csv", got.requests, RequestRow)
-        with (out / ROUTING_FILE).open("w") as fh:
-            fh.writelines(json.dumps(line) + "\n" for line in got.routing)
-        if self.meta["overhead"] is not None:
-            write_rows(out / "overhead.csv", got.overhead_tokens, TokenRow)
-            write_rows(out / "overhead_requests.csv", got.overhead_requests, RequestRow)
-        (out / "run.json").write_text(json.dumps(_jsonable(self.meta), indent=1) + "\n")
+            self.meta["fidelity"]["passive"] = passive(self.links, self.scenario.topology)
+        done = [k for k in self.keys if self.folder.done(k)]
+        state = ("failed" if "error" in self.meta else
+                 "finished" if len(done) == len(self.keys) else "running")
+        self.meta["parts"] = {"planned": list(self.keys), "done": done, "state": state,
+                              "partial": self.folder.partial()}
+        self.folder.rebuild(self.keys, _jsonable(self.meta))
 
 
 async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: MeshFactory,
                          out: Path, options: RunOptions | None = None, *,
-                         notes: Sequence[str] = (), plan: WorkloadPlan | None = None
-                         ) -> dict[str, Any]:
+                         notes: Sequence[str] = (), plan: WorkloadPlan | None = None,
+                         resume: Mapping[str, Any] | None = None,
+                         command: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run every arm (see the module docstring); returns run.json's content.
 
-    If the run fails half-way, the rows collected so far and run.json (with `error`) are
-    still written, then the error is raised; no report is drawn from a broken run.
+    Each finished part (an arm in a repetition, the overhead run) is on disk at once
+    (experiments.parts). If the run fails half-way, run.json says `error` and which parts are
+    missing, then the error is raised; no report is drawn from a broken run. `resume`: the
+    run.json of a stopped run in `out` (checked by experiments.resume): the parts already
+    there are kept and only the others run, on the same plan and seeds (a ValueError,
+    before anything is written, when it is not the same run). `command`: the CLI's scenario
+    file and flags, recorded so that `moemesh run --resume DIR` needs nothing else.
     """
     options = options or RunOptions()
     if not arms:
         raise ValueError("no policy to run")
-    run_id = claim_out(out, force=options.force, scenario=scenario.name)  # never over data
+    run_id = claim_out(out, force=options.force, scenario=scenario.name,  # never over data
+                       resume=resume is not None)
     t_all = time.monotonic()
     plan = plan or plan_workload(scenario)
     with RunProgress(f"moemesh run {scenario.name}: {plan.describe()}",
                      quiet=options.quiet) as progress:
-        run = _Run(scenario, arms, options, plan, notes, progress)
+        run = _Run(scenario, arms, options, plan, notes, progress, out)
         run.logs_dir = out / "logs"
         run.meta["run_id"] = run_id
         orders = rep_orders(list(arms), options.repeat)
         run.meta["repeats"] = {"n": options.repeat,
                                "orders": [[a.label for a in o] for o in orders]}
+        run.keys = [rep_label(a.label, rep) for rep, order in enumerate(orders) for a in order]
+        if options.overhead_requests:
+            run.keys.append(OVERHEAD)
+        if command is not None:
+            run.meta["command"] = dict(command)
+        if resume is not None:
+            from .resume import check
+
+            check(resume, _jsonable(run.meta), out)
+            kept = run.resume_from(resume)
+            progress.note(f"resuming {out}: {len(kept)} of {len(run.keys)} parts on disk"
+                          + (f" ({', '.join(kept)})" if kept else ""))
+            if resume.get("calibration") is not None:  # the factor it measured, not again
+                scenario = replace(scenario, time_dilation=float(resume["time_dilation"]),
+                                   auto_dilation=False)
+                run.scenario, run.tdf = scenario, scenario.time_dilation
+        run.write()  # run.json from the start: a run killed in its first part says so
+        if all(run.folder.done(k) for k in run.keys):  # a resume with nothing left to run
+            progress.note("every part is on disk already")
+            return run._render(out) if options.render else run.meta
         try:
             first = run.place_all()
             if scenario.auto_dilation:
@@ -510,27 +606,22 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             async with open_mesh(scenario, first) as mesh:
                 run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
                 run._time("mesh_start_s", t0)
-                if options.link_probe:
+                if options.link_probe and not run.meta.get("fidelity"):
                     await run.probe_links(mesh)
                 for rep, order in enumerate(orders):
                     for arm in order:
                         await run.arm_in(mesh, arm, rep)
-                        if rep == 0:  # quality is scored once per arm
-                            await run.quality(mesh, arm)
                 if options.overhead_requests:
                     await run.overhead(mesh)
         except BaseException as exc:
             run.meta["error"] = f"{type(exc).__name__}: {exc}"
             run._time("total_s", t_all)
-            run.write(out)
+            run.write()
             finish_out(out, ok=False)
             raise
         run._time("total_s", t_all)
-        run.write(out)
+        run.write()
         finish_out(out, ok=True)
         if options.render:
-            from .report import build_report
-
-            progress.note("writing the report")
-            build_report(out)
+            run._render(out)
     return run.meta

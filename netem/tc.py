@@ -26,6 +26,7 @@ import errno
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -56,6 +57,10 @@ from netem.timing import now, sleep_until
 __all__ = ["NetlinkThread", "TcShaper", "execute", "handle", "open_netlink"]
 
 T = TypeVar("T")
+# Schedule steps kept per link for `step_log` (the first, then the latest this many): a
+# looping schedule takes a step every few seconds for as long as the mesh runs, and what reads
+# the log (bench.links, a report's timeline) needs the origin and the recent steps only.
+STEP_LOG_KEEP = 1024
 
 
 def handle(text: str) -> int:
@@ -197,7 +202,11 @@ class TcShaper:
         self._installed = False
         self._followers: dict[str, asyncio.Task[None]] = {}  # peer -> its schedule's task
         self._origin: dict[str, float] = {}  # peer -> `now()` when its schedule started
-        self._step_log: dict[str, list[tuple[float, int]]] = {}  # (wall time, step index)
+        # per peer: (wall time, step index) of its first step, the latest STEP_LOG_KEEP
+        # after it, and how many it took in all
+        self._step_first: dict[str, tuple[float, int]] = {}
+        self._step_log: dict[str, deque[tuple[float, int]]] = {}
+        self._steps_taken: dict[str, int] = {}
 
     # -- netlink plumbing (everything named _k_* or called through _nl runs on the thread) --
     async def _nl(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -350,8 +359,8 @@ class TcShaper:
             "links": {
                 peer: {**spec.to_json(), "address": self._addresses[peer],
                        "down": peer in self._down, "slot": self._slots[self._addresses[peer]],
-                       **({"steps_applied": len(self._step_log[peer])}
-                          if peer in self._step_log else {})}
+                       **({"steps_applied": self._steps_taken[peer]}
+                          if peer in self._steps_taken else {})}
                 for peer, spec in sorted(self._links.items())
             },
         }
@@ -371,8 +380,11 @@ class TcShaper:
     def step_log(self, peer: str) -> list[tuple[float, int]]:
         """(wall-clock time.time() just before the change was sent, step index) of each
         schedule step the kernel took, in order; the first is step 0, when the link was applied:
-        packets sent before an entry's time got the previous step's values."""
-        return list(self._step_log.get(peer, []))
+        packets sent before an entry's time got the previous step's values. Bounded: the
+        first entry and the latest STEP_LOG_KEEP (`snapshot()`'s steps_applied counts all)."""
+        if peer not in self._step_first:
+            return []
+        return [self._step_first[peer], *self._step_log[peer]]
 
     def _follow(self, peer: str) -> None:
         """(Re)start peer's schedule from t = 0 (now); stop it when the link has none."""
@@ -380,12 +392,15 @@ class TcShaper:
         if task is not None:
             task.cancel()
         self._origin.pop(peer, None)
-        self._step_log.pop(peer, None)
+        for log in (self._step_first, self._step_log, self._steps_taken):
+            log.pop(peer, None)
         spec = self._links.get(peer)
         if spec is None or spec.schedule is None:
             return
         self._origin[peer] = now()
-        self._step_log[peer] = [(time.time(), 0)]
+        self._step_first[peer] = (time.time(), 0)
+        self._step_log[peer] = deque(maxlen=STEP_LOG_KEEP)
+        self._steps_taken[peer] = 1
         self._followers[peer] = asyncio.get_running_loop().create_task(
             self._run_schedule(peer, spec, self._origin[peer]), name=f"tc-schedule-{peer}")
 
@@ -412,6 +427,7 @@ class TcShaper:
                     plan = plan_step(self.iface, slot, link, before, after, self.burst_ms)
                     await self._nl(self._run(self._index, plan))
                 self._step_log[peer].append((asked, link.schedule.index_at(rel)))
+                self._steps_taken[peer] += 1
             before = after
 
     # -- helpers ------------------------------------------------------------------------

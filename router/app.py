@@ -36,10 +36,10 @@ from aiohttp import web
 from moe.vocab import ACTIVATION_BYTES, is_number
 from services.client import ClientSettings, NodeClient
 from services.errors import NodeError, ServiceError
-from services.routes import token_refusal
+from services.routes import read_body, token_refusal
 
 from .dispatch import Dispatcher
-from .engine import Engine, Routing
+from .engine import MAX_TRACE_TOKENS, Engine, Routing
 from .errors import BadRouterInput, PeerBug
 from .mesh import Mesh, NodeInfo, node_prior
 from .policies import make_policy
@@ -49,7 +49,8 @@ from .settings import Settings
 from .transport import MeshTransport
 from .types import ModelShape, Placement, Replica
 
-__all__ = ["ROUTER_KEY", "RouterService", "attach", "load_quality", "setup_routes"]
+__all__ = ["ROUTER_KEY", "RouterService", "attach", "load_quality", "max_request_bytes",
+           "setup_routes"]
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +167,28 @@ def _bad(detail: str, status: int = 400, code: str = "malformed") -> web.Respons
     return web.json_response({"error": code, "detail": detail}, status=status)
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+def max_request_bytes(layers: int, experts: int) -> int:
+    """The largest /v1/generate or /v1/score body a model of this shape can need: the
+    longest request (MAX_TRACE_TOKENS positions) as token ids, each with a trace entry of at
+    most `experts` choices per layer (an id and a weight, 32 bytes of JSON apiece, with room).
+    A longer body is refused (413) before it is read."""
+    return 64 * 1024 + MAX_TRACE_TOKENS * (16 + layers * experts * 32)
+
+
+async def _body(request: web.Request, public: bool = True) -> dict[str, Any]:
+    """The JSON body; on the endpoints without a token (`public`) no longer than the model's
+    shape allows (`max_request_bytes`), on the others the node's --max-body-mb. Nesting
+    deeper than the JSON decoder's recursion limit is a 400 like any bad JSON."""
+    node = request.app[ROUTER_KEY].node
+    limit = node.settings.max_body_bytes
+    if public:
+        limit = min(limit, max_request_bytes(node.shape.layers, node.shape.experts))
+    raw = await read_body(request, limit, "this router's" if public else "this node's")
     try:
-        data = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRouterInput(f"body is not valid JSON: {exc}") from None
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadRouterInput(f"body is not valid JSON: {type(exc).__name__}: "
+                             f"{str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise BadRouterInput("body must be a JSON object")
     return data
@@ -266,7 +284,7 @@ async def _put_mesh(request: web.Request) -> web.Response:
         return denied
     svc = request.app[ROUTER_KEY]
     try:
-        mesh = Mesh.from_json(await _body(request), svc.home, svc.base_settings)
+        mesh = Mesh.from_json(await _body(request, public=False), svc.home, svc.base_settings)
         mesh.placement.check(svc.node.shape.layers, svc.node.shape.experts)
         dispatcher = svc.configure(mesh)
     except BadRouterInput as exc:
@@ -281,7 +299,7 @@ async def _probe(request: web.Request) -> web.Response:
     if (denied := _authorized(request)) is not None:
         return denied
     try:
-        answer = await probe_peer(request.app[ROUTER_KEY], await _body(request))
+        answer = await probe_peer(request.app[ROUTER_KEY], await _body(request, public=False))
     except BadRouterInput as exc:
         return _bad(str(exc))
     except (NodeError, ServiceError, TimeoutError, OSError) as exc:

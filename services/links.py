@@ -14,6 +14,7 @@ with `offload` (the node's control thread) that runs off the event loop.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -21,9 +22,14 @@ from netem import BACKENDS, BackendUnavailable, LinkSpec, NetemError, Shaper, ma
 
 from .errors import BadRequest, DoesNotFit, ServiceError
 
-__all__ = ["Links", "parse_links"]
+__all__ = ["ARRIVE_SLACK_S", "Links", "parse_links"]
 
 log = logging.getLogger(__name__)
+
+# Scenario seconds an arrival may lie beyond one message's own link time: a backlog on the
+# sender's link at overload (capacity ladders), retransmission back-off, a jitter tail. The
+# driver gives up on a token after 10 s, so no answer waited for is further ahead than this.
+ARRIVE_SLACK_S = 60.0
 
 
 def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str]]:
@@ -67,6 +73,7 @@ class Links:
         self.shaper: Shaper | None = None
         self._asked = ""  # the backend the last accepted body named
         self.accepted: dict[str, Any] | None = None
+        self.specs: dict[str, LinkSpec] = {}  # as accepted (undilated)
 
     async def put(self, data: Any) -> dict[str, Any]:
         """Apply a PUT /v1/links body; on any error the previous links stay as they were."""
@@ -86,6 +93,7 @@ class Links:
         if fresh and self.shaper is not None:
             await self._close(self.shaper)
         self.shaper, self._asked = shaper, backend
+        self.specs = dict(specs)
         self.accepted = {"backend": backend, "links": {
             p: {**s.to_json(), **({"address": addresses[p]} if p in addresses else {})}
             for p, s in specs.items()
@@ -99,6 +107,21 @@ class Links:
 
     def _make_now(self, backend: str) -> Shaper:
         return make_shaper(backend, netns=self.netns, time_dilation=self.time_dilation)
+
+    def horizon_s(self, nbytes: int) -> float:
+        """How far ahead of now (wall seconds) a message of `nbytes` may say it arrives
+        (`X-Moemesh-Arrive`): the longest delay (4 jitters included) and the slowest rate of
+        any link of this node, schedule steps included, plus ARRIVE_SLACK_S, all times the
+        time dilation. Links are taken as symmetric: this node knows its own egress only."""
+        delay_ms, rate_mbit = 0.0, math.inf
+        for spec in self.specs.values():
+            steps = spec.schedule.steps if spec.schedule is not None else ()
+            delays = [spec.delay_ms, *(s.delay_ms for s in steps if s.delay_ms is not None)]
+            rates = [spec.rate_mbit, *(s.rate_mbit for s in steps if s.rate_mbit)]
+            delay_ms = max(delay_ms, max(delays) + 4 * spec.jitter_ms)
+            rate_mbit = min(rate_mbit, *rates)
+        wire_s = nbytes * 8 / (rate_mbit * 1e6) if math.isfinite(rate_mbit) else 0.0
+        return (delay_ms / 1000 + wire_s + ARRIVE_SLACK_S) * self.time_dilation
 
     def snapshot(self) -> dict[str, Any]:
         applied = self.shaper.snapshot() if self.shaper is not None else None

@@ -23,13 +23,16 @@ from netem import LinkDownError
 
 from .clock import now, sleep_until
 from .errors import BadRequest, ServiceError, TooLarge, Unauthorized, Unavailable
+from .links import ARRIVE_SLACK_S
 from .metrics import CONTENT_TYPE_LATEST
 from .tiers import parse_placement
 from .wire import (
     ARRIVE_HEADER,
     CONTENT_TYPE,
     FORWARD_PATH,
+    MAX_ROWS,
     SELF_HEADER,
+    max_request_bytes,
     pack_error,
     pack_response,
     unpack_request,
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from .node import Node
 
 __all__ = ["FORWARD_PATH", "NODE_KEY", "SELF_HEADER", "add_routes", "error_middleware",
-           "token_refusal"]
+           "read_body", "token_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +82,22 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _error(request, 500, "internal", f"{type(exc).__name__}: {exc}")
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int, what: str = "this node's") -> bytes:
+    """The body, refused (413) before it is read when Content-Length says it exceeds
+    `limit`, and as soon as a chunked body passes it (never more than `limit` bytes held)."""
     length = request.content_length
     if length is not None and length > limit:
-        raise TooLarge(f"body of {length} bytes exceeds this node's limit of {limit} bytes")
+        raise TooLarge(f"body of {length} bytes exceeds {what} limit of {limit} bytes")
+    chunks, got = [], 0
     try:
-        return await request.read()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            got += len(chunk)
+            if got > limit:
+                raise TooLarge(f"body exceeds {what} limit of {limit} bytes")
+            chunks.append(chunk)
     except web.HTTPRequestEntityTooLarge:
-        raise TooLarge(f"body exceeds this node's limit of {limit} bytes") from None
+        raise TooLarge(f"body exceeds {what} limit of {limit} bytes") from None
+    return b"".join(chunks)
 
 
 # -- data plane -------------------------------------------------------------------------------
@@ -94,10 +105,13 @@ async def forward(request: web.Request) -> web.Response:
     node = request.app[NODE_KEY]
     m = node.metrics
     m.forward_requests.inc()
-    body = await _read_body(request, node.settings.max_body_bytes)
+    d_model = node.shape.d_model
+    body = await read_body(request, min(node.settings.max_body_bytes, max_request_bytes(d_model)),
+                           f"the forward request's ({MAX_ROWS} rows of width {d_model})")
     m.bytes_in.inc(len(body))
-    fwd = unpack_request(body, node.shape.d_model)
-    arrival = arrival_time(request.headers.get(ARRIVE_HEADER))
+    arrival = arrival_time(request.headers.get(ARRIVE_HEADER),
+                           node.links.horizon_s(len(body)))
+    fwd = unpack_request(body, d_model)
     if arrival is None:
         arrival = now()
     else:  # the request is here when its emulated link says so, not when the host got it
@@ -117,8 +131,10 @@ async def forward(request: web.Request) -> web.Response:
     return web.Response(body=out, content_type=CONTENT_TYPE, headers=headers)
 
 
-def arrival_time(raw: str | None) -> float | None:
-    """An `ARRIVE_HEADER` value; a malformed one is a 400 that names it."""
+def arrival_time(raw: str | None, horizon_s: float = math.inf) -> float | None:
+    """An `ARRIVE_HEADER` value; a malformed one, or one more than `horizon_s` ahead of now
+    (services.links.Links.horizon_s: no link of this node delays a message that long), is a
+    400 that names the header and the bound, so no handler waits for ever."""
     if raw is None:
         return None
     try:
@@ -127,6 +143,12 @@ def arrival_time(raw: str | None) -> float | None:
         raise BadRequest(f"{ARRIVE_HEADER} must be a number, got {raw[:40]!r}") from None
     if not math.isfinite(value):
         raise BadRequest(f"{ARRIVE_HEADER} must be finite, got {raw[:40]!r}")
+    ahead = value - now()
+    if ahead > horizon_s:
+        raise BadRequest(f"{ARRIVE_HEADER} is {ahead:.6g} s ahead of this node's clock; the "
+                         f"bound is {horizon_s:.6g} s (its links' longest delay and this body at "
+                         f"their slowest rate, plus {ARRIVE_SLACK_S:g} s of slack, times the "
+                         f"time dilation)")
     return value
 
 
@@ -154,10 +176,10 @@ def token_refusal(request: web.Request, token: str | None) -> str | None:
 
 
 async def _json_body(request: web.Request, node: Node) -> Any:
-    body = await _read_body(request, node.settings.max_body_bytes)
+    body = await read_body(request, node.settings.max_body_bytes)
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from netem import timing
 from netem.virtual import Agent, VirtualLoop, agent_from_env
 
+from .logcap import LogCap
 from .node import Node, freeze_heap
 from .settings import NodeSettings
 
@@ -52,12 +53,14 @@ async def _main(settings: NodeSettings, agent: Agent | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with node:
+        async with node, asyncio.TaskGroup() as tasks:
             freeze_heap()
             print(ready_line(node), flush=True)
             if agent is not None:  # listening: from now on the run's clock waits for this node
                 agent.register(settings.name, [(settings.host, node.port)])
+            capping = tasks.create_task(LogCap(settings.log_max_bytes).run(), name="log-cap")
             await stop.wait()
+            capping.cancel()
             print(f"moemesh node {settings.name} draining ({node.device.queue_depth} queued, "
                   f"{node.device.in_service} in service)", file=sys.stderr, flush=True)
     finally:

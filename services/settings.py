@@ -70,6 +70,10 @@ class NodeSettings:
                                   "across restarts")
     max_body_bytes: int = knob(64 * MIB, parse=_mib, flag="max_body_mb", shown="64",
                                help="largest request body in MiB, e.g. 64")
+    log_max_bytes: int = knob(16 * MIB, parse=_mib, flag="log_max_mb", shown="16",
+                              help="rotate the node's log file (its stdout and stderr when "
+                                   "they go to a file) past this many MiB into NAME.log.1, "
+                                   "e.g. 16")
     max_queue: int = knob(1024, parse=int, help="requests that may wait")
     max_batch_rows: int = knob(256, parse=int, help="rows one device batch may take")
     drain_timeout_s: float = knob(30.0, cli=False, env=False, help="drain limit on SIGTERM")
@@ -85,7 +89,7 @@ class NodeSettings:
                              f"{', '.join(COMPUTE_MODES)}")
         if not (math.isfinite(self.time_dilation) and self.time_dilation > 0):
             raise ValueError(f"time dilation must be > 0, got {self.time_dilation!r}")
-        for name in ("max_body_bytes", "max_queue", "max_batch_rows"):
+        for name in ("max_body_bytes", "log_max_bytes", "max_queue", "max_batch_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.token == "":

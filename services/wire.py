@@ -50,6 +50,7 @@ __all__ = [
     "encode_tensor",
     "expert_group",
     "make_group",
+    "max_request_bytes",
     "pack_error",
     "pack_request",
     "pack_response",
@@ -75,6 +76,13 @@ BODY_FIELDS = ("v", "req", "groups", "parts")
 MAX_ROWS = 4096  # rows of one request, all groups together
 MAX_WORK = 64  # experts one row may run on one node
 MAX_REQ_CHARS = 256
+# Bytes of one work entry [expert, variant, weight] on the wire, with room to spare:
+# fixarray 1 + uint16 3 + str "fp16" 5 + float64 9 = 18.
+WORK_ENTRY_BYTES = 24
+MAX_MAP_LEN = 8  # keys of the body (4) and of a group (4), with room
+# Lists a request may hold in all: the groups, the rows, each row's entries and their
+# three items. A body with more (nested lists of nils, say) is refused while it is decoded.
+MAX_ITEMS = MAX_ROWS * 2 + MAX_ROWS * MAX_WORK * 4
 SHAPE = ('{"v": 2, "req": str, "groups": [{"layer", "dtype", "x", '
          '"work": [[[expert, variant, weight], ...] per row]}]}')
 
@@ -222,11 +230,45 @@ def pack_request(request: ForwardRequest | Sequence[Group], req: str = "",
     return msgpack.packb(body, use_bin_type=True)
 
 
-def _loads(body: bytes, what: str) -> Any:
+def max_request_bytes(d_model: int) -> int:
+    """The largest forward request a node of this width can need: MAX_ROWS rows of f32
+    activations, each with MAX_WORK entries and room for a group of its own (64 bytes of
+    framing), plus the body's. A longer body is refused (413) before it is read."""
+    return MAX_ROWS * (d_model * 4 + MAX_WORK * WORK_ENTRY_BYTES + 64) + 64 * 1024
+
+
+class _ItemBudget:
+    """msgpack's list_hook: counts the items of every decoded list, and stops the decoding
+    (BadRequest) past MAX_ITEMS, so nested lists cannot fill the memory the per-list limit
+    leaves open (4,096 lists of 4,096 nils are 16 M items from a 16 MiB body)."""
+
+    def __init__(self) -> None:
+        self.left = MAX_ITEMS
+
+    def __call__(self, items: list) -> list:
+        self.left -= len(items)
+        if self.left < 0:
+            raise BadRequest(f"body holds more than {MAX_ITEMS} list items; a forward request "
+                             f"of at most {MAX_ROWS} rows of {MAX_WORK} entries holds fewer")
+        return items
+
+
+def _loads(body: bytes, what: str, d_model: int) -> Any:
+    """Decode with limits from the request's shape, checked as the bytes are read: no list
+    longer than MAX_ROWS, no map of more than MAX_MAP_LEN keys, no string longer than
+    MAX_REQ_CHARS, no bytes longer than MAX_ROWS rows of f32 activations, no extension
+    types, no more list items in all than MAX_ITEMS (msgpack's own stack refuses nesting
+    deeper than 1,024)."""
     try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+        return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
+                               max_array_len=MAX_ROWS, max_map_len=MAX_MAP_LEN,
+                               max_str_len=MAX_REQ_CHARS, max_bin_len=MAX_ROWS * d_model * 4,
+                               max_ext_len=0, list_hook=_ItemBudget())
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise BadRequest(f"{what} is not valid msgpack: {type(exc).__name__}: {exc}") from None
+        raise BadRequest(f"{what} is not valid msgpack within this node's limits "
+                         f"(lists of at most {MAX_ROWS} items, maps of {MAX_MAP_LEN} keys, "
+                         f"strings of {MAX_REQ_CHARS} characters, bytes of "
+                         f"{MAX_ROWS * d_model * 4}): {type(exc).__name__}: {exc}"[:400]) from None
 
 
 def _short(value: Any) -> str:
@@ -313,7 +355,7 @@ def _version(data: dict) -> None:
 
 def unpack_request(body: bytes, d_model: int) -> ForwardRequest:
     """Decode and check a forward request; every problem is a BadRequest naming it."""
-    data = _loads(body, "body")
+    data = _loads(body, "body", d_model)
     if not isinstance(data, dict):
         raise BadRequest(f"body must be a msgpack map {SHAPE}, got {type(data).__name__}")
     _version(data)

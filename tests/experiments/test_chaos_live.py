@@ -4,13 +4,16 @@ behind, also when it is interrupted half-way (Ctrl-C)."""
 
 from __future__ import annotations
 
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from experiments.chaos import FIRST_TOKEN
 from tests.helpers import ROOT, env, moemesh, moemesh_process, processes_with
 
 QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
@@ -36,18 +39,41 @@ def test_ctrl_c_stops_the_mesh_and_leaves_nothing() -> None:
                              "--duration", "120s", "--seed", "9", "--rate", "2"], cwd=ROOT,
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:  # the output, line by line, as it comes
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen: list[str] = []
     try:
-        deadline = time.monotonic() + 180
-        while len(processes_with(MARKER)) < 5 and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.2)
-        time.sleep(8)  # the workload and the faults are under way
+        # the workload is under way when a token has completed: wait for that line
+        deadline = time.monotonic() + 240
+        while not any(FIRST_TOKEN in line for line in seen):
+            left = deadline - time.monotonic()
+            assert left > 0, "no token completed in 240 s:\n" + "".join(seen)
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            assert line is not None, "chaos ended before a token completed:\n" + "".join(seen)
+            seen.append(line)
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        reader.join(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    while (line := lines.get_nowait() if not lines.empty() else None) is not None:
+        seen.append(line)
+    out = "".join(seen)
     assert proc.returncode == 130, out
     assert "chaos interrupted" in out and "leaks 0" in out, out
     assert processes_with(MARKER) == []

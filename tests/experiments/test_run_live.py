@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,17 @@ def test_a_sweep_runs_each_point_and_plots_them(tmp_path: Path) -> None:
         point = json.loads((out / f"budget={value}" / "run.json").read_text())
         assert point["quality_budget_pct"] == float(value) and point["faults"]["hetroute"] == []
     assert (out / "sweep_budget.png").read_bytes()[:4] == b"\x89PNG"
+    # --resume: the finished point is kept as it is, the missing one runs
+    kept = out / "budget=0.5" / "parts" / "hetroute" / "tokens.csv"
+    stamp = kept.stat().st_mtime_ns
+    shutil.rmtree(out / "budget=3")
+    again = moemesh_process("sweep", str(FAULTY), "--knob", "budget", "--values", "0.5,3",
+                            "--requests", "3", "--quality-windows", "0", "--overhead-requests",
+                            "0", "--quiet", "--out", str(out), "--resume")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert kept.stat().st_mtime_ns == stamp
+    assert json.loads((out / "budget=3" / "run.json").read_text())["parts"]["state"] == "finished"
+    assert [r["value"] for r in json.loads((out / "sweep.json").read_text())["rows"]] == [0.5, 3.0]
 
 
 @pytest.mark.slow

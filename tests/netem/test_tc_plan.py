@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import pytest
 
 from netem.gemodel import GeLoss
@@ -208,3 +211,41 @@ def test_netem_message_carries_table_and_gemodel() -> None:
                      percent_u32(1))
     at = raw.find(ge)
     assert at > 0 and struct.unpack_from("HH", raw, at - 4) == (24, 5)
+
+
+async def test_a_looping_schedule_s_step_log_stays_bounded(monkeypatch) -> None:
+    """The tc backend follows a looping schedule for as long as the mesh runs: its step log
+    keeps the first step and the latest STEP_LOG_KEEP, and counts them all. The kernel is
+    replaced by a recorder of the plans (this test is about the bookkeeping)."""
+    import asyncio
+
+    from netem import tc
+
+    monkeypatch.setattr(tc, "STEP_LOG_KEEP", 8)
+    shaper = tc.TcShaper(iface="eth0")
+    sent: list[Any] = []
+
+    async def kernel(coro: Any) -> None:  # what _nl would run on the netlink thread
+        sent.append(coro)
+        coro.close()
+        await asyncio.sleep(0)  # as the thread's future does: the loop goes on meanwhile
+
+    monkeypatch.setattr(shaper, "_nl", kernel)
+    link = LinkSpec(delay_ms=1, schedule=Schedule((Step(0.0, 1.0), Step(2**-7, 2.0)),
+                                                  loop_s=2**-6))  # binary: exact modulo
+    shaper._links, shaper._addresses = {"n2": link}, {"n2": "10.0.0.2"}
+    shaper._slots, shaper._index = {"10.0.0.2": 0x10}, 1
+    shaper._follow("n2")
+    try:
+        async with asyncio.timeout(10):
+            while shaper._steps_taken["n2"] < 40:
+                await asyncio.sleep(0.005)
+    finally:
+        await shaper._stop_following("n2")
+    log = shaper.step_log("n2")
+    taken = shaper._steps_taken["n2"]
+    # every step went to the kernel (the last may have been cancelled there, uncounted)
+    assert taken >= 40 and taken - 1 <= len(sent) <= taken
+    assert len(log) == 1 + 8 and log[0][1] == 0  # the origin, then the latest 8
+    assert [i for _, i in log[1:]] == [(taken - 8 + k) % 2 for k in range(8)]
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(log))

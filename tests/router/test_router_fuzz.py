@@ -18,12 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.app import attach
+from router.app import attach, max_request_bytes
 from router.quality import QualityTable
 from services import Node, NodeSettings, TorchCompute
 from services.tiers import parse_placement
 from tests.helpers import FAST, TOKEN
-from tests.services.test_node_fuzz import FUZZ, ThreadedNode, values
+from tests.services.test_node_fuzz import FUZZ, ThreadedNode, raw_post, rss_mib, values
 
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 JSON = {"Content-Type": "application/json"}
@@ -295,3 +295,33 @@ def test_random_headers(served: ThreadedNode, auth: bytes, ctype: bytes,
                   {"Authorization": auth, "Content-Type": ctype})  # type: ignore[dict-item]
     if path in ("/v1/mesh", "/v1/router"):
         assert status == 401
+
+
+# -- bodies that must be refused before they cost anything -------------------------------------
+@pytest.mark.parametrize("path", ["/v1/generate", "/v1/score"])
+@pytest.mark.parametrize("kind", ["json-nulls", "msgpack-nils"])
+def test_60_mib_bodies_are_refused_at_once_without_memory(served: ThreadedNode, path: str,
+                                                          kind: str) -> None:
+    """No request of this model needs more than max_request_bytes (the longest request with
+    a full routing trace): a 60 MiB list of nulls is a 413 before it is read, in well under
+    a second, the process growing by less than 100 MiB."""
+    n = 60 * 2**20
+    body = (b"[" + b"null," * (n // 5) + b"null]" if kind == "json-nulls"
+            else b"\xdd" + n.to_bytes(4, "big") + b"\xc0" * n)
+    before = rss_mib()
+    status, data, took = raw_post(served.node.url, path, body, content_type="application/json")
+    grew = rss_mib() - before
+    err = json.loads(data)
+    shape = served.node.shape
+    assert (status, err["error"]) == (413, "too_large"), err
+    assert str(max_request_bytes(shape.layers, shape.experts)) in err["detail"], err
+    assert took < 1.0 and grew < 100, (took, grew)
+
+
+@pytest.mark.parametrize("path", ["/v1/generate", "/v1/score", "/v1/mesh"])
+def test_deep_nesting_is_a_400(served: ThreadedNode, path: str) -> None:
+    """Nesting past the JSON decoder's recursion limit is bad JSON (400), not a 500."""
+    body = b"[" * 100_000 + b"]" * 100_000
+    status, _, data = served.request("PUT" if path == "/v1/mesh" else "POST", path, body, AUTH)
+    err = json.loads(data)
+    assert (status, err["error"]) == (400, "malformed") and "RecursionError" in err["detail"]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from netem.timing import now
 from services import (
     ClientSettings,
     DeviceProfile,
@@ -64,17 +66,28 @@ def test_compute_follows_the_model(small_model_dir: Path) -> None:
 
 
 async def test_requests_to_a_named_peer_wait_for_the_link(node: Node) -> None:
-    """The app shaper in the client's path: A→B is shaped in A, before the request leaves."""
+    """The app shaper in the client's path: A→B is shaped in A, before the request leaves.
+    Checked on what the link scheduled (emulated time, exact to 1 ms) and by a lower bound on
+    the wall (a shaped request cannot be early); no wall time is compared with another."""
     links = node.links
     await links.put({"backend": "app", "links": {"far": {"delay_ms": 30.0}}})
+    scheduled: dict[str, float | None] = {}
+    real = links.schedule
+
+    async def spy(peer: str, nbytes: int, **kw: Any) -> float | None:
+        at = kw.get("at") if kw.get("at") is not None else now()
+        due = await real(peer, nbytes, **kw)
+        scheduled[peer] = None if due is None else due - at
+        return due
+
+    links.schedule = spy  # type: ignore[method-assign]
     item = expert_group(0, 0, torch.randn(1, node.shape.d_model))
     async with NodeClient(ClientSettings(name="me"), links=links) as client:
         await client.forward(node.url, [item])  # a connection, warm
         t0 = time.perf_counter()
         await client.forward(node.url, [item], peer="far")
         shaped = time.perf_counter() - t0
-        t0 = time.perf_counter()
         await client.forward(node.url, [item], peer="near")  # no link: not shaped
-        unshaped = time.perf_counter() - t0
+    assert scheduled["far"] == pytest.approx(0.030, abs=0.001)  # delay + ~0 serialisation
+    assert scheduled["near"] is None
     assert shaped >= 0.030
-    assert unshaped < shaped

@@ -12,7 +12,9 @@ import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -27,6 +29,7 @@ from services.tiers import parse_placement
 from services.wire import (
     decode_tensor,
     expert_group,
+    max_request_bytes,
     pack_request,
     unpack_error,
     unpack_response,
@@ -288,3 +291,156 @@ def test_a_non_utf8_token_is_401_not_500(served: ThreadedNode, path: str) -> Non
     headers = {"Authorization": b"Bearer \xff\xfe\xc3", "Content-Type": "application/json"}
     status, _, data = served.request(method, path, b"{}", headers)  # type: ignore[arg-type]
     assert status == 401 and json.loads(data)["error"] == "unauthorized", data
+
+
+# -- bodies and headers that must be refused before they cost anything ------------------------
+NILS_60MIB = b"\xdd" + (60 * 2**20).to_bytes(4, "big") + b"\xc0" * (60 * 2**20)
+
+
+def rss_mib() -> float:
+    """This process's resident memory (the node serves from a thread of it), from /proc."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def raw_post(url: str, path: str, body: bytes, headers: dict[str, str] | None = None,
+             chunked: bool = False, content_type: str = "application/msgpack"
+             ) -> tuple[int, bytes, float]:
+    """POST on a fresh socket, the body sent from a thread so that the answer is read as soon
+    as the node gives it (it may answer before the body is through); (status, answer body,
+    seconds from the first byte sent to the answer's status line)."""
+    host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    head = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Type: {content_type}",
+            "Connection: close", *(f"{k}: {v}" for k, v in (headers or {}).items()),
+            "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"]
+
+    def send() -> None:
+        try:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+            if not chunked:
+                sock.sendall(body)
+                return
+            view = memoryview(body)
+            for i in range(0, len(body), 1 << 20):
+                piece = view[i:i + (1 << 20)]
+                sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            sock.sendall(b"0\r\n\r\n")
+        except OSError:  # the node answered and closed before the body was through
+            pass
+
+    sender = threading.Thread(target=send, daemon=True)
+    t0 = time.perf_counter()
+    sender.start()
+    try:
+        reply = sock.makefile("rb")
+        status_line = reply.readline()
+        took = time.perf_counter() - t0
+        headers_: dict[str, str] = {}
+        while (line := reply.readline()) not in (b"\r\n", b"\n", b""):
+            k, _, v = line.decode().partition(":")
+            headers_[k.strip().lower()] = v.strip()
+        data = reply.read(int(headers_.get("content-length", "0")))
+    finally:
+        sock.close()
+        sender.join(10)
+    return int(status_line.split()[1]), data, took
+
+
+@pytest.fixture(scope="module")
+def roomy(compute: TorchCompute) -> Iterator[ThreadedNode]:
+    """A node with the default --max-body-mb (64): only the model's shape bounds a body."""
+    from services import NodeSettings
+
+    node = Node(NodeSettings(name="roomy", token=TOKEN, profile=FAST), compute=compute)
+    shape = compute.shape
+    node.set_placement(parse_placement({"experts": [
+        {"layer": 0, "expert": 1, "variant": "fp16", "tier": "gpu"}]}, shape))
+    with ThreadedNode(node) as t:
+        t.request("GET", "/v1/health", headers={"Authorization": f"Bearer {TOKEN}"})
+        yield t
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_60_mib_of_nils_is_refused_at_once_without_memory(roomy: ThreadedNode,
+                                                          chunked: bool) -> None:
+    """64 MiB is the node's body limit, but a forward request of the small model's width
+    needs at most max_request_bytes (about 7 MB): 413 before the rest is read, in well under
+    a second, the node's process growing by less than 100 MiB (the body itself is 60)."""
+    assert roomy.node.settings.max_body_bytes == 64 * 2**20
+    before = rss_mib()
+    status, data, took = raw_post(roomy.node.url, "/v1/forward", NILS_60MIB, chunked=chunked)
+    grew = rss_mib() - before
+    assert status == 413, data[:300]
+    code, detail = unpack_error(data, "application/msgpack")
+    assert code == "too_large" and str(max_request_bytes(D)) in detail, detail
+    assert took < 1.0, f"answered after {took:.2f} s"
+    assert grew < 100, f"RSS grew by {grew:.0f} MiB"
+    assert_healthy_roomy(roomy)
+
+
+def test_bodies_under_the_limit_are_bounded_as_they_are_decoded(roomy: ThreadedNode) -> None:
+    """Within the body limit, msgpack's limits refuse what no request needs, while decoding:
+    a long flat list, nested lists (16 M nils in all), deep nesting, a big map, a long
+    string, an extension type: each a 400 naming the limit, at once."""
+    cases = {
+        "flat": b"\xdd" + (6 * 2**20).to_bytes(4, "big") + b"\xc0" * (6 * 2**20),
+        "nested": msgpack.packb([[None] * 1024] * 4096),
+        "deep": b"\x91" * 200_000 + b"\xc0",
+        "map": msgpack.packb({str(i): i for i in range(64)}),
+        "string": msgpack.packb({"v": 2, "req": "r" * 100_000, "groups": []}),
+        "ext": msgpack.packb(msgpack.ExtType(1, b"x" * 1000)),
+    }
+    for name, body in cases.items():
+        status, data, took = raw_post(roomy.node.url, "/v1/forward", body)
+        code, detail = unpack_error(data, "application/msgpack")
+        assert (status, code) == (400, "malformed"), (name, status, detail)
+        assert "limit" in detail, (name, detail)
+        assert took < 1.0, (name, took)
+    assert_healthy_roomy(roomy)
+
+
+def test_a_far_future_arrival_is_refused_at_once(roomy: ThreadedNode) -> None:
+    """`X-Moemesh-Arrive` a day ahead would park the handler (the receiver waits until the
+    arrival): a 400 naming the header and the bound, at once; one within the bound waits."""
+    from netem.timing import now
+    from services.links import ARRIVE_SLACK_S
+
+    body = pack_request([expert_group(0, 1, torch.randn(1, D))])
+    status, data, took = raw_post(roomy.node.url, "/v1/forward", body,
+                                  {"X-Moemesh-Arrive": repr(now() + 86400.0)})
+    code, detail = unpack_error(data, "application/msgpack")
+    assert (status, code) == (400, "malformed"), detail
+    assert "X-Moemesh-Arrive" in detail and f"bound is {ARRIVE_SLACK_S:g}" in detail, detail
+    assert took < 1.0
+    status, _, took = raw_post(roomy.node.url, "/v1/forward", body,
+                               {"X-Moemesh-Arrive": repr(now() + 0.3)})
+    assert status == 200 and took >= 0.3  # waited until its (near) arrival, as emulated
+
+
+def assert_healthy_roomy(t: ThreadedNode) -> None:
+    status, _, body = t.request("GET", "/v1/health", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    x = torch.randn(1, D)
+    status, _, body = t.request("POST", "/v1/forward", pack_request([expert_group(0, 1, x)]))
+    assert status == 200
+
+
+async def test_the_arrival_bound_follows_the_links_and_the_dilation() -> None:
+    """horizon_s: the longest delay (4 jitters, schedule steps included) and the body at the
+    slowest rate (steps included) of any link, plus the slack, times the time dilation."""
+    from services.links import ARRIVE_SLACK_S, Links
+
+    links = Links(time_dilation=4.0)
+    assert links.horizon_s(10**6) == ARRIVE_SLACK_S * 4  # no links: the slack alone
+    await links.put({"backend": "app", "links": {
+        "n2": {"delay_ms": 50.0, "jitter_ms": 5.0, "rate_mbit": 100.0},
+        "n3": {"delay_ms": 10.0, "rate_mbit": 1000.0,
+               "schedule": {"steps": [[0, 10.0, 1000.0, 0.0], [5, 200.0, 2.0, 0.0]]}}}})
+    try:
+        expect = (0.2 + 10**6 * 8 / 2e6 + ARRIVE_SLACK_S) * 4  # n3's step: 200 ms, 2 Mbit/s
+        assert links.horizon_s(10**6) == pytest.approx(expect)
+    finally:
+        await links.close()

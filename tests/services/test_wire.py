@@ -148,3 +148,27 @@ def test_group_lists_its_experts_once() -> None:
     g = Group(1, "f32", b"", ((Work(2, "int8", 0.5), Work(3, "fp16", 0.5)),
                               (Work(2, "int8", 1.0),)))
     assert g.experts() == [(1, 2, "int8"), (1, 3, "fp16")]
+
+
+def test_a_wide_model_s_limit_still_stops_60_mib_of_nils_while_decoding() -> None:
+    """At Mixtral's width (d_model 4096) a forward request may be 64 MiB, so 60 MiB of nils
+    gets past the body limit: msgpack's limits refuse it at the array header, at once, and
+    nested lists of nils at the item budget, before they fill memory."""
+    import resource
+    import time
+
+    from services.wire import MAX_ITEMS, max_request_bytes
+
+    assert max_request_bytes(4096) > 64 * 2**20
+    n = 60 * 2**20
+    flat = b"\xdd" + n.to_bytes(4, "big") + b"\xc0" * n
+    nested = b"\xdd" + (4096).to_bytes(4, "big") + (b"\xdd" + (4096).to_bytes(4, "big")
+                                                   + b"\xc0" * 4096) * 4096
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    for body, said in ((flat, "max_array_len"), (nested, str(MAX_ITEMS))):
+        t0 = time.perf_counter()
+        with pytest.raises(BadRequest, match=said):
+            unpack_request(body, 4096)
+        assert time.perf_counter() - t0 < 1.0
+    # 16 M decoded nils would be 128 MiB of list slots; the budget stops at about 8 MiB
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - peak < 100
