@@ -133,6 +133,7 @@ class Dispatcher:
         self._ids = itertools.count()
         self._synced_at = -1e18
         self._snapshot = self.estimators.estimates()
+        self._unscaled = self._snapshot.unscaled()  # what each request's prediction uses
         # how late answers come back after their emulated arrival: this host's own delay,
         # smoothed as TCP smooths RTTs (mean, mean deviation), added to every remote limit so
         # that a busy host slows tokens down instead of timing them out
@@ -148,6 +149,7 @@ class Dispatcher:
             return
         self._synced_at = now
         self._snapshot = self.estimators.estimates(now)
+        self._unscaled = self._snapshot.unscaled()
         self.view.refresh(self._snapshot)
         for name in self.mesh.nodes:
             self.view.set_up(name, self.breakers.usable(name, now))
@@ -370,7 +372,7 @@ class Dispatcher:
         group = self._group(layer, x, batch)
         assignment = [(m.choice.replica, 1) for m in batch.members()]
         snap = self._snapshot
-        predicted = branch_cost(snap.unscaled(), self.shape, self.home, self.home, node,
+        predicted = branch_cost(self._unscaled, self.shape, self.home, self.home, node,
                                 assignment, rows=group.rows)
         expected = predicted.scaled(snap.scales).total_ms
         t0 = now_ms()
