@@ -19,9 +19,6 @@ TIME_BUCKETS = (
 )
 
 
-FLUSH_AT = 1024  # observations kept before they go to prometheus anyway
-
-
 class NodeMetrics:
     def __init__(self, queue_depth: Callable[[], float]) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
@@ -54,50 +51,5 @@ class NodeMetrics:
             "moemesh_loop_lag_seconds", "how late the node's event loop woke a 10 ms timer "
             "(services.looplag)", buckets=LAG_BUCKETS, registry=r)
 
-        # The device's per-batch figures, kept here until the next render (or FLUSH_AT of
-        # them): observed one by one they were a dozen prometheus calls per batch, a tenth
-        # of the host's time for a one-token layer served in-process.
-        self._batches = 0
-        self._items = 0
-        self._queue: list[float] = []
-        self._load: list[float] = []
-        self._compute: list[float] = []
-        self._service: list[tuple[float, int]] = []  # (seconds, requests that took it)
-
-    def batch(self, jobs: int, entries: int, load_s: float, compute_s: float) -> None:
-        """One device batch of `jobs` requests and `entries` expert executions."""
-        self._batches += 1
-        self._items += entries
-        self._load.append(load_s)
-        self._compute.append(compute_s)
-        self._service.append((load_s + compute_s, jobs))
-        if len(self._load) >= FLUSH_AT:
-            self.flush()
-
-    def queued(self, seconds: float) -> None:
-        """One request's wait before the device started on it."""
-        self._queue.append(seconds)
-        if len(self._queue) >= FLUSH_AT:
-            self.flush()
-
-    def flush(self) -> None:
-        """Hand what `batch` and `queued` kept to the prometheus metrics."""
-        if self._batches:
-            self.batches.inc(self._batches)
-            self._batches = 0
-        if self._items:
-            self.items.inc(self._items)
-            self._items = 0
-        for hist, values in ((self.queue_seconds, self._queue), (self.load_seconds, self._load),
-                             (self.compute_seconds, self._compute)):
-            for v in values:
-                hist.observe(v)
-            values.clear()
-        for v, times in self._service:
-            for _ in range(times):
-                self.service_seconds.observe(v)
-        self._service.clear()
-
     def render(self) -> bytes:
-        self.flush()
         return generate_latest(self.registry)

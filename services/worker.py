@@ -178,7 +178,7 @@ class Device:
             if self._waiting:
                 self._wake.set()
         self._account(1, sum(g.entries for g in groups), load_s, compute_s)
-        self.metrics.queued(start - arrived)
+        self.metrics.queue_seconds.observe(start - arrived)
         return ys, Timing((start - arrived) * 1e3, load_s * 1e3, compute_s * 1e3,
                           late * 1e3), end
 
@@ -293,10 +293,16 @@ class Device:
         return start, load_s, compute_s, end
 
     def _account(self, jobs: int, entries: int, load_s: float, compute_s: float) -> None:
-        self.metrics.batch(jobs, entries, load_s, compute_s)  # entries: one row each
+        m = self.metrics
+        m.batches.inc()
+        m.load_seconds.observe(load_s)
+        m.compute_seconds.observe(compute_s)
         self.batches += 1
         self.busy_total_s += load_s + compute_s
         self.jobs_done += jobs
+        m.items.inc(entries)  # expert executions, one row each
+        for _ in range(jobs):
+            m.service_seconds.observe(load_s + compute_s)
 
     def _finish(self, jobs: list[Job], ys: list[Output], start: float, load_s: float,
                 compute_s: float, end: float, late: float) -> None:
@@ -306,7 +312,7 @@ class Device:
         for job in jobs:
             n = len(job.groups)
             queue_s = start - job.enqueued
-            self.metrics.queued(queue_s)
+            self.metrics.queue_seconds.observe(queue_s)
             if not job.future.done():
                 job.future.set_result((ys[at:at + n], Timing(
                     queue_s * 1e3, load_s * 1e3, compute_s * 1e3, late * 1e3), end))
