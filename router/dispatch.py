@@ -291,13 +291,17 @@ class Dispatcher:
                 recs[row].predicted_ms = plan.latency_ms
             for c in plan.choices:
                 r = c.replica
-                cpu_loaded = r.tier == "cpu" and r.key not in view.resident[view.index[r.node]]
-                batch = batches.setdefault(r.node, _Batch(r.node))
-                before = calls.get((r.node, r.key), 0)
-                calls[(r.node, r.key)] = before + 1
+                key = r.key
+                at = view.index[r.node]
+                cpu_loaded = r.tier == "cpu" and key not in view.resident[at]
+                batch = batches.get(r.node)
+                if batch is None:
+                    batch = batches[r.node] = _Batch(r.node)
+                before = calls.get((r.node, key), 0)
+                calls[(r.node, key)] = before + 1
                 loads = cpu_loaded and before == 0  # the batch's first call copies it in
-                batch_ms[view.index[r.node]] += view.item_ms(r, joins=row not in batch.rows,
-                                                             loads=loads, before=before)
+                batch_ms[at] += view.item_ms(r, joins=row not in batch.rows, loads=loads,
+                                             before=before)
                 batch.rows.setdefault(row, []).append(
                     _Member(row, slots[c.slot], c, cpu_loaded))
         return batches
