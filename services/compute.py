@@ -165,7 +165,6 @@ class TorchCompute(ExpertCompute):
                  None if piece is None else encode_tensor(piece, g.dtype))
                 for out, piece, g in zip(outs, pieces, groups, strict=True)]
 
-
     def _run_row(self, g: Group, work: list[Work], d: int) -> Output:
         """One decoded token's experts (the common request, local or remote): the general
         path's ops on that row, without its bookkeeping; `work` sorted by expert, variant."""
