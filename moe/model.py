@@ -43,6 +43,13 @@ def _registered(*_args: object) -> None:
     _REGISTRATIONS[0] += 1
 
 
+def registrations() -> int:
+    """How many modules or parameters have been (re)assigned in this process so far: a
+    caller that keeps references to weights (the fast path, `services.compute`) rebuilds
+    them when this changed, without asking the model again on every call."""
+    return _REGISTRATIONS[0]
+
+
 torch.nn.modules.module.register_module_module_registration_hook(_registered)
 torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
 

@@ -133,6 +133,7 @@ class Dispatcher:
         self._ids = itertools.count()
         self._synced_at = -1e18
         self._snapshot = self.estimators.estimates()
+        self._unscaled = self._snapshot.unscaled()  # what each request's prediction uses
         # how late answers come back after their emulated arrival: this host's own delay,
         # smoothed as TCP smooths RTTs (mean, mean deviation), added to every remote limit so
         # that a busy host slows tokens down instead of timing them out
@@ -148,6 +149,7 @@ class Dispatcher:
             return
         self._synced_at = now
         self._snapshot = self.estimators.estimates(now)
+        self._unscaled = self._snapshot.unscaled()
         self.view.refresh(self._snapshot)
         for name in self.mesh.nodes:
             self.view.set_up(name, self.breakers.usable(name, now))
@@ -289,13 +291,17 @@ class Dispatcher:
                 recs[row].predicted_ms = plan.latency_ms
             for c in plan.choices:
                 r = c.replica
-                cpu_loaded = r.tier == "cpu" and r.key not in view.resident[view.index[r.node]]
-                batch = batches.setdefault(r.node, _Batch(r.node))
-                before = calls.get((r.node, r.key), 0)
-                calls[(r.node, r.key)] = before + 1
+                key = r.key
+                at = view.index[r.node]
+                cpu_loaded = r.tier == "cpu" and key not in view.resident[at]
+                batch = batches.get(r.node)
+                if batch is None:
+                    batch = batches[r.node] = _Batch(r.node)
+                before = calls.get((r.node, key), 0)
+                calls[(r.node, key)] = before + 1
                 loads = cpu_loaded and before == 0  # the batch's first call copies it in
-                batch_ms[view.index[r.node]] += view.item_ms(r, joins=row not in batch.rows,
-                                                             loads=loads, before=before)
+                batch_ms[at] += view.item_ms(r, joins=row not in batch.rows, loads=loads,
+                                             before=before)
                 batch.rows.setdefault(row, []).append(
                     _Member(row, slots[c.slot], c, cpu_loaded))
         return batches
@@ -373,7 +379,7 @@ class Dispatcher:
         group = self._group(layer, x, batch)
         assignment = [(m.choice.replica, 1) for m in batch.members()]
         snap = self._snapshot
-        predicted = branch_cost(snap.unscaled(), self.shape, self.home, self.home, node,
+        predicted = branch_cost(self._unscaled, self.shape, self.home, self.home, node,
                                 assignment, rows=group.rows)
         expected = predicted.scaled(snap.scales).total_ms
         t0 = now_ms()

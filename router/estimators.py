@@ -69,6 +69,7 @@ class _NodeState:
     busy_ms: float = 0.0
     taken_ms: float = float("-inf")  # when the piggybacked state was observed
     resident: frozenset[tuple[int, int, str]] = frozenset()
+    resident_from: object = None  # the piggybacked list `resident` was made from
     inflight: dict[int, tuple[float, float]] = field(default_factory=dict)  # id -> (sent, work)
 
 
@@ -224,5 +225,8 @@ class Estimators:
         st.busy_ms = float(state.get("busy_ms", 0.0) or 0.0)
         st.taken_ms = now
         resident = state.get("resident")
-        if resident is not None:
+        if resident is not None and resident is not st.resident_from:
             st.resident = frozenset((int(r[0]), int(r[1]), str(r[2])) for r in resident)
+            # the home node's own answers hand the same tuple while nothing changed
+            # (services.tiers.Tiers.resident): no need to convert it again
+            st.resident_from = resident

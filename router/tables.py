@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,10 @@ class PlanView:
         self.stable: list[bool] = [True] * count
         self.resident: list[frozenset[tuple[int, int, str]]] = [frozenset()] * count
         self.version = 0
+        # what every plan asks for first, kept per version (refresh and set_up bump it):
+        # base() without a batch, traffic(), the unreachable nodes
+        self._memo: dict[tuple, object] = {}
+        self._memo_version = 0
         self._exact: dict[tuple[int, int], tuple[Candidate, ...]] = {}
         self._subs: dict[tuple[int, int], tuple[Candidate, ...]] = {}
         self._future: np.ndarray | None = None
@@ -179,10 +184,33 @@ class PlanView:
         delays, the wait, and the rows' transfer there and back (once, however many of their
         experts run there), plus `batch` (`PlanRequest.batch`: what the rows planned before
         into the same batched request cost there). The searches take this as their `fixed`."""
-        if batch is None:
-            return [f + rows * x for f, x in zip(self.fixed, self.xfer, strict=True)]
-        return [f + b + rows * x
-                for f, b, x in zip(self.fixed, batch, self.xfer, strict=True)]
+        if batch is not None and any(batch):
+            return [f + b + rows * x
+                    for f, b, x in zip(self.fixed, batch, self.xfer, strict=True)]
+        key = ("base", rows, batch is None)  # a batch of zeros adds +0.0: kept as computed
+        got = self._memoized(key)
+        if got is None:
+            if batch is None:
+                got = [f + rows * x for f, x in zip(self.fixed, self.xfer, strict=True)]
+            else:
+                got = [f + b + rows * x
+                       for f, b, x in zip(self.fixed, batch, self.xfer, strict=True)]
+            self._memo[key] = got
+        return list(got)
+
+    def _memoized(self, key: tuple) -> Any:
+        """What was kept under `key` at this version, or None."""
+        if self._memo_version != self.version:
+            self._memo.clear()
+            self._memo_version = self.version
+        return self._memo.get(key)
+
+    def down(self) -> frozenset[int]:
+        """Indices of the nodes marked unreachable (`set_up`)."""
+        got = self._memoized(("down",))
+        if got is None:
+            got = self._memo[("down",)] = frozenset(i for i, up in enumerate(self.up) if not up)
+        return got
 
     def compute_ms(self, node: int, variant: str, rows: int) -> float:
         """One call of an expert of `variant` on `rows` rows at `node`: the roofline of the
@@ -210,7 +238,11 @@ class PlanView:
         bytes there and back (the searches' `once`); None when weight is 0."""
         if weight <= 0:
             return None
-        return [weight * rows * x for x in self.xfer]
+        key = ("traffic", rows, weight)
+        got = self._memoized(key)
+        if got is None:
+            got = self._memo[key] = [weight * rows * x for x in self.xfer]
+        return list(got)
 
     def var_ms(self, c: Candidate, rows: int = 1) -> float:
         """What one item adds to its node's branch: the rows' compute (roofline), and a load."""

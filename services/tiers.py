@@ -100,6 +100,10 @@ class Tiers:
         self.misses = 0
         self.evictions = 0
         self.loaded_bytes = 0
+        # bumped whenever the set of GPU-resident experts may have changed; `resident` keeps
+        # its answer per layer set until then (it goes out with every answer)
+        self._version = 0
+        self._resident: dict[frozenset[int] | None, tuple[int, tuple[Key, ...]]] = {}
 
     # -- placement ------------------------------------------------------------------------
     def check(self, placement: list[PlacementEntry]) -> tuple[int, int]:
@@ -128,6 +132,7 @@ class Tiers:
         for p in placement:
             self._by_layer.setdefault(p.layer, {}).setdefault(p.expert, []).append(p.variant)
         self._gpu_tier_bytes, self._cpu_tier_bytes = gpu, cpu
+        self._version += 1
         # Keep cached copies of experts still in the CPU tier, oldest first, within the room.
         keep = [(k, b) for k, b in self._cache.items() if self._tier.get(k) == "cpu"]
         self._cache.clear()
@@ -174,6 +179,7 @@ class Tiers:
         self._evict_until(nbytes)
         self._cache[key] = nbytes
         self._cache_used += nbytes
+        self._version += 1
         self.misses += 1
         self.loaded_bytes += nbytes
         return nbytes
@@ -182,13 +188,22 @@ class Tiers:
         while self._cache and self._cache_used + incoming > self.cache_room:
             _, freed = self._cache.popitem(last=False)
             self._cache_used -= freed
+            self._version += 1
             self.evictions += 1
 
     def resident(self, layers: Iterable[int] | None = None) -> tuple[Key, ...]:
-        """GPU-resident experts (GPU tier and cached), of the given layers or all."""
-        wanted = None if layers is None else set(layers)
+        """GPU-resident experts (GPU tier and cached), of the given layers or all; the same
+        tuple while they stay the same (a caller may compare it by identity)."""
+        wanted = None if layers is None else frozenset(layers)
+        got = self._resident.get(wanted)
+        if got is not None and got[0] == self._version:
+            return got[1]
         keys = [k for k, t in self._tier.items() if t == "gpu"] + list(self._cache)
-        return tuple(sorted(k for k in keys if wanted is None or k[0] in wanted))
+        out = tuple(sorted(k for k in keys if wanted is None or k[0] in wanted))
+        if len(self._resident) > 64:  # layer sets a node is asked about: a handful
+            self._resident.clear()
+        self._resident[wanted] = (self._version, out)
+        return out
 
     def memory(self) -> dict[str, int]:
         return {

@@ -98,6 +98,9 @@ class Device:
         self._free_at = 0.0  # when the emulated device is free again (a `now()` value)
         self.late_total_s = 0.0  # how far real work ran past the emulated ends, summed
         self._pool: ThreadPoolExecutor | None = None
+        # one expert call's emulated seconds per (rows, variant): the profile and the shape
+        # are fixed for the device's life, and a batch asks the same few again and again
+        self._calls: dict[tuple[int, str], float] = {}
         self.in_service = 0
         self.busy_total_s = 0.0
         self.jobs_done = 0
@@ -120,9 +123,15 @@ class Device:
                 for w in row:
                     key = (g.layer, w.expert, w.variant)
                     rows[key] = rows.get(key, 0) + 1
-        prof, shape = self.profile, self.tiers.shape
-        return sum(prof.expert_s(self.compute.flops(n), shape.expert_bytes(key[2]))
-                   for key, n in rows.items())
+        calls = self._calls
+        total = 0.0
+        for key, n in rows.items():
+            s = calls.get((n, key[2]))
+            if s is None:
+                s = calls[(n, key[2])] = self.profile.expert_s(
+                    self.compute.flops(n), self.tiers.shape.expert_bytes(key[2]))
+            total += s
+        return total
 
     def _check(self, groups: Sequence[Group]) -> None:
         """NotPlaced unless every expert the groups need is here."""

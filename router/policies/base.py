@@ -61,7 +61,7 @@ class Policy(ABC):
 
 def excluded(view: PlanView, req: PlanRequest) -> set[int]:
     """Node indices this token may not use: breakers open, or failed earlier in the layer."""
-    out = {i for i, up in enumerate(view.up) if not up}
+    out = set(view.down())
     for name in req.exclude:
         i = view.index.get(name)
         if i is not None:

@@ -128,3 +128,23 @@ def test_faults_check_whole_bodies() -> None:
         faults.update({"crash": True})
     assert faults.update({"clear": True}) == {"slow": 1.0, "fail": 0.0}
     assert not any(faults.should_fail() for _ in range(100))
+
+
+def test_resident_is_kept_until_the_cache_or_placement_changes() -> None:
+    """`resident` goes out with every answer: the same tuple while nothing changed (the
+    router compares it by identity), a new one after a load, an eviction or a placement."""
+    tiers = _tiers(gpu_gb=0.9)
+    tiers.replace([PlacementEntry(0, e, "fp16", "cpu") for e in range(3)]
+                  + [PlacementEntry(1, 0, "int4", "gpu")])
+    first = tiers.resident([0, 1])
+    assert tiers.resident([0, 1]) is first and first == ((1, 0, "int4"),)
+    tiers.acquire((0, 0, "fp16"))  # a load
+    loaded = tiers.resident([0, 1])
+    assert loaded == ((0, 0, "fp16"), (1, 0, "int4"))
+    tiers.acquire((0, 0, "fp16"))  # a hit: the set is the same
+    assert tiers.resident([1, 0]) is loaded
+    tiers.acquire((0, 1, "fp16"))
+    tiers.acquire((0, 2, "fp16"))  # evicts 0
+    assert tiers.resident([0]) == ((0, 1, "fp16"), (0, 2, "fp16"))
+    tiers.replace([PlacementEntry(1, 0, "int4", "gpu")])
+    assert tiers.resident([0, 1]) == ((1, 0, "int4"),)
