@@ -98,22 +98,12 @@ def _spawn(role: str, port: int, name: str, sleeps: int, seed: int) -> subproces
          str(seed)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-async def _wait_port(port: int) -> None:
-    for _ in range(1200):
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"bench child on port {port} did not listen")
-
-
 async def _measure(procs: int, sleeps: int, requests: int) -> dict[str, Any]:
     import aiohttp
 
     from netem import timing
     from netem.virtual import current, virtual_phase
+    from orchestrator.runtimes.base import wait_listening
 
     authority = current()
     assert authority is not None
@@ -125,7 +115,7 @@ async def _measure(procs: int, sleeps: int, requests: int) -> dict[str, Any]:
     authority.expect("server")
     server = _spawn("server", port, "server", 0, 0)
     try:
-        await _wait_port(port)
+        await wait_listening("127.0.0.1", port, timeout_s=60.0)
         before = authority.stats()["advances"]
         wall = time.perf_counter()
         v0 = timing.now()

@@ -22,6 +22,7 @@ from netem.virtual import Authority, ClockStalled, current, run_on_clock, virtua
 from netem.virtual.authority import virtual_origin
 from netem.virtual.participant import WAKE
 from netem.virtual.shared import REALTIME, VIRTUAL, SharedClock
+from orchestrator.runtimes.base import wait_listening
 from tests.helpers import ROOT
 
 CHILD = Path(__file__).with_name("virtual_child.py")
@@ -194,13 +195,7 @@ async def _mesh_of_one(hold_s: float, requests: int, size: int) -> tuple[list, f
     child = subprocess.Popen([sys.executable, str(CHILD), str(port), "child"], cwd=ROOT,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        for _ in range(600):
-            try:
-                _, w = await asyncio.open_connection("127.0.0.1", port)
-                w.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
+        await wait_listening("127.0.0.1", port, timeout_s=60.0)
         wall = time.monotonic()
         async with virtual_phase(), aiohttp.ClientSession() as session:
             async def one(i: int) -> tuple[float, int]:
