@@ -433,7 +433,8 @@ def _sweep(args: argparse.Namespace) -> int:
         values = [float(v) for v in DEFAULT_VALUES[args.knob]]
     points = [(v, apply_knob(scenario, args.knob, v)) for v in values]  # check all first
     out = args.out or Path("results") / f"{scenario.name}-sweep-{args.knob}"
-    claim_out(out, force=options.force, scenario=scenario.name)  # never over data
+    claim_out(out, force=options.force, scenario=scenario.name,  # never over data
+              resume=bool(args.resume))  # --resume: its own folder, kept
     done = []
     for value, point in points:
         folder = out / f"{args.knob}={value:g}"
