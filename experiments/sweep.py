@@ -1,18 +1,23 @@
 """Sweeps: one scenario run again with one knob changed, one plot per sweep.
 
 Knobs (docs/papers.md's sweeps): `rate` (arrival rate, req/s, open loop), `concurrency`
-(closed-loop users), `redundancy` (the
-placement's memory ratio, 1.0-3.0), `budget` (the per-token quality budget in %, 0.5-3.0),
-`nodes` (node count, 4-16: the scenario's topology cut to its first N nodes, or grown by
-copying its nodes in order, each copy with its original's device, users and links, and a
-LAN-like link to its original). Every point is a full run in `OUT/<knob>=<value>/`; the
-sweep writes `sweep.json` (per point and policy: mean and p99 latency, traffic per token,
-throughput, SLO attainment, quality change), `sweep.md` and `sweep_<knob>.png`. Faults are
-left out of sweeps (they measure steady state). A load sweep (`rate`, `concurrency`) runs each
-point at a time dilation scaled with the load, as `moemesh run --capacity` does
-(experiments.capacity: the host keeps the scenario's wall-clock load, the emulated mesh takes
-the scenario-time load), and also draws `sweep_<knob>_slo.png`: SLO attainment, mean and p99
-latency against the load, host-distorted points hollow.
+(closed-loop users), `redundancy` (the placement's memory ratio, 1.0-3.0), `budget` (the
+per-token quality budget in %, 0.5-3.0), `nodes` (node count, 4-16: the scenario's topology
+cut to its first N nodes, or grown by copying its nodes in order, each copy with its
+original's device, users and links, and a LAN-like link to its original), `link_rate` (every
+link's rate times the value, delays kept: where bytes start to cost time; a trace-driven
+link's trace is left as it is).
+
+Every point is a full run in `OUT/<knob>=<value>/`; the sweep writes `sweep.json` (per point
+and policy: mean and p99 latency, traffic per token, throughput, SLO attainment, quality
+change, and the run's paired comparisons against its first policy), `sweep.md` (with the
+crossing table: per policy and point, the paired change of mean latency and traffic and
+whether its 95% CI excludes zero) and `sweep_<knob>.png`. Faults are left out of sweeps
+(they measure steady state). A load sweep (`rate`, `concurrency`) runs each point at a time
+dilation scaled with the load, as `moemesh run --capacity` does (experiments.capacity: the
+host keeps the scenario's wall-clock load, the emulated mesh takes the scenario-time load),
+and also draws `sweep_<knob>_slo.png`: SLO attainment, mean and p99 latency against the load,
+host-distorted points hollow.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from netem.spec import LinkSpec
 from orchestrator.scenario import Scenario
 from orchestrator.topology import Node, Topology
 
-__all__ = ["KNOBS", "LOAD_KNOBS", "apply_knob", "grow_topology", "sweep_rows", "write_sweep"]
+__all__ = ["KNOBS", "LOAD_KNOBS", "apply_knob", "grow_topology", "scale_link_rates",
+           "sweep_rows", "winning_points", "write_sweep"]
 
 KNOBS = {
     "rate": "arrival rate (req/s)",
@@ -37,6 +43,7 @@ KNOBS = {
     "redundancy": "memory redundancy ratio",
     "budget": "quality budget (%)",
     "nodes": "nodes",
+    "link_rate": "link rate (x the topology's)",
 }
 LOAD_KNOBS = ("rate", "concurrency")
 DEFAULT_VALUES = {
@@ -45,7 +52,10 @@ DEFAULT_VALUES = {
     "redundancy": (1.0, 1.5, 2.0, 2.5, 3.0),
     "budget": (0.5, 1.0, 2.0, 3.0),
     "nodes": (4, 8, 12, 16),
+    "link_rate": (0.05, 0.1, 0.25, 0.5, 1.0),
 }
+# The paired metrics the crossing table shows (experiments.paired).
+CROSSING_METRICS = ("mean_latency", "traffic")
 
 
 def grow_topology(topology: Topology, n: int) -> Topology:
@@ -74,6 +84,16 @@ def grow_topology(topology: Topology, n: int) -> Topology:
                           description=f"{topology.description} (sweep: {n} nodes)".strip())
 
 
+def scale_link_rates(topology: Topology, factor: float) -> Topology:
+    """Every one-way link's rate times `factor`, delays and the rest kept."""
+    if not is_number(factor) or not 0 < factor < math.inf:
+        raise ValueError(f"link_rate: must be a factor > 0, got {factor!r}")
+    oneway = {(lk.src, lk.dst): replace(lk.spec, rate_mbit=lk.spec.rate_mbit * factor)
+              for lk in topology.links}
+    return Topology.build(list(topology.nodes), oneway=oneway, name=topology.name,
+                          description=f"{topology.description} (sweep: link rates x{factor:g})")
+
+
 def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
     """The scenario with one knob set (faults dropped; see the module docstring)."""
     base = replace(scenario, faults=())
@@ -98,6 +118,8 @@ def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
         if not isinstance(w.home, str):
             w = replace(w, home="users")
         return replace(base, topology=topo, workload=w)
+    if knob == "link_rate":
+        return replace(base, topology=scale_link_rates(scenario.topology, float(value)))
     raise ValueError(f"unknown sweep knob {knob!r} (known: {', '.join(KNOBS)})")
 
 
@@ -105,6 +127,8 @@ def sweep_rows(points: Sequence[tuple[float, dict[str, Any]]]) -> list[dict[str,
     """(value, summary.json) per point → one row per point and policy."""
     rows = []
     for value, summary in points:
+        against = {(c["policy"], c["metric"]): c for c in summary.get("comparisons", ())
+                   if c["metric"] in CROSSING_METRICS}
         for name, p in summary["policies"].items():
             tokens = p["tokens"] or 0
             rows.append({
@@ -114,6 +138,10 @@ def sweep_rows(points: Sequence[tuple[float, dict[str, Any]]]) -> list[dict[str,
                 "quality_delta_pct": p["quality_delta_pct"], "tokens": tokens,
                 "slo_share": p.get("slo_share"),
                 "failed_tokens": p["failed_tokens"],
+                "paired": {m: {"against": c["against"], "change_pct": c["change_pct"],
+                               "ci95_pct": c.get("paired_ci_pct", c.get("ci95_pct")),
+                               "significant": c["significant"]}
+                           for (pol, m), c in against.items() if pol == name},
             })
     return rows
 
@@ -129,6 +157,54 @@ def _load_plot(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any
             by.setdefault(name, []).append(fig)
     return plots.load_curves(KNOBS[knob], by, SLO_TARGET, slo_ms, out / f"sweep_{knob}_slo.png",
                              title=f"SLO attainment and latency vs {KNOBS[knob]}")
+
+
+def _cell(entry: dict[str, Any] | None) -> str:
+    if not entry or entry["change_pct"] is None:
+        return "–"
+    lo, hi = entry["ci95_pct"] or (None, None)
+    ci = "" if lo is None else f" [{lo:+.1f}, {hi:+.1f}]"
+    mark = " *" if entry["significant"] else ""
+    return f"{entry['change_pct']:+.1f}%{ci}{mark}"
+
+
+def winning_points(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, list[float]]:
+    """Per compared policy, the knob values at which it is significantly below the run's
+    first policy on `metric`: the sweep's crossing point is where this set starts or ends."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if not r.get("paired"):
+            continue
+        e = r["paired"].get(metric)
+        wins = out.setdefault(r["policy"], [])
+        if e and e["significant"] and e["change_pct"] is not None and e["change_pct"] < 0:
+            wins.append(r["value"])
+    return out
+
+
+def crossing_lines(rows: Sequence[dict[str, Any]], knob: str) -> list[str]:
+    """sweep.md's crossing table: each policy against the run's first policy, per point."""
+    compared = [r for r in rows if r.get("paired")]
+    if not compared:
+        return []
+    ref = next(iter(compared[0]["paired"].values()))["against"]
+    lines = ["", f"## Against {ref}, paired by request", "",
+             "Change of each policy against the run's first policy at each point, with its "
+             "paired 95% CI; * marks a CI that excludes zero.", "",
+             "| value | policy | " + " | ".join(CROSSING_METRICS) + " |",
+             "|---|---|" + "---|" * len(CROSSING_METRICS)]
+    for r in compared:
+        cells = [f"{r['value']:g}", r["policy"], *(_cell(r["paired"].get(m))
+                                                   for m in CROSSING_METRICS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    values = list(dict.fromkeys(r["value"] for r in compared))
+    lines += ["", f"Where each policy is significantly below {ref} ({KNOBS[knob]}, of "
+                  f"{', '.join(f'{v:g}' for v in values)}):", ""]
+    for metric in CROSSING_METRICS:
+        for policy, wins in winning_points(compared, metric).items():
+            where = ", ".join(f"{v:g}" for v in wins) if wins else "nowhere"
+            lines.append(f"- {policy}, {metric}: {where}")
+    return lines
 
 
 def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any]]],
@@ -170,6 +246,7 @@ def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, An
         cells.append("–" if slo is None else f"{100 * slo:.0f}%")
         cells.append(f"{r['tokens']}/{r['failed_tokens']}")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += crossing_lines(rows, knob)
     lines += ["", "Each point is a full run (its own report in the folder named after the "
                   "value). Faults are left out of sweeps."]
     (out / "sweep.md").write_text("\n".join(lines) + "\n")

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from experiments.scaling import EXPERT_RATIO, MODEL_RATIO, tiny_scaled
-from experiments.sweep import apply_knob, grow_topology, sweep_rows, write_sweep
+from experiments.sweep import (
+    apply_knob,
+    grow_topology,
+    sweep_rows,
+    winning_points,
+    write_sweep,
+)
 from moe import profiles
 from orchestrator.faults import Fault
 from orchestrator.randomtopo import random_topology
@@ -76,6 +82,41 @@ def test_sweep_rows_and_files(tmp_path: Path) -> None:
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert "| 2 | greedy | 26 |" in (tmp_path / "sweep.md").read_text()
     assert not (tmp_path / "sweep_redundancy_slo.png").exists()  # not a load knob
+
+
+def test_link_rate_scales_every_rate_and_keeps_delays() -> None:
+    sc = small_scenario()
+    slow = apply_knob(sc, "link_rate", 0.1).topology
+    for lk in sc.topology.links:
+        got = slow.link(lk.src, lk.dst)
+        assert got.rate_mbit == pytest.approx(lk.spec.rate_mbit * 0.1)
+        assert got.delay_ms == lk.spec.delay_ms
+    with pytest.raises(ValueError, match="link_rate"):
+        apply_knob(sc, "link_rate", 0)
+
+
+def test_the_crossing_table_shows_where_a_policy_wins(tmp_path: Path) -> None:
+    def summary(change: float, lo: float, hi: float) -> dict:
+        pol = {"tokens": 10, "failed_tokens": 0, "latency_ms": {"mean": 5.0, "p99": 9.0},
+               "throughput_tok_s": 1.0, "traffic_bytes": 5000, "quality_delta_pct": None}
+        comp = {"policy": "hetroute", "against": "greedy", "change_pct": change,
+                "paired_ci_pct": [lo, hi], "significant": lo > 0 or hi < 0}
+        return {"policies": {"greedy": pol, "hetroute": pol},
+                "comparisons": [{**comp, "metric": "mean_latency"},
+                                {**comp, "metric": "p99_latency", "change_pct": -50.0,
+                                 "paired_ci_pct": [-60.0, -40.0], "significant": True},
+                                {**comp, "metric": "traffic", "change_pct": 1.0,
+                                 "paired_ci_pct": [0.5, 1.5], "significant": True}]}
+
+    points = [(0.1, summary(-12.0, -15.0, -9.0)), (1.0, summary(-0.5, -2.0, 1.0))]
+    rows = sweep_rows(points)
+    assert "p99_latency" not in rows[1]["paired"] and rows[0]["paired"] == {}  # greedy: none
+    assert winning_points(rows, "mean_latency") == {"hetroute": [0.1]}
+    assert winning_points(rows, "traffic") == {"hetroute": []}  # higher is not a win
+    write_sweep(tmp_path, "link_rate", points)
+    md = (tmp_path / "sweep.md").read_text()
+    assert "| 0.1 | hetroute | -12.0% [-15.0, -9.0] * | +1.0% [+0.5, +1.5] * |" in md
+    assert "- hetroute, mean_latency: 0.1" in md and "- hetroute, traffic: nowhere" in md
 
 
 def test_a_load_sweep_draws_attainment_against_the_load(tmp_path: Path) -> None:
