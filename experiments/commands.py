@@ -240,6 +240,10 @@ def _trace(args: argparse.Namespace, scenario: Any) -> Any:
                          f"gate decides); give model: {{name: ..., mode: modeled}}")
     trace = load_trace(args.trace)
     prof = get(scenario.model.name)
+    trace, dropped = trace.fit_layers(prof.layers, prof.dense_layers, prof.leading_dense_layers,
+                                      prof.name)
+    if dropped:
+        print(f"moemesh run: --trace {dropped}", file=sys.stderr)
     trace.check(prof.layers, prof.experts, prof.top_k, prof.name)
     return trace
 

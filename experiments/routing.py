@@ -10,7 +10,11 @@ Trace files (docs/contracts.md):
   int, "token": int, "experts": [[int] * top_k] * layers, "weights"?: same shape of floats,
   "policy"?: str}`, `token` counting the request's positions from 0 (prompt first);
 - **vLLM's routed-experts array** (`.npy`): int array [tokens, layers, top_k], the positions of
-  one or more requests one after another, no gate weights.
+  one or more requests one after another, no gate weights. vLLM counts every decoder layer
+  (`num_hidden_layers`): its RoutedExpertsCapturer zero-fills the buffer and only MoE layers
+  write theirs, so a dense layer's row is zeros. For a model whose dense layers lead
+  (DeepSeek's first_k_dense_replace: deepseek-moe-16b's 28 layers are 1 dense + 27 MoE), those
+  rows are dropped (`RoutingTrace.fit_layers`, checked to be zeros, and said so).
 
 Either is read as ONE stream of positions in file order (JSONL: sorted by request, then
 token). Each request of the workload takes the next `prompt + gen_tokens - 1` positions (the
@@ -51,6 +55,7 @@ class RoutingTrace:
     weights: np.ndarray | None
     source: str  # the file it came from
     fmt: str  # jsonl | npy
+    dropped_dense_layers: int = 0  # leading rows of dense layers dropped (fit_layers)
 
     @property
     def positions(self) -> int:
@@ -73,6 +78,32 @@ class RoutingTrace:
             raise TraceFileError(f"{self.source}: token {t}, layer {layer} picks the same "
                                  f"expert twice: {e[t, layer].tolist()}")
 
+    def fit_layers(self, layers: int, dense_layers: int, leading_dense: int,
+                   model: str) -> tuple[RoutingTrace, str | None]:
+        """This trace for a model of `layers` MoE layers, and a message when rows were dropped
+        (None: as it was). An array `dense_layers` deeper holds vLLM's rows of the model's
+        dense layers (zeros, see the module docstring): when they all lead, they are dropped;
+        else which rows they are is not known here (TraceFileError)."""
+        depth = int(self.experts.shape[1])
+        if depth == layers or not dense_layers or depth != layers + dense_layers:
+            return self, None  # `check` says what is wrong, if anything
+        if leading_dense != dense_layers:
+            raise TraceFileError(f"{self.source}: {depth} layers, {model}'s {layers} MoE and "
+                                 f"{dense_layers} dense layers, but its dense layers do not all "
+                                 f"come first: keep only the MoE layers' rows")
+        dense = self.experts[:, :leading_dense]
+        if dense.any():
+            t, layer = np.argwhere(dense.any(-1))[0].tolist()
+            raise TraceFileError(f"{self.source}: {depth} layers, {model}'s {leading_dense} "
+                                 f"dense + {layers} MoE layers, but dense layer {layer} routes "
+                                 f"token {t} to {dense[t, layer].tolist()}; vLLM leaves a dense "
+                                 f"layer's row zeros, so this array is laid out otherwise")
+        weights = None if self.weights is None else self.weights[:, leading_dense:]
+        trimmed = RoutingTrace(np.ascontiguousarray(self.experts[:, leading_dense:]), weights,
+                               self.source, self.fmt, leading_dense)
+        return trimmed, (f"{self.source}: {depth} layers: dropped the first {leading_dense} "
+                         f"(dense in {model}, zeros in vLLM's array), kept {layers} MoE layers")
+
     def take(self, offset: int, n: int) -> dict[str, Any]:
         """Positions offset..offset+n (going round at the end) as `/v1/generate`'s `trace`."""
         rows = np.arange(offset, offset + n) % self.positions
@@ -84,6 +115,7 @@ class RoutingTrace:
     def describe(self) -> dict[str, Any]:
         return {"file": self.source, "format": self.fmt, "positions": self.positions,
                 "layers": int(self.experts.shape[1]), "top_k": int(self.experts.shape[2]),
+                "dropped_dense_layers": self.dropped_dense_layers,
                 "weights": ("from the file" if self.weights is not None else
                             "drawn: seeded Dirichlet(2), sorted (moe.traces.draw_gate_weights)")}
 

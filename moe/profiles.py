@@ -43,6 +43,9 @@ class ModelProfile:
     glu: bool = True  # SwiGLU (3 matrices) or plain two-matrix FFN (Switch/T5)
     dense_layers: int = 0  # FFN layers without experts (DeepSeek's first, Switch's alternate ones)
     dense_d_ff: int = 0
+    # Of dense_layers, those before the first MoE layer (DeepSeek's first_k_dense_replace): a
+    # vLLM routed-experts array has a row for each, which experiments.routing drops
+    leading_dense_layers: int = 0
     heads: int = 0
     kv_heads: int = 0
     head_dim: int = 0
@@ -58,6 +61,11 @@ class ModelProfile:
                 raise ValueError(
                     f"profile {self.name!r}: {name} must be a positive int, got {value!r}"
                 )
+        if not isinstance(self.leading_dense_layers, int) or not (
+                0 <= self.leading_dense_layers <= self.dense_layers):
+            raise ValueError(f"profile {self.name!r}: leading_dense_layers must be an int in "
+                             f"0..dense_layers ({self.dense_layers}), got "
+                             f"{self.leading_dense_layers!r}")
         if self.top_k > self.experts:
             raise ValueError(f"profile {self.name!r}: top_k {self.top_k} > experts {self.experts}")
         if self.shared_experts and not self.shared_d_ff:
@@ -190,6 +198,7 @@ _PROFILES: dict[str, ModelProfile] = {
         ModelProfile(
             "deepseek-moe-16b", layers=27, experts=64, top_k=6, d_model=2048, d_ff=1408,
             shared_experts=2, shared_d_ff=1408, dense_layers=1, dense_d_ff=10944,
+            leading_dense_layers=1,
             heads=16, kv_heads=16, head_dim=128, vocab_size=102400,
             source="deepseek-ai/deepseek-moe-16b-base configuration_deepseek.py",
         ),

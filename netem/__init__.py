@@ -6,7 +6,8 @@ Offers: `LinkSpec` (one-way link, this node → one peer), `Shaper` and `make_sh
 `parse_loss_pct` (human strings, for CLI and YAML), the link classes in `netem.classes`, and the
 exceptions in `netem.errors`. Link models: delay distributions and netem's correlation rule
 (`netem.dist`), Gilbert–Elliott loss (`netem.gemodel`), schedules from CSV or Mahimahi traces
-(`netem.schedule`, traces made by `netem.tracegen`); docs/links.md. The kernel lab (UML) lives
+(`netem.schedule`; a Mahimahi trace delivers as mm-link does in the app backend,
+`netem.mahimahi`; traces made by `netem.tracegen`); docs/links.md. The kernel lab (UML) lives
 in `netem.lab`.
 """
 

@@ -19,6 +19,10 @@ The model of one link (one-way, this node → peer):
 - a schedule (`netem.schedule`): the step in force when a message is handed over gives its
   delay and loss; the serialiser runs at each step's rate across step boundaries. t = 0 is when
   the link was applied (as for tc);
+- a Mahimahi trace (a schedule with `trace`) replaces the serialiser: the link's FIFO drains
+  1,504 bytes at each delivery opportunity of the trace, and a message leaves at the
+  opportunity that carries its last byte, as Mahimahi's mm-link delivers (`netem.mahimahi`);
+  then the delay, jitter and loss as above. The trace's rate bins are tc's, not used here;
 - reorder_pct is not emulated (a TCP stream delivers messages in order); the snapshot lists it
   under "not_emulated".
 - down (or loss 100%): a blackhole; sends wait until the link comes back, and raise
@@ -38,6 +42,7 @@ from typing import Any
 from netem.dist import CorrelatedRandom, draw_delay_ms
 from netem.errors import BadLinkInput, LinkDownError
 from netem.gemodel import GeChain
+from netem.mahimahi import DeliveryTrace, OpportunityQueue
 from netem.spec import LinkSpec, check_links
 from netem.timing import now, sleep_until
 
@@ -73,6 +78,7 @@ class AppShaper:
         self._origin: dict[str, float] = {}  # `now()` when each link was applied (schedules)
         self._jitter: dict[str, CorrelatedRandom] = {}
         self._chain: dict[str, GeChain] = {}
+        self._queues: dict[str, OpportunityQueue] = {}  # links that follow a Mahimahi trace
         self._emulated: dict[str, tuple[LinkSpec, LinkSpec]] = {}  # peer -> (given, dilated)
         self.stalls = 0  # sends that paid at least one retransmission timeout
         self.sends = 0
@@ -103,7 +109,7 @@ class AppShaper:
     def _fresh(self, peer: str) -> None:
         """New link state for peer: schedule clock from now, new jitter and loss chains."""
         spec = self._links.get(peer)
-        for table in (self._origin, self._jitter, self._chain):
+        for table in (self._origin, self._jitter, self._chain, self._queues):
             table.pop(peer, None)
         if spec is None:
             return
@@ -134,6 +140,7 @@ class AppShaper:
         self._links = {}
         self._down.clear()
         self._free_at.clear()
+        self._queues.clear()
         for peer in peers:
             self._notify(peer)
 
@@ -186,9 +193,17 @@ class AppShaper:
         full = self._dilated(peer, spec)
         origin = self._origin.setdefault(peer, t)
         link = full.at(t - origin)  # the step in force when the bytes are handed over
-        start = max(t, self._free_at.get(peer, t))
-        on_wire = _wire_done(full, origin, start, nbytes)
-        self._free_at[peer] = on_wire
+        trace = full.schedule.trace if full.schedule is not None else None
+        if trace is not None:  # Mahimahi's delivery opportunities
+            # to the ns: a hand-over at an opportunity's instant must not fall a rounding
+            # error before it (it would catch that opportunity, which Mahimahi spends first)
+            rel_ms = round((t - origin) * 1e3, 6)
+            left_ms = self._queue(peer, trace).deliver(rel_ms, nbytes)
+            on_wire = origin + left_ms / 1e3
+        else:
+            start = max(t, self._free_at.get(peer, t))
+            on_wire = _wire_done(full, origin, start, nbytes)
+            self._free_at[peer] = on_wire
         delay_ms = link.delay_ms
         if link.jitter_ms > 0:
             jitter = self._jitter.setdefault(peer, CorrelatedRandom(self._rng,
@@ -206,6 +221,13 @@ class AppShaper:
             cached = (spec, spec.dilated(self.time_dilation))
             self._emulated[peer] = cached
         return cached[1]
+
+    def _queue(self, peer: str, trace: DeliveryTrace) -> OpportunityQueue:
+        """peer's opportunity FIFO, new when its link (so its dilated trace) is new."""
+        queue = self._queues.get(peer)
+        if queue is None or queue.trace is not trace:
+            queue = self._queues[peer] = OpportunityQueue(trace)
+        return queue
 
     def _loss_stall_s(self, peer: str, link: LinkSpec, nbytes: int) -> float:
         chain = self._chain.get(peer) if link.loss_model is not None else None

@@ -11,9 +11,11 @@ Sources (`read_csv`, `read_mahimahi`), each error naming the file and line:
 - CSV: `t_s,delay_ms,rate_mbit,loss_pct` per line (a header line of those names and `#`
   comments allowed; an empty cell keeps the link's own value); the first step at t_s = 0.
 - Mahimahi delivery-opportunity trace: one millisecond timestamp per line, each a chance to
-  deliver one 1,500-byte packet; the trace loops with period = its last timestamp. It becomes
-  rate steps of `bin_ms` (default 100 ms): rate = opportunities x 12,000 bit / bin. A bin with no
-  opportunity gets MIN_RATE_MBIT (HTB cannot run at 0), which the schedule records.
+  deliver 1,504 bytes; the trace loops with period = its last timestamp (`netem.mahimahi`). The
+  schedule keeps the trace itself (`Schedule.trace`), which the app backend delivers by,
+  opportunity by opportunity, as Mahimahi does; and rate steps of `bin_ms` (default 100 ms) for
+  tc, which cannot: rate = opportunities x 12,032 bit / bin. A bin with no opportunity gets
+  MIN_RATE_MBIT (HTB cannot run at 0), which the schedule records.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from netem.mahimahi import PACKET_BYTES, DeliveryTrace, parse_trace
+
 __all__ = ["MIN_RATE_MBIT", "Schedule", "Step", "read_csv", "read_mahimahi", "read_schedule"]
 
-MIN_RATE_MBIT = 0.012  # one 1,500-byte packet per second
-MAHIMAHI_PACKET_BYTES = 1500
+MIN_RATE_MBIT = 0.012  # about one 1,500-byte packet per second
 DEFAULT_BIN_MS = 100.0
 MAX_STEPS = 100_000
 CSV_COLUMNS = ("t_s", "delay_ms", "rate_mbit", "loss_pct")
@@ -44,11 +47,13 @@ class Step(NamedTuple):
 
 @dataclass(frozen=True)
 class Schedule:
-    """Steps from t = 0 (seconds since applied), optionally looping every loop_s."""
+    """Steps from t = 0 (seconds since applied), optionally looping every loop_s; `trace`: the
+    Mahimahi trace the steps were binned from (its period is loop_s), for the app backend."""
 
     steps: tuple[Step, ...]
     loop_s: float | None = None
     source: str = ""
+    trace: DeliveryTrace | None = None
     _times: tuple[float, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +76,12 @@ class Schedule:
         if self.loop_s is not None and not self.loop_s > steps[-1].t_s:
             raise ValueError(f"schedule: loop_s ({self.loop_s:g}) must be after the last step "
                              f"(t_s={steps[-1].t_s:g})")
+        if self.trace is not None:
+            if not isinstance(self.trace, DeliveryTrace):
+                raise ValueError(f"schedule: trace must be a DeliveryTrace, got {self.trace!r}")
+            if self.loop_s is None or not math.isclose(self.loop_s * 1e3, self.trace.period_ms):
+                raise ValueError(f"schedule: loop_s ({self.loop_s}) must be the trace's period "
+                                 f"({self.trace.period_ms / 1e3:g} s)")
         object.__setattr__(self, "steps", steps)
         object.__setattr__(self, "_times", tuple(s.t_s for s in steps))
 
@@ -97,26 +108,32 @@ class Schedule:
         steps = tuple(Step(s.t_s * factor, mul(s.delay_ms),
                            None if s.rate_mbit is None else s.rate_mbit / factor, s.loss_pct)
                       for s in self.steps)
-        return Schedule(steps, mul(self.loop_s), self.source)
+        return Schedule(steps, mul(self.loop_s), self.source,
+                        None if self.trace is None else self.trace.scaled(factor))
 
     def to_json(self) -> dict[str, Any]:
-        return {"steps": [list(s) for s in self.steps], "loop_s": self.loop_s,
-                "source": self.source}
+        out = {"steps": [list(s) for s in self.steps], "loop_s": self.loop_s,
+               "source": self.source}
+        if self.trace is not None:
+            out["trace"] = self.trace.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> Schedule:
         if not isinstance(data, Mapping) or "steps" not in data:
             raise ValueError(f"schedule must be a mapping with steps, got {data!r}")
-        unknown = sorted(set(data) - {"steps", "loop_s", "source"})
+        unknown = sorted(set(data) - {"steps", "loop_s", "source", "trace"})
         if unknown:
             raise ValueError(f"schedule: unknown field(s) {', '.join(unknown)}; "
-                             "known: steps, loop_s, source")
+                             "known: steps, loop_s, source, trace")
         raw = data["steps"]
         if not isinstance(raw, list) or not all(
                 isinstance(s, list | tuple) and 1 <= len(s) <= 4 for s in raw):
             raise ValueError("schedule.steps must be a list of [t_s, delay_ms, rate_mbit, "
                              "loss_pct] lists (null keeps the link's value)")
-        return cls(tuple(Step(*s) for s in raw), data.get("loop_s"), str(data.get("source", "")))
+        trace = data.get("trace")
+        return cls(tuple(Step(*s) for s in raw), data.get("loop_s"), str(data.get("source", "")),
+                   None if trace is None else DeliveryTrace.from_json(trace))
 
 
 def _number(text: str, what: str) -> float | None:
@@ -166,40 +183,23 @@ def read_csv(lines: Iterable[str], source: str = "<csv>", loop_s: float | None =
 
 def read_mahimahi(lines: Iterable[str], source: str = "<trace>",
                   bin_ms: float = DEFAULT_BIN_MS) -> Schedule:
-    """Rate steps from a Mahimahi delivery-opportunity trace (see the module docstring)."""
+    """A Mahimahi delivery-opportunity trace: the trace, and its rate in steps of bin_ms
+    (see the module docstring)."""
     if not 1 <= bin_ms <= 10_000:
         raise ValueError(f"{source}: bin_ms must be in 1..10000, got {bin_ms!r}")
-    stamps: list[int] = []
-    for no, line in enumerate(lines, start=1):
-        text = line.strip()
-        if not text:
-            continue
-        if not text.isdigit():
-            raise ValueError(f"{source}:{no}: {text!r} is not a whole number of milliseconds")
-        value = int(text)
-        if value > MAX_STEPS * bin_ms:  # checked here, before any bin is allocated
-            raise ValueError(
-                f"{source}:{no}: {value} ms is {value / 3.6e6:.3g} hours into the trace, more "
-                f"than {MAX_STEPS} bins of {bin_ms:g} ms: a Mahimahi trace counts "
-                f"milliseconds; is this one in µs or ns? (divide by 1,000 or 1,000,000)")
-        if stamps and value < stamps[-1]:
-            raise ValueError(f"{source}:{no}: {value} ms goes back in time (after "
-                             f"{stamps[-1]} ms)")
-        stamps.append(value)
-    if not stamps or stamps[-1] <= 0:
-        raise ValueError(f"{source}: a trace needs timestamps ending after 0 ms")
-    period_ms = stamps[-1]
+    trace = parse_trace(lines, source, max_ms=MAX_STEPS * bin_ms)  # bins stay <= MAX_STEPS
+    period_ms = trace.stamps_ms[-1]
     bins = math.ceil(period_ms / bin_ms)
     counts = [0] * bins
-    for value in stamps:
+    for value in trace.stamps_ms:
         counts[min(bins - 1, int(value // bin_ms))] += 1
     steps = []
     for i, count in enumerate(counts):
         width_ms = min(bin_ms, period_ms - i * bin_ms)
-        rate = count * MAHIMAHI_PACKET_BYTES * 8 / (width_ms / 1e3) / 1e6
+        rate = count * PACKET_BYTES * 8 / (width_ms / 1e3) / 1e6
         steps.append(Step(round(i * bin_ms / 1e3, 6), None, max(MIN_RATE_MBIT, round(rate, 6)),
                           None))
-    return Schedule(tuple(steps), period_ms / 1e3, source)
+    return Schedule(tuple(steps), period_ms / 1e3, source, trace)
 
 
 def read_schedule(path: str | Path, kind: str, bin_ms: float = DEFAULT_BIN_MS,

@@ -19,7 +19,9 @@ The YAML form (read by `load_topology` / `topology_from_data`, written by `topol
 
 A link entry starts from its `class` (netem.classes), or else from `defaults` (a one-way entry:
 from the `between` entry of its pair, if any), and its own fields override. A one-way entry wins
-over a `between` entry for its direction. `users` are relative
+over a `between` entry for its direction; a `between` entry may give Mahimahi's two traces,
+`schedule: {mahimahi: {uplink: FILE, downlink: FILE}}`, the first node → the second following
+the uplink one (docs/links.md). `users` are relative
 weights of the users whose home is that node (normalised by `user_shares`); give them on every
 node or on none (then users are spread evenly). A node given by numbers may add `mem_gbps`, its
 device memory bandwidth (an expert call costs at least one read of its weights; absent: FLOPs
@@ -299,10 +301,13 @@ def _read_loss_model(raw: Any, loc: Loc) -> GeLoss | None:
         raise loc.error(str(exc).removeprefix("loss_model").lstrip(".: ")) from None
 
 
-def _read_schedule(raw: Any, loc: Loc) -> Schedule | None:
+def _read_schedule(raw: Any, loc: Loc, both_ways: bool = False
+                   ) -> Schedule | tuple[Schedule, Schedule] | None:
     """`schedule: FILE.csv`, `{csv: FILE, loop: true}`, `{mahimahi: FILE, bin_ms: 100}` (a
     path relative to this file; any other file name is read as a Mahimahi trace) or inline
-    `{steps: [[t_s, delay_ms, rate_mbit, loss_pct], ...], loop_s: S}`."""
+    `{steps: [[t_s, delay_ms, rate_mbit, loss_pct], ...], loop_s: S, trace?: {...}}`. On a
+    `between: [A, B]` entry (`both_ways`), `{mahimahi: {uplink: FILE, downlink: FILE}}` gives
+    A→B the uplink trace and B→A the downlink one (mm-link's UPLINK and DOWNLINK): a pair."""
     if raw is None:
         return None
     here = Path(loc.file).parent if loc.file and not loc.file.startswith("<") else Path()
@@ -312,21 +317,45 @@ def _read_schedule(raw: Any, loc: Loc) -> Schedule | None:
             return read_schedule(here / raw, kind)
         sec = Section(raw, loc, "a schedule: csv or mahimahi (a file), or steps")
         if "steps" in sec:
-            data = {k: sec.raw(k) for k in ("steps", "loop_s", "source") if k in sec}
+            data = {k: sec.raw(k) for k in ("steps", "loop_s", "source", "trace") if k in sec}
             sec.done()
             return Schedule.from_json(data)
         if ("csv" in sec) == ("mahimahi" in sec):
             raise loc.error("give one of `csv: FILE`, `mahimahi: FILE` or `steps: [...]`")
         kind = "csv" if "csv" in sec else "mahimahi"
-        path = sec.str(kind)
         loop = sec.boolean("loop", False) if kind == "csv" else False
         bin_ms = sec.number("bin_ms", DEFAULT_BIN_MS, gt=0) if kind == "mahimahi" else 0
+        if kind == "mahimahi" and isinstance(sec.raw("mahimahi"), Mapping):
+            pair = _read_trace_pair(sec.raw("mahimahi"), sec.at("mahimahi"), here, bin_ms,
+                                    both_ways)
+            sec.done()
+            return pair
+        path = sec.str(kind)
         sec.done()
         return read_schedule(here / path, kind, bin_ms=bin_ms or DEFAULT_BIN_MS, loop=loop)
     except ValueError as exc:
         if isinstance(exc, InputError):
             raise
         raise loc.error(str(exc)) from None
+
+
+def _read_trace_pair(raw: Any, loc: Loc, here: Path, bin_ms: float, both_ways: bool
+                     ) -> tuple[Schedule, Schedule]:
+    """`{uplink: FILE, downlink: FILE}`: (A→B's schedule, B→A's) of a `between` entry."""
+    if not both_ways:
+        raise loc.error("uplink/downlink traces go on a `between: [A, B]` entry (A→B follows "
+                        "the uplink one); a one-way entry or `defaults` takes one trace: "
+                        "`mahimahi: FILE`")
+    sec = Section(raw, loc, "a trace file, or {uplink: FILE, downlink: FILE}")
+    out = []
+    for name in ("uplink", "downlink"):
+        path = sec.str(name)
+        try:
+            out.append(read_schedule(here / path, "mahimahi", bin_ms=bin_ms))
+        except ValueError as exc:
+            raise sec.at(name).error(str(exc)) from None
+    sec.done()
+    return out[0], out[1]
 
 
 def _link_class(raw: Any, loc: Loc) -> LinkSpec:
@@ -339,6 +368,13 @@ def _link_class(raw: Any, loc: Loc) -> LinkSpec:
 
 def _read_spec(sec: Section, base: LinkSpec) -> LinkSpec:
     """A LinkSpec from `class` (or `base`) with the entry's own fields on top."""
+    return _read_specs(sec, base)[0]
+
+
+def _read_specs(sec: Section, base: LinkSpec, both_ways: bool = False
+                ) -> tuple[LinkSpec, LinkSpec]:
+    """(A→B, B→A) of an entry: one spec twice, unless a `between` entry (`both_ways`) gives
+    uplink and downlink traces."""
     if "class" in sec:
         base = sec.value("class", _link_class)
     values: dict[str, Any] = {}
@@ -348,7 +384,8 @@ def _read_spec(sec: Section, base: LinkSpec) -> LinkSpec:
         if key == "loss_model":
             values[key] = sec.value(key, _read_loss_model)
         elif key == "schedule":
-            values[key] = sec.value(key, _read_schedule)
+            values[key] = sec.value(
+                key, lambda raw, loc: _read_schedule(raw, loc, both_ways))
         else:
             values[key] = (sec.unit(key, _LINK_PARSERS[key]) if key in _LINK_PARSERS
                            else sec.raw(key))
@@ -356,8 +393,13 @@ def _read_spec(sec: Section, base: LinkSpec) -> LinkSpec:
         values["loss_model"] = None  # the entry's own loss replaces an inherited model
     if values.get("loss_model") is not None and "loss_pct" not in values:
         values["loss_pct"] = 0.0
+    schedules = values.get("schedule")
     try:
-        return replace(base, **values)
+        if not isinstance(schedules, tuple):
+            spec = replace(base, **values)
+            return spec, spec
+        up, down = (replace(base, **{**values, "schedule": s}) for s in schedules)
+        return up, down
     except ValueError as exc:
         raise _reraise(exc, sec, LINK_FIELDS) from None
 
@@ -402,9 +444,9 @@ def _read_links(
             oneway[(a, b)] = (LinkSpec(), at.field)
             later.append((sec, (a, b)))
             continue
-        spec = _read_spec(sec, default or LinkSpec())
+        specs = _read_specs(sec, default or LinkSpec(), both_ways=True)
         sec.done()
-        for key in keys:
+        for key, spec in zip(keys, specs, strict=True):
             symmetric[key] = (spec, at.field)
     for sec, pair in later:
         base = symmetric[pair][0] if pair in symmetric else default or LinkSpec()
@@ -453,7 +495,9 @@ def topology_from_data(data: Any, loc: Loc, default_name: str = "topology") -> T
                                                     if len(missing) > 1 else "")
                 + " and no `defaults` to fill it: list every pair or add `defaults`")
     try:
-        return Topology.build(nodes, default=default, symmetric=symmetric, oneway=oneway,
+        # `symmetric` holds both directions of each `between` pair, which differ when it gave
+        # uplink and downlink traces: passed one-way, each keeps its own
+        return Topology.build(nodes, default=default, oneway={**symmetric, **oneway},
                               name=name, description=description)
     except ValueError as exc:  # every rule above has a line; this is the safety net
         raise sec.loc.error(str(exc)) from None

@@ -124,6 +124,51 @@ def test_a_trace_is_refused_for_real_weights_and_checked_against_the_model(
     assert "wide.npy: routes [tokens, 4 layers, top-3]" in capsys.readouterr().err
 
 
+def deepseek_vllm_array(tokens: int, seed: int) -> np.ndarray:
+    """deepseek-moe-16b as vLLM returns it: 28 decoder layers, layer 0 dense (first_k_dense_
+    replace 1) and so all zeros (the capturer's zero-filled buffer), 27 MoE layers of top-6
+    of 64."""
+    from moe.profiles import get
+
+    prof = get("deepseek-moe-16b")
+    arr = vllm_like(tokens, prof.dense_layers + prof.layers, prof.experts, prof.top_k, seed)
+    arr[:, :prof.leading_dense_layers] = 0
+    return arr.astype(np.int32)
+
+
+def test_vllm_rows_of_leading_dense_layers_are_dropped_and_said(tmp_path: Path) -> None:
+    from moe.profiles import get
+
+    prof = get("deepseek-moe-16b")
+    arr = deepseek_vllm_array(10, 2)
+    np.save(tmp_path / "ds.npy", arr)
+    trace = load_trace(tmp_path / "ds.npy")
+    with pytest.raises(ValueError, match="28 layers, top-6], the model deepseek-moe-16b has 27"):
+        trace.check(prof.layers, prof.experts, prof.top_k, prof.name)
+    fitted, said = trace.fit_layers(prof.layers, prof.dense_layers, prof.leading_dense_layers,
+                                    prof.name)
+    assert said == (f"{tmp_path / 'ds.npy'}: 28 layers: dropped the first 1 (dense in "
+                    f"deepseek-moe-16b, zeros in vLLM's array), kept 27 MoE layers")
+    fitted.check(prof.layers, prof.experts, prof.top_k, prof.name)
+    assert np.array_equal(fitted.experts, arr[:, 1:])
+    assert fitted.describe()["layers"] == 27 and fitted.describe()["dropped_dense_layers"] == 1
+    # an array of the MoE layers only is kept as it is
+    assert fitted.fit_layers(27, 1, 1, prof.name) == (fitted, None)
+    routed = arr.copy()
+    routed[3, 0] = [0, 1, 2, 3, 4, 5]  # a "dense" layer that routes: not vLLM's layout
+    with pytest.raises(ValueError, match=r"dense layer 0 routes token 3 to \[0, 1, 2, 3, 4, 5\]"):
+        load_trace(_saved(tmp_path / "r.npy", routed)).fit_layers(27, 1, 1, prof.name)
+    # Switch's dense layers alternate: which rows are dense is not known here
+    with pytest.raises(ValueError, match="dense layers do not all come first"):
+        load_trace(_saved(tmp_path / "s.npy", vllm_like(4, 24, 8, 1, 0))).fit_layers(
+            12, 12, 0, "switch-base-8")
+
+
+def _saved(path: Path, arr: np.ndarray) -> Path:
+    np.save(path, arr)
+    return path
+
+
 def test_request_offsets_follow_request_ids() -> None:
     assert request_offsets([(2, 5), (0, 3), (1, 4)]) == {0: 0, 1: 3, 2: 7}
 
@@ -168,3 +213,45 @@ def test_a_modeled_run_routes_a_vllm_trace_exactly(tmp_path: Path) -> None:
     assert np.array_equal(back, arr[:len(back)])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["policies"]["greedy"]["tokens"] == 15  # every token completed
+
+
+DEEPSEEK = """
+name: ds-traced
+topology:
+  nodes:
+    - {name: edge1, profile: a100, users: 2}
+    - {name: edge2, profile: a100, users: 1}
+  defaults: {delay_ms: 1ms, rate_mbit: 1gbit}
+model: {name: deepseek-moe-16b, mode: modeled}
+runtime: local
+shaper: app
+clock: virtual
+placement: {policy: hetroute, redundancy: 2.0}
+policies: [greedy]
+workload: {arrival: poisson, rate_rps: 4, prompt_tokens: [3, 6], gen_tokens: 3,
+           requests: 4, seed: 4}
+"""
+
+
+@pytest.mark.slow
+def test_a_28_layer_deepseek_vllm_array_runs_through_moemesh_run(tmp_path: Path) -> None:
+    """Issue 25 item 5 (b): vLLM's deepseek-moe-16b array (28 layers, the first dense) runs
+    through `moemesh run --trace`, which says it dropped 1 layer and routes the other 27
+    exactly (about 40 s here)."""
+    arr = deepseek_vllm_array(64, 9)
+    np.save(tmp_path / "routed_experts.npy", arr)
+    (tmp_path / "ds.yaml").write_text(DEEPSEEK)
+    out = tmp_path / "out"
+    done = moemesh_process("run", str(tmp_path / "ds.yaml"), "--trace",
+                           str(tmp_path / "routed_experts.npy"), "--quality-windows", "0",
+                           "--quiet", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "28 layers: dropped the first 1 (dense in deepseek-moe-16b" in done.stderr
+    described = json.loads((out / "run.json").read_text())["trace"]
+    assert (described["layers"], described["dropped_dense_layers"]) == (27, 1)
+    done = moemesh_process("trace", "export", str(out), "--out", str(tmp_path / "back.npy"))
+    assert done.returncode == 0, done.stderr
+    back = np.load(tmp_path / "back.npy")
+    assert back.shape[1:] == (27, 6) and np.array_equal(back, arr[:len(back), 1:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policies"]["greedy"]["tokens"] == 12  # 4 requests x 3, all completed

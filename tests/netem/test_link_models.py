@@ -162,11 +162,13 @@ def test_csv_schedule_reads_and_names_lines() -> None:
 
 
 def test_mahimahi_trace_becomes_looping_rate_steps() -> None:
-    # 0-100 ms: 10 opportunities (1.2 Mbit/s); 100-200 ms: none; period 200 ms
+    # 0-100 ms: 10 opportunities of 1,504 bytes (1.2032 Mbit/s); 100-200 ms: one (at 200 ms,
+    # the end, binned into the last bin); period 200 ms
     lines = [str(t) for t in range(0, 100, 10)] + ["200"]
     sched = read_mahimahi(lines, "t", bin_ms=100)
     assert sched.loop_s == 0.2
-    assert [s.rate_mbit for s in sched.steps] == [pytest.approx(1.2), pytest.approx(0.12)]
+    assert [s.rate_mbit for s in sched.steps] == [pytest.approx(1.2032), pytest.approx(0.12032)]
+    assert sched.trace is not None and sched.trace.stamps_ms == (*range(0, 100, 10), 200)
     assert sched.index_at(0.25) == 0 and sched.index_at(0.35) == 1
     assert sched.next_change(0.25) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="t:2: 5 ms goes back in time"):

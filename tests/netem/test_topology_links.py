@@ -31,8 +31,8 @@ links:
     assert ab.loss_model == GeLoss(p=1, r=25) and ab.loss_pct == 0.0
     assert [s.rate_mbit for s in ab.schedule.steps] == [20.0, 5.0]
     assert ba.reorder_pct == 0.5 and ba.schedule.loop_s == 0.2
-    # stamps 1..49 fall in the first 50 ms bin: 49 x 1,500 bytes in 50 ms
-    assert ba.schedule.steps[0].rate_mbit == pytest.approx(49 * 12_000 / 0.05 / 1e6)
+    # stamps 1..49 fall in the first 50 ms bin: 49 x 1,504 bytes in 50 ms
+    assert ba.schedule.steps[0].rate_mbit == pytest.approx(49 * 12_032 / 0.05 / 1e6)
     again = topology_from_data(load_yaml_text(dump_yaml(topology_to_data(topo), "x"), "x"),
                                Loc("x"))
     assert again.link("a", "b") == ab and again.link("b", "a") == ba
@@ -51,3 +51,45 @@ def test_bad_fields_name_file_line_and_field(tmp_path: Path, links: str, needle:
     with pytest.raises(InputError) as err:
         read(NODES + "defaults: {class: lan}\nlinks:\n" + links + "\n", tmp_path / "t.yaml")
     assert needle in str(err.value)
+
+
+def test_a_between_entry_takes_uplink_and_downlink_traces(tmp_path: Path) -> None:
+    """mm-link's two traces: A→B follows the uplink one, B→A the downlink one; written back
+    and read again as the same two one-way links."""
+    (tmp_path / "up.trace").write_text("5\n10\n")
+    (tmp_path / "down.trace").write_text("1\n2\n3\n4\n")
+    topo = read(NODES + """defaults: {class: lan}
+links:
+  - {between: [a, b], class: wifi, schedule: {mahimahi: {uplink: up.trace, downlink: down.trace},
+                                              bin_ms: 5}}
+""", tmp_path / "t.yaml")
+    ab, ba = topo.link("a", "b"), topo.link("b", "a")
+    assert ab.schedule.trace.stamps_ms == (5, 10) and ab.schedule.loop_s == 0.01
+    assert ba.schedule.trace.stamps_ms == (1, 2, 3, 4) and ba.schedule.loop_s == 0.004
+    assert ab.delay_ms == ba.delay_ms > 0  # the class applies to both directions
+    again = topology_from_data(load_yaml_text(dump_yaml(topology_to_data(topo), "x"), "x"),
+                               Loc("x"))
+    assert again.link("a", "b") == ab and again.link("b", "a") == ba
+
+
+@pytest.mark.parametrize(("links", "needle"), [
+    ("  - {from: a, to: b, schedule: {mahimahi: {uplink: up.trace, downlink: up.trace}}}",
+     "t.yaml:6: links[0].schedule.mahimahi: uplink/downlink traces go on a `between"),
+    ("  - {between: [a, b], schedule: {mahimahi: {uplink: up.trace}}}",
+     "t.yaml:6: links[0].schedule.mahimahi: missing required field 'downlink'"),
+    ("  - {between: [a, b], schedule: {mahimahi: {uplink: up.trace, down: up.trace}}}",
+     "missing required field 'downlink'"),
+    ("  - {between: [a, b], schedule: {mahimahi: {uplink: up.trace, downlink: no.trace}}}",
+     "t.yaml:6: links[0].schedule.mahimahi.downlink: schedule file"),
+    ("  - {between: [a, b], schedule: {mahimahi: {uplink: bad.trace, downlink: up.trace}}}",
+     "bad.trace:2: 3 ms goes back in time"),
+])
+def test_bad_trace_pairs_name_the_field(tmp_path: Path, links: str, needle: str) -> None:
+    (tmp_path / "up.trace").write_text("5\n10\n")
+    (tmp_path / "bad.trace").write_text("5\n3\n")
+    with pytest.raises(InputError) as err:
+        read(NODES + "defaults: {class: lan}\nlinks:\n" + links + "\n", tmp_path / "t.yaml")
+    assert needle in str(err.value)
+    defaults = "defaults: {schedule: {mahimahi: {uplink: up.trace, downlink: up.trace}}}\n"
+    with pytest.raises(InputError, match=r"defaults\.schedule\.mahimahi: uplink/downlink"):
+        read(NODES + defaults, tmp_path / "t.yaml")
