@@ -180,8 +180,14 @@ def encode_tensor(x: Tensor, dtype: str = "f32") -> bytes:
     """A [rows, d] tensor as the raw bytes of `dtype` (converted first if needed)."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-    t = x.detach().to(DTYPES[dtype]).contiguous()
-    return t.view(torch.uint8).numpy().tobytes()
+    t = x.detach()
+    want = DTYPES[dtype]
+    if t.dtype != want:  # each torch call is ~1 µs: a row's encoding makes only those it needs
+        t = t.to(want)
+    t = t.contiguous()
+    if want == torch.bfloat16:  # numpy has no bfloat16: its bytes as uint8
+        t = t.view(torch.uint8)
+    return t.numpy().tobytes()
 
 
 def decode_tensor(data: bytes, dtype: str, rows: int, d_model: int) -> Tensor:
