@@ -66,9 +66,9 @@ def evaluate(fixed: Sequence[float], picks: Sequence[Option], once: Once = None
         acc[n] = acc.get(n, 0.0) + var
         pen += penalty
         add += extra
-    lat = max(fixed[n] + a for n, a in acc.items())
+    lat = max([fixed[n] + a for n, a in acc.items()])
     if once is not None:
-        add += sum(once[n] for n in acc)
+        add += sum([once[n] for n in acc])
     return lat + add, lat, pen
 
 
@@ -88,10 +88,12 @@ def exhaustive(
             add += extra
         if pen > limit:
             continue
-        lat = max(fixed[n] + a for n, a in acc.items())
+        # lists, not generators, in the hot loops: the same values summed in the same order,
+        # without a generator frame per combination
+        lat = max([fixed[n] + a for n, a in acc.items()])
         j = lat + add
         if once is not None:
-            j += sum(once[n] for n in acc)
+            j += sum([once[n] for n in acc])
         if j < best_j:
             best_j, best = j, combo
     return best
@@ -104,7 +106,7 @@ def reserves(opts: Sequence[Sequence[Option]]) -> list[float]:
     cannot be completed; pruning those keeps every search from running into a dead end."""
     out = [0.0] * (len(opts) + 1)
     for i in range(len(opts) - 1, -1, -1):
-        out[i] = out[i + 1] + min((o.penalty for o in opts[i]), default=float("inf"))
+        out[i] = out[i + 1] + min([o[2] for o in opts[i]], default=float("inf"))  # penalty
     return out
 
 
