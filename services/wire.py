@@ -303,6 +303,18 @@ def _work(where: str, raw: Any) -> Work:
     return Work(expert, variant, float(weight))
 
 
+def _plain_work(raw: Any) -> Work | None:
+    """The entry when it is plainly well-formed ([int >= 0, a known variant, a finite float]:
+    what every client sends), built without the messages `_work` names a bad one with; None
+    for anything else, which `_work` then judges (and accepts or refuses) as before."""
+    if type(raw) is list and len(raw) == 3:
+        expert, variant, weight = raw
+        if (type(expert) is int and expert >= 0 and type(variant) is str
+                and variant in VARIANTS and type(weight) is float and math.isfinite(weight)):
+            return Work(expert, variant, weight)
+    return None
+
+
 def _rows(where: str, raw: Any) -> tuple[tuple[Work, ...], ...]:
     if not isinstance(raw, list) or not raw:
         raise BadRequest(f"{where} must be a non-empty list (one list of work per row), "
@@ -314,7 +326,11 @@ def _rows(where: str, raw: Any) -> tuple[tuple[Work, ...], ...]:
         if not isinstance(row, list) or not row or len(row) > MAX_WORK:
             raise BadRequest(f"{where}[{r}] must be a list of 1 to {MAX_WORK} "
                              f"[expert, variant, weight], got {_short(row)}")
-        out.append(tuple(_work(f"{where}[{r}][{j}]", w) for j, w in enumerate(row)))
+        entries = []
+        for j, w in enumerate(row):
+            work = _plain_work(w)
+            entries.append(_work(f"{where}[{r}][{j}]", w) if work is None else work)
+        out.append(tuple(entries))
     return tuple(out)
 
 
