@@ -129,6 +129,8 @@ async def _dispatch(seconds: float, concurrency: int) -> tuple[float, int]:
         disp = Dispatcher(mesh, shape, quality, transport)
         policy = make_policy("hetroute")
         x = torch.zeros(1, prof.d_model)
+        w = torch.tensor([[0.6, 0.4]])  # the gate weights: read, never written, by run_layer
+        experts = range(prof.experts)
         done = 0
         stop_at = time.perf_counter() + seconds
 
@@ -136,8 +138,7 @@ async def _dispatch(seconds: float, concurrency: int) -> tuple[float, int]:
             nonlocal done
             rng = random.Random(seed)
             while time.perf_counter() < stop_at:
-                idx = torch.tensor([rng.sample(range(prof.experts), 2)])
-                w = torch.tensor([[0.6, 0.4]])
+                idx = torch.tensor([rng.sample(experts, 2)])
                 tok = TokenRecord(0, 0.02)
                 await disp.run_layer(0, x, idx, w, [tok], policy, time.monotonic() * 1e3 + 1e4)
                 if tok.status != "failed":
