@@ -156,13 +156,10 @@ class NodeClient:
                                          limit_s=timeout_s or self.settings.forward_s,
                                          data_plane=True)
         try:
-            res = unpack_response(data)
+            return unpack_response(data, arrived=now() if back is None else back,
+                                   body_bytes=(len(body), len(data)))
         except ValueError as exc:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
-        # built directly: dataclasses.replace looks every field up again (a few µs a request)
-        return ForwardResponse(res.ys, res.timing, res.state,
-                               arrived=now() if back is None else back, parts=res.parts,
-                               body_bytes=(len(body), len(data)))
 
     # -- control plane --------------------------------------------------------------------
     async def _control(self, method: str, url: str, path: str, payload: Any = None) -> Any:

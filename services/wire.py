@@ -425,8 +425,10 @@ def pack_response(outs: Iterable[Output], timing: Timing, state: NodeState) -> b
     )
 
 
-def unpack_response(body: bytes) -> ForwardResponse:
-    """Decode a node's answer; a malformed one raises ValueError naming what is wrong."""
+def unpack_response(body: bytes, *, arrived: float | None = None,
+                    body_bytes: tuple[int, int] = (0, 0)) -> ForwardResponse:
+    """Decode a node's answer; a malformed one raises ValueError naming what is wrong.
+    `arrived` and `body_bytes` are the client's (`ForwardResponse`), not on the wire."""
     try:
         data = msgpack.unpackb(body, raw=False)
         if data.get("v") != WIRE_VERSION:
@@ -451,7 +453,7 @@ def unpack_response(body: bytes) -> ForwardResponse:
         if not all(isinstance(p, bytes) for p in parts):
             raise ValueError("malformed forward answer: parts missing from some groups")
         got = tuple(parts)
-    return ForwardResponse(ys, timing, state, parts=got)
+    return ForwardResponse(ys, timing, state, arrived=arrived, parts=got, body_bytes=body_bytes)
 
 
 def pack_error(code: str, detail: str) -> bytes:
