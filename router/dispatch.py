@@ -456,12 +456,11 @@ class Dispatcher:
         dtype = self.settings.wire_dtype
         rows = list(batch.rows)
         xs = x[rows[0]:rows[0] + 1] if len(rows) == 1 else x[rows]
-        work = tuple(
-            tuple(Work(m.choice.replica.expert, m.choice.replica.variant, m.choice.weight)
-                  for m in batch.rows[r])
-            for r in rows
-        )
-        return Group(layer, dtype, encode_tensor(xs, dtype), work)
+        work = []
+        for members in batch.rows.values():
+            work.append(tuple([Work(m.choice.replica.expert, m.choice.replica.variant,
+                                    m.choice.weight) for m in members]))
+        return Group(layer, dtype, encode_tensor(xs, dtype), tuple(work))
 
     def _check_answer(self, node: str, group: Group, res: ForwardResponse) -> None:
         """An answer must carry one sum of the right size per row (else: a node fault)."""
@@ -501,9 +500,10 @@ class Dispatcher:
         moe.combine_experts' order, so an exact plan gives the local result). Failed rows stay
         zero."""
         out = torch.zeros_like(x)
-        for row, _lowest, y in sorted(outputs, key=lambda e: e[1]):
+        dtype = x.dtype
+        for row, _lowest, y in sorted(outputs, key=_lowest_expert):
             if tokens[row].status != "failed":
-                out[row].add_(y.to(x.dtype))
+                out[row].add_(y if y.dtype == dtype else y.to(dtype))
         return out
 
     def _run_in_process(self, layer, x, idx, weights, tokens, start, clock) -> Tensor:
@@ -543,6 +543,10 @@ class Dispatcher:
                 for (a, b), link in self._snapshot.links.items()
             },
         }
+
+
+def _lowest_expert(output: tuple[int, int, Tensor]) -> int:
+    return output[1]
 
 
 def _unstick(stuck: dict) -> dict[int, list[int]]:

@@ -217,7 +217,9 @@ class Estimators:
         total_prior = p_out.delay_ms + p_back.delay_ms
         share = p_out.delay_ms / total_prior if total_prior > 0 else 0.5
         for key, part in ((out_key, share), (back_key, 1.0 - share)):
-            ewma = self._link_delay.setdefault(key, Ewma(self.alpha))
+            ewma = self._link_delay.get(key)
+            if ewma is None:
+                ewma = self._link_delay[key] = Ewma(self.alpha)
             ewma.update(propagation * part)
 
     def _take_state(self, st: _NodeState, state: Mapping, now: float) -> None:
@@ -226,7 +228,9 @@ class Estimators:
         st.taken_ms = now
         resident = state.get("resident")
         if resident is not None and resident is not st.resident_from:
-            st.resident = frozenset((int(r[0]), int(r[1]), str(r[2])) for r in resident)
             # the home node's own answers hand the same tuple while nothing changed
-            # (services.tiers.Tiers.resident): no need to convert it again
+            # (services.tiers.Tiers.resident), a remote node's answers an equal one: no need
+            # to convert it again
+            if resident != st.resident_from:
+                st.resident = frozenset((int(r[0]), int(r[1]), str(r[2])) for r in resident)
             st.resident_from = resident

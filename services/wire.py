@@ -180,8 +180,14 @@ def encode_tensor(x: Tensor, dtype: str = "f32") -> bytes:
     """A [rows, d] tensor as the raw bytes of `dtype` (converted first if needed)."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
-    t = x.detach().to(DTYPES[dtype]).contiguous()
-    return t.view(torch.uint8).numpy().tobytes()
+    t = x.detach()
+    want = DTYPES[dtype]
+    if t.dtype != want:  # each torch call is ~1 µs: a row's encoding makes only those it needs
+        t = t.to(want)
+    t = t.contiguous()
+    if want == torch.bfloat16:  # numpy has no bfloat16: its bytes as uint8
+        t = t.view(torch.uint8)
+    return t.numpy().tobytes()
 
 
 def decode_tensor(data: bytes, dtype: str, rows: int, d_model: int) -> Tensor:
@@ -297,6 +303,18 @@ def _work(where: str, raw: Any) -> Work:
     return Work(expert, variant, float(weight))
 
 
+def _plain_work(raw: Any) -> Work | None:
+    """The entry when it is plainly well-formed ([int >= 0, a known variant, a finite float]:
+    what every client sends), built without the messages `_work` names a bad one with; None
+    for anything else, which `_work` then judges (and accepts or refuses) as before."""
+    if type(raw) is list and len(raw) == 3:
+        expert, variant, weight = raw
+        if (type(expert) is int and expert >= 0 and type(variant) is str
+                and variant in VARIANTS and type(weight) is float and math.isfinite(weight)):
+            return Work(expert, variant, weight)
+    return None
+
+
 def _rows(where: str, raw: Any) -> tuple[tuple[Work, ...], ...]:
     if not isinstance(raw, list) or not raw:
         raise BadRequest(f"{where} must be a non-empty list (one list of work per row), "
@@ -308,7 +326,11 @@ def _rows(where: str, raw: Any) -> tuple[tuple[Work, ...], ...]:
         if not isinstance(row, list) or not row or len(row) > MAX_WORK:
             raise BadRequest(f"{where}[{r}] must be a list of 1 to {MAX_WORK} "
                              f"[expert, variant, weight], got {_short(row)}")
-        out.append(tuple(_work(f"{where}[{r}][{j}]", w) for j, w in enumerate(row)))
+        entries = []
+        for j, w in enumerate(row):
+            work = _plain_work(w)
+            entries.append(_work(f"{where}[{r}][{j}]", w) if work is None else work)
+        out.append(tuple(entries))
     return tuple(out)
 
 
@@ -403,8 +425,10 @@ def pack_response(outs: Iterable[Output], timing: Timing, state: NodeState) -> b
     )
 
 
-def unpack_response(body: bytes) -> ForwardResponse:
-    """Decode a node's answer; a malformed one raises ValueError naming what is wrong."""
+def unpack_response(body: bytes, *, arrived: float | None = None,
+                    body_bytes: tuple[int, int] = (0, 0)) -> ForwardResponse:
+    """Decode a node's answer; a malformed one raises ValueError naming what is wrong.
+    `arrived` and `body_bytes` are the client's (`ForwardResponse`), not on the wire."""
     try:
         data = msgpack.unpackb(body, raw=False)
         if data.get("v") != WIRE_VERSION:
@@ -429,7 +453,7 @@ def unpack_response(body: bytes) -> ForwardResponse:
         if not all(isinstance(p, bytes) for p in parts):
             raise ValueError("malformed forward answer: parts missing from some groups")
         got = tuple(parts)
-    return ForwardResponse(ys, timing, state, parts=got)
+    return ForwardResponse(ys, timing, state, arrived=arrived, parts=got, body_bytes=body_bytes)
 
 
 def pack_error(code: str, detail: str) -> bytes:

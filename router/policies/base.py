@@ -91,13 +91,15 @@ def exact_options(
     """Replicas of the expert itself that are reachable (and stable) and fit the budget."""
     left = (req.budget_left if budget is None else budget) + EPS
     w = req.weights[slot]
+    rows = req.rows
+    stable = view.stable
     out = []
     for c in view.exact(req.layer, req.experts[slot]):
-        if c.node in skip or (stable_only and not view.stable[c.node]):
+        if c.node in skip or (stable_only and not stable[c.node]):
             continue
         if w * c.penalty > left:
             continue
-        out.append(_option(view, c, w, req.rows, lam, extra, c.kind))
+        out.append(_option(view, c, w, rows, lam, extra, c.kind))
     return out
 
 
@@ -147,10 +149,11 @@ def hetroute_options(
     substitutes when none survives (or always); else the full-precision fallback. Returns
     the option lists and each slot's lookahead term; raises NoFeasiblePlan for a slot with
     nothing at all."""
-    extras = [
-        lookahead_weight * w * future[e] if future is not None else 0.0
-        for e, w in zip(req.experts, req.weights, strict=True)
-    ]
+    if future is None:
+        extras = [0.0] * len(req.experts)
+    else:
+        extras = [lookahead_weight * w * future[e]
+                  for e, w in zip(req.experts, req.weights, strict=True)]
     opts = []
     for slot in range(len(req.experts)):
         o = exact_options(view, req, slot, lam, skip, stable_only=True, extra=extras[slot])
@@ -232,8 +235,9 @@ def build_plan(view: PlanView, req: PlanRequest, picks: Sequence[Option],
     traffic prices the objective counted, if any)."""
     j, lat, pen = evaluate(view.base(req.rows, req.batch) if base is None else base, picks,
                            once)
-    choices = tuple(
-        Choice(slot, req.experts[slot], req.weights[slot], o.payload.replica, o.kind, o.penalty)
+    experts, weights = req.experts, req.weights
+    choices = tuple([
+        Choice(slot, experts[slot], weights[slot], o.payload.replica, o.kind, o.penalty)
         for slot, o in enumerate(picks)
-    )
+    ])
     return Plan(req.layer, choices, lat, pen, j)

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.policies.search import EPS, Option, beam_swap, evaluate, exhaustive, greedy, joint
+from router.policies.search import (
+    EPS,
+    Option,
+    _exhaustive_any,
+    beam_swap,
+    evaluate,
+    exhaustive,
+    greedy,
+    joint,
+)
 from router.synthetic import beam_gaps
 
 BUDGETS = st.sampled_from([0.0, 0.002, 0.005, 0.02])
@@ -53,6 +62,35 @@ def test_exhaustive_is_the_optimum(inst) -> None:
         assert found is None
     else:
         assert evaluate(fixed, found, once)[0] == best
+
+
+@st.composite
+def ties(draw):
+    """Two-slot instances on few nodes with round values, so that many picks tie."""
+    nodes = draw(st.integers(1, 3))
+    fixed = draw(st.lists(st.sampled_from([0.0, 1.0, 2.0]), min_size=nodes, max_size=nodes))
+    opts = [[Option(draw(st.integers(0, nodes - 1)), draw(st.sampled_from([0.0, 0.5, 1.0])),
+                    pen, 1000.0 * pen, object(), "exact")
+             for pen in draw(st.lists(st.sampled_from([0.0, 0.001, 0.004]), min_size=1,
+                                      max_size=5))]
+            for _ in range(2)]
+    once = draw(st.none() | st.lists(st.sampled_from([0.0, 0.5]), min_size=nodes,
+                                     max_size=nodes))
+    return fixed, opts, draw(BUDGETS), once
+
+
+@settings(max_examples=400, deadline=None)
+@given(instances(max_slots=2, max_opts=6) | ties())
+def test_the_two_slot_enumeration_returns_the_general_ones_very_pick(inst) -> None:
+    """`exhaustive` takes `_exhaustive_pair` for two slots: the same pick, ties included
+    (the first in product order), so the routing does not change."""
+    fixed, opts, budget, once = inst
+    if len(opts) != 2:
+        return
+    found = exhaustive(fixed, opts, budget, once)
+    general = _exhaustive_any(fixed, opts, budget + EPS, once)
+    assert found == general
+    assert found is None or all(a is b for a, b in zip(found, general, strict=True))
 
 
 @settings(max_examples=300, deadline=None)

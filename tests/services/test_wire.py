@@ -117,6 +117,15 @@ def test_bad_requests_name_the_problem(body: bytes, words: str) -> None:
     assert info.value.status == 400
 
 
+@pytest.mark.parametrize("entry", [[3, "int8", 0.25], [0, "fp16", 1], [2, "int4", 0.0]])
+def test_entries_off_the_plain_path_are_read_alike(entry: list) -> None:
+    """A float weight takes the plain path (`_plain_work`), an int one the checked path
+    (`_work`): both read as the same Work."""
+    work = unpack_request(_work(*entry), D).groups[0].work
+    assert work == ((Work(entry[0], entry[1], float(entry[2])),),)
+    assert type(work[0][0].weight) is float
+
+
 def test_a_version_1_request_is_refused_naming_the_version_expected() -> None:
     old = msgpack.packb({"req": "r", "items": [
         {"layer": 0, "expert": 1, "variant": "fp16", "dtype": "f32", "rows": 1,
