@@ -18,38 +18,72 @@ smaller tiny-moe's unit of work is, so that what matters keeps its proportions:
   per token; delays unchanged.
 
 `moemesh topology random --nodes 10 --seed 7` gives the paper-scale topology of the paper
-scenarios (`topologies/paper10.yaml`); `tiny_scaled` of it is `topologies/paper10-tiny.yaml`
-(a test checks that the files stay what these functions make).
+scenarios (`topologies/paper10.yaml`); `tiny_scaled` of it is `topologies/paper10-tiny.yaml`,
+and `scaled_for` of it with tiny-moe-fg's shape is `topologies/paper10-fg.yaml` (its 384
+experts of 24.6 kB: each GPU again holds the paper's share of them, and an expert call takes
+the paper's time). A test checks that the files stay what these functions make.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from moe.config import ModelConfig
 from orchestrator.topology import Link, Node, Topology
 from services.device import DeviceProfile
 
-__all__ = ["ACTIVATION_RATIO", "EXPERT_RATIO", "MODEL_RATIO", "tiny_scaled"]
+__all__ = ["ACTIVATION_RATIO", "EXPERT_RATIO", "MODEL_RATIO", "Ratios", "ratios", "scaled_for",
+           "tiny_scaled"]
 
-# Mixtral-8x7B expert (SwiGLU 4096x14336, fp16) against tiny-moe's (128x96, fp16).
-EXPERT_RATIO = (3 * 4096 * 14336) / (3 * 128 * 96)  # parameters, so bytes and FLOPs: 4,779
-MODEL_RATIO = EXPERT_RATIO * (32 * 8) / (4 * 16)  # all experts' bytes: 19,116
-ACTIVATION_RATIO = (4096 * 2) / (128 * 4)  # bytes per token on the wire: 16
+# Mixtral-8x7B: a SwiGLU expert of 4096x14336 in fp16, 8 experts in each of 32 layers, and a
+# token's activation row of 4096 fp16 values on the wire.
+_PAPER_EXPERT = 3 * 4096 * 14336
+_PAPER_EXPERTS = 32 * 8
+_PAPER_ROW_BYTES = 4096 * 2
 
 
-def _device(d: DeviceProfile) -> DeviceProfile:
-    r, m = EXPERT_RATIO, MODEL_RATIO
+@dataclass(frozen=True)
+class Ratios:
+    """How much smaller a model's units of work are than Mixtral-8x7B's."""
+
+    expert: float  # one expert's parameters, so its bytes and FLOPs per token
+    model: float  # all routed experts' bytes
+    activation: float  # one token's row on the wire (f32 here against the paper's fp16)
+
+
+def ratios(config: ModelConfig) -> Ratios:
+    """Mixtral-8x7B's expert, model and activation sizes over `config`'s."""
+    expert = _PAPER_EXPERT / (3 * config.d_model * config.d_ff)
+    return Ratios(expert, expert * _PAPER_EXPERTS / (config.layers * config.experts),
+                  _PAPER_ROW_BYTES / (config.d_model * 4))
+
+
+_TINY = ratios(ModelConfig())
+EXPERT_RATIO = _TINY.expert  # tiny-moe's: 4,779
+MODEL_RATIO = _TINY.model  # 19,116
+ACTIVATION_RATIO = _TINY.activation  # 16
+
+
+def _device(d: DeviceProfile, k: Ratios) -> DeviceProfile:
+    r, m = k.expert, k.model
     mem = None if d.mem_gbps is None else round(d.mem_gbps / r, 7)
     return replace(d, gpu_tflops=round(d.gpu_tflops / r, 6), gpu_mem_gb=round(d.gpu_mem_gb / m, 8),
                    cpu_mem_gb=round(d.cpu_mem_gb / m, 7), h2d_gbps=round(d.h2d_gbps / r, 7),
                    mem_gbps=mem)
 
 
+def scaled_for(topology: Topology, config: ModelConfig, name: str,
+               model: str) -> Topology:
+    """The topology with device and link figures scaled for `config` (module docstring)."""
+    k = ratios(config)
+    nodes = tuple(Node(n.name, _device(n.device, k), n.users) for n in topology.nodes)
+    links = tuple(Link(lk.src, lk.dst, replace(lk.spec, rate_mbit=round(
+        lk.spec.rate_mbit / k.activation, 3))) for lk in topology.links)
+    return Topology(nodes, links, name=name,
+                    description=(f"{topology.description} scaled for {model} "
+                                 f"(experiments.scaling)").strip())
+
+
 def tiny_scaled(topology: Topology, name: str | None = None) -> Topology:
     """The topology with device and link figures scaled for tiny-moe (module docstring)."""
-    nodes = tuple(Node(n.name, _device(n.device), n.users) for n in topology.nodes)
-    links = tuple(Link(lk.src, lk.dst, replace(lk.spec, rate_mbit=round(
-        lk.spec.rate_mbit / ACTIVATION_RATIO, 3))) for lk in topology.links)
-    return Topology(nodes, links, name=name or f"{topology.name}-tiny",
-                    description=(f"{topology.description} scaled for tiny-moe "
-                                 f"(experiments.scaling)").strip())
+    return scaled_for(topology, ModelConfig(), name or f"{topology.name}-tiny", "tiny-moe")

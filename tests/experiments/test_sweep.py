@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.scaling import EXPERT_RATIO, MODEL_RATIO, tiny_scaled
+from experiments.scaling import EXPERT_RATIO, MODEL_RATIO, ratios, scaled_for, tiny_scaled
 from experiments.sweep import (
     apply_knob,
     grow_topology,
@@ -17,6 +17,7 @@ from experiments.sweep import (
     write_sweep,
 )
 from moe import profiles
+from moe.config import TINY_MOE_FG
 from orchestrator.faults import Fault
 from orchestrator.randomtopo import random_topology
 from orchestrator.topology import load_topology
@@ -150,3 +151,13 @@ def test_shipped_paper_topologies_are_what_the_generators_make() -> None:
     assert tiny_moe.expert_bytes("fp16") / b.mem_gbps == pytest.approx(
         mixtral.expert_bytes("fp16") / a.mem_gbps, rel=1e-3)
     assert math.isclose(paper.link("edge1", "edge2").delay_ms, tiny.link("edge1", "edge2").delay_ms)
+    fg = load_topology(TOPOLOGIES / "paper10-fg.yaml")
+    made_fg = scaled_for(paper, TINY_MOE_FG, "paper10-fg", "tiny-moe-fg")
+    assert fg.nodes == made_fg.nodes and fg.links == made_fg.links
+    c = fg.nodes[0].device
+    assert c.mem_gbps is not None
+    k = ratios(TINY_MOE_FG)
+    assert a.gpu_mem_gb / c.gpu_mem_gb == pytest.approx(k.model, rel=1e-3)
+    fg_moe = profiles.get("tiny-moe-fg")  # an fg expert's read takes the paper's time too
+    assert fg_moe.expert_bytes("fp16") / c.mem_gbps == pytest.approx(
+        mixtral.expert_bytes("fp16") / a.mem_gbps, rel=1e-3)
