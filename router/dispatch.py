@@ -42,7 +42,7 @@ from moe import MoEModel
 from moe.vocab import ACTIVATION_BYTES, FULL_PRECISION
 from netem.timing import now as clock_now
 from services.errors import NodeRefused
-from services.wire import ForwardResponse, Group, Work, decode_tensor, encode_tensor
+from services.wire import DTYPES, ForwardResponse, Group, Work, encode_tensor, rows_of
 
 from .breaker import Breakers
 from .cost import branch_cost
@@ -452,7 +452,8 @@ class Dispatcher:
 
     def _group(self, layer: int, x: Tensor, batch: _Batch) -> Group:
         """The node's request: each of its rows once, with the (expert, variant, gate weight)
-        of every slot that row runs there."""
+        of every slot that row runs there. The home node's own request carries the rows as a
+        tensor of the wire's dtype (it crosses no wire: the same values, not encoded)."""
         dtype = self.settings.wire_dtype
         rows = list(batch.rows)
         xs = x[rows[0]:rows[0] + 1] if len(rows) == 1 else x[rows]
@@ -461,16 +462,24 @@ class Dispatcher:
                   for m in batch.rows[r])
             for r in rows
         )
+        if batch.node == self.home:
+            return Group(layer, dtype, xs.detach().to(DTYPES[dtype]), work)
         return Group(layer, dtype, encode_tensor(xs, dtype), work)
 
     def _check_answer(self, node: str, group: Group, res: ForwardResponse) -> None:
         """An answer must carry one sum of the right size per row (else: a node fault)."""
         if len(res.ys) != 1:
             raise NodeRefused(node, 200, "bad_answer", f"{len(res.ys)} outputs for 1 group")
+        y = res.ys[0]
+        if isinstance(y, Tensor):
+            if y.shape != (group.rows, self.shape.d_model):
+                raise NodeRefused(node, 200, "bad_answer",
+                                  f"output of shape {tuple(y.shape)} for {group.rows} rows")
+            return
         need = group.rows * self.shape.d_model * ACTIVATION_BYTES[group.dtype]
-        if len(res.ys[0]) != need:
+        if len(y) != need:
             raise NodeRefused(node, 200, "bad_answer",
-                              f"output of {len(res.ys[0])} bytes for {group.rows} rows")
+                              f"output of {len(y)} bytes for {group.rows} rows")
 
     def _gather(self, node, batch, res, tokens, recs, outputs) -> None:
         """Take one node's answer: its sum per row, quality spent, records. A row's bytes
@@ -478,7 +487,7 @@ class Dispatcher:
         d = self.shape.d_model
         local = node == self.home
         row_bytes = d * ACTIVATION_BYTES[self.settings.wire_dtype]
-        y = decode_tensor(res.ys[0], self.settings.wire_dtype, len(batch.rows), d).float()
+        y = rows_of(res.ys[0], self.settings.wire_dtype, len(batch.rows), d).float()
         for j, (row, members) in enumerate(batch.rows.items()):
             tok = tokens[row]
             outputs.append((row, min(m.choice.replica.expert for m in members), y[j]))
