@@ -378,16 +378,15 @@ class Dispatcher:
         node = batch.node
         group = self._group(layer, x, batch)
         assignment = [(m.choice.replica, 1) for m in batch.members()]
-        snap = self._snapshot
         predicted = branch_cost(self._unscaled, self.shape, self.home, self.home, node,
                                 assignment, rows=group.rows)
-        expected = predicted.scaled(snap.scales).total_ms
         t0 = now_ms()
         if node == self.home:  # no link to lose: a slow answer here is this host, not a fault
             own = s.layer_ms
         elif self._nowhere_else(layer, batch):  # a tight limit could only cut off a busy node
             own = s.request_ms
         else:
+            expected = predicted.scaled(self._snapshot.scales).total_ms
             own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected)
                       + self.late_ms + 4 * self.late_dev_ms)
         # counted from when the items left on the emulated timeline, not from now
@@ -463,7 +462,7 @@ class Dispatcher:
             for r in rows
         )
         if batch.node == self.home:
-            return Group(layer, dtype, xs.detach().to(DTYPES[dtype]), work)
+            return Group(layer, dtype, xs.to(DTYPES[dtype]), work)
         return Group(layer, dtype, encode_tensor(xs, dtype), work)
 
     def _check_answer(self, node: str, group: Group, res: ForwardResponse) -> None:

@@ -171,9 +171,8 @@ class TorchCompute(ExpertCompute):
         if x.dtype != torch.float32:
             x = x.float()
         out = torch.zeros_like(x)
-        row = out[0]
-        for w in work:
-            row.add_(self._expert(g.layer, w.expert, w.variant)(x)[0] * w.weight)
+        for w in work:  # [1, d] throughout: the general path's sums, without row views
+            out.add_(self._expert(g.layer, w.expert, w.variant)(x) * w.weight)
         return answer_like(out, g.x, g.dtype), None
 
 

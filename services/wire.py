@@ -210,7 +210,7 @@ def answer_like(y: Tensor, x: bytes | Tensor, dtype: str) -> bytes | Tensor:
     """An answer in the form its request came in: the raw bytes of `dtype`, or in-process a
     tensor of `dtype` (the same values as those bytes decoded)."""
     if isinstance(x, Tensor):
-        return y.detach().to(DTYPES[dtype])
+        return y.to(DTYPES[dtype])
     return encode_tensor(y, dtype)
 
 
