@@ -3,10 +3,17 @@
 For each row (token) of the group the policy plans the layer; the rows' choices are grouped
 into ONE request per chosen node (wire version 2: each row's activation once, with the experts
 and gate weights it runs there), sent concurrently (the home node's own rows in-process,
-through the same `Node.forward`), and each node answers one gate-weighted sum per row, so a
-token with two experts on one node moves one activation and one answer. The home node adds the
-nodes' sums per row, in the order of their lowest expert (for top-2 that is the order
-`moe.combine_experts` uses, so exact plans reproduce the local result).
+through the same `Node.forward`, as a tensor: not encoded, the same values), and each node
+answers one gate-weighted sum per row, so a token with two experts on one node moves one
+activation and one answer. The home node adds the nodes' sums per row, in the order of their
+lowest expert (for top-2 that is the order `moe.combine_experts` uses, so exact plans
+reproduce the local result).
+
+The home node's request keeps the whole request path (its task in the layer's TaskGroup, its
+timeout, the estimators and breakers, the device's queue, roofline, metrics and faults) even
+when the layer is all home: in virtual time the order in which coroutines due at one instant
+reach the device and the estimators is part of the result, and it follows the loop iterations
+and timers that path takes (docs/measurement.md, "Virtual time": the home node's rows).
 
 When a request fails (timeout, refused, cut link), the node joins the affected rows'
 exclusions and only their missing slots are planned again, inside the layer's deadline and
