@@ -525,6 +525,26 @@ class MoEModel(nn.Module):
             return idx, torch.softmax(top, dim=-1)
         return idx, torch.softmax(top, dim=-1, dtype=torch.float32).to(logits.dtype)
 
+    def dense_in(
+        self, layer: int, h: Tensor, cache: KVCache | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """A layer up to its experts, on the residual stream h [b, t, d]: (h after attention
+        [b, t, d], the MoE input x [b·t, d], experts [b·t, k], gate weights [b·t, k]), what
+        `attn_block`, `moe_input` and `route` give one after another. On the fast path these
+        are the forward pass's own ops with one weight check instead of three (the router's
+        engine calls this once per layer and token, where every op is overhead)."""
+        f = self._fast(layer)
+        if f is None:
+            h = self.attn_block(layer, h, cache)
+            x = self.moe_input(layer, h).reshape(-1, h.shape[-1])
+            idx, weights = self.route(layer, x)
+            return h, x, idx, weights
+        b, t, d = h.shape
+        h = self._attn_fast(f, layer, h.view(b * t, d), b, t, cache)
+        x = f.w_post * _unit_rms(h, f.c2)
+        idx, weights = self._route_fast(f, x)
+        return h.view(b, t, d), x, idx, weights
+
     def run_experts(self, layer: int, h: Tensor, idx: Tensor, weights: Tensor) -> Tensor:
         """Exact, full-precision execution of given expert choices on this process."""
         f = self._fast(layer)

@@ -3,10 +3,17 @@
 For each row (token) of the group the policy plans the layer; the rows' choices are grouped
 into ONE request per chosen node (wire version 2: each row's activation once, with the experts
 and gate weights it runs there), sent concurrently (the home node's own rows in-process,
-through the same `Node.forward`), and each node answers one gate-weighted sum per row, so a
-token with two experts on one node moves one activation and one answer. The home node adds the
-nodes' sums per row, in the order of their lowest expert (for top-2 that is the order
-`moe.combine_experts` uses, so exact plans reproduce the local result).
+through the same `Node.forward`, as a tensor: not encoded, the same values), and each node
+answers one gate-weighted sum per row, so a token with two experts on one node moves one
+activation and one answer. The home node adds the nodes' sums per row, in the order of their
+lowest expert (for top-2 that is the order `moe.combine_experts` uses, so exact plans
+reproduce the local result).
+
+The home node's request keeps the whole request path (its task in the layer's TaskGroup, its
+timeout, the estimators and breakers, the device's queue, roofline, metrics and faults) even
+when the layer is all home: in virtual time the order in which coroutines due at one instant
+reach the device and the estimators is part of the result, and it follows the loop iterations
+and timers that path takes (docs/measurement.md, "Virtual time": the home node's rows).
 
 When a request fails (timeout, refused, cut link), the node joins the affected rows'
 exclusions and only their missing slots are planned again, inside the layer's deadline and
@@ -42,7 +49,7 @@ from moe import MoEModel
 from moe.vocab import ACTIVATION_BYTES, FULL_PRECISION
 from netem.timing import now as clock_now
 from services.errors import NodeRefused
-from services.wire import ForwardResponse, Group, Work, decode_tensor, encode_tensor
+from services.wire import DTYPES, ForwardResponse, Group, Work, encode_tensor, rows_of
 
 from .breaker import Breakers
 from .cost import branch_cost
@@ -378,16 +385,15 @@ class Dispatcher:
         node = batch.node
         group = self._group(layer, x, batch)
         assignment = [(m.choice.replica, 1) for m in batch.members()]
-        snap = self._snapshot
         predicted = branch_cost(self._unscaled, self.shape, self.home, self.home, node,
                                 assignment, rows=group.rows)
-        expected = predicted.scaled(snap.scales).total_ms
         t0 = now_ms()
         if node == self.home:  # no link to lose: a slow answer here is this host, not a fault
             own = s.layer_ms
         elif self._nowhere_else(layer, batch):  # a tight limit could only cut off a busy node
             own = s.request_ms
         else:
+            expected = predicted.scaled(self._snapshot.scales).total_ms
             own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected)
                       + self.late_ms + 4 * self.late_dev_ms)
         # counted from when the items left on the emulated timeline, not from now
@@ -452,7 +458,8 @@ class Dispatcher:
 
     def _group(self, layer: int, x: Tensor, batch: _Batch) -> Group:
         """The node's request: each of its rows once, with the (expert, variant, gate weight)
-        of every slot that row runs there."""
+        of every slot that row runs there. The home node's own request carries the rows as a
+        tensor of the wire's dtype (it crosses no wire: the same values, not encoded)."""
         dtype = self.settings.wire_dtype
         rows = list(batch.rows)
         xs = x[rows[0]:rows[0] + 1] if len(rows) == 1 else x[rows]
@@ -460,16 +467,24 @@ class Dispatcher:
         for members in batch.rows.values():
             work.append(tuple([Work(m.choice.replica.expert, m.choice.replica.variant,
                                     m.choice.weight) for m in members]))
+        if batch.node == self.home:
+            return Group(layer, dtype, xs.to(DTYPES[dtype]), tuple(work))
         return Group(layer, dtype, encode_tensor(xs, dtype), tuple(work))
 
     def _check_answer(self, node: str, group: Group, res: ForwardResponse) -> None:
         """An answer must carry one sum of the right size per row (else: a node fault)."""
         if len(res.ys) != 1:
             raise NodeRefused(node, 200, "bad_answer", f"{len(res.ys)} outputs for 1 group")
+        y = res.ys[0]
+        if isinstance(y, Tensor):
+            if y.shape != (group.rows, self.shape.d_model):
+                raise NodeRefused(node, 200, "bad_answer",
+                                  f"output of shape {tuple(y.shape)} for {group.rows} rows")
+            return
         need = group.rows * self.shape.d_model * ACTIVATION_BYTES[group.dtype]
-        if len(res.ys[0]) != need:
+        if len(y) != need:
             raise NodeRefused(node, 200, "bad_answer",
-                              f"output of {len(res.ys[0])} bytes for {group.rows} rows")
+                              f"output of {len(y)} bytes for {group.rows} rows")
 
     def _gather(self, node, batch, res, tokens, recs, outputs) -> None:
         """Take one node's answer: its sum per row, quality spent, records. A row's bytes
@@ -477,7 +492,7 @@ class Dispatcher:
         d = self.shape.d_model
         local = node == self.home
         row_bytes = d * ACTIVATION_BYTES[self.settings.wire_dtype]
-        y = decode_tensor(res.ys[0], self.settings.wire_dtype, len(batch.rows), d).float()
+        y = rows_of(res.ys[0], self.settings.wire_dtype, len(batch.rows), d).float()
         for j, (row, members) in enumerate(batch.rows.items()):
             tok = tokens[row]
             outputs.append((row, min(m.choice.replica.expert for m in members), y[j]))

@@ -128,38 +128,40 @@ class Steps(Protocol):
 
 
 class RealSteps:
-    """tiny-moe (or a checkpoint) on this process: dense part in torch, KV cache."""
+    """tiny-moe (or a checkpoint) on this process: dense part in torch, KV cache.
+
+    Each step runs in inference mode of its own (the engine awaits the mesh between steps,
+    and other requests' tasks run meanwhile), with the model's fast path in as few torch
+    calls as the in-process forward makes (`MoEModel.dense_in`): for a decoded token of
+    tiny-moe every call is overhead."""
 
     def __init__(self, model: MoEModel, prompt: Tensor, cache: KVCache | None) -> None:
         self.model = model
         self.cache = cache
         self.rows = prompt.numel()
         self.context = self.rows
-        with torch.no_grad():
+        with torch.inference_mode():
             self.h = model.embed(prompt[None])
 
-    @torch.no_grad()
     def layer_input(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-        m = self.model
-        self.h = m.attn_block(layer, self.h, self.cache)
-        x = m.moe_input(layer, self.h).reshape(-1, self.h.shape[-1])
+        with torch.inference_mode():
+            self.h, x, idx, w = self.model.dense_in(layer, self.h, self.cache)
         self._x = x  # the shared experts (if any) run on these rows at home
-        idx, w = m.route(layer, x)
         return x, idx, w
 
-    @torch.no_grad()
     def layer_output(self, layer: int, y: Tensor) -> None:
-        y = self.model.with_shared(layer, self._x, y)  # y itself when there are none
-        self.h = self.h + y.reshape(self.h.shape)
+        with torch.inference_mode():
+            y = self.model.with_shared(layer, self._x, y)  # y itself when there are none
+            self.h = self.h + y.reshape(self.h.shape)
 
-    @torch.no_grad()
     def finish(self) -> int | None:
         if self.cache is not None:
             self.cache.length += self.rows
-        nxt = int(self.model.head(self.h[:, -1:])[0, -1].argmax())
-        self.rows = 1
-        self.context += 1
-        self.h = self.model.embed(torch.tensor([[nxt]]))
+        with torch.inference_mode():
+            nxt = int(self.model.head(self.h[:, -1:])[0, -1].argmax())
+            self.rows = 1
+            self.context += 1
+            self.h = self.model.embed(torch.tensor([[nxt]]))
         return nxt
 
 

@@ -28,7 +28,7 @@ from moe.registry import model_dir
 from moe.vocab import ACTIVATION_BYTES
 
 from .tiers import ExpertShape
-from .wire import Group, Key, Output, Work, decode_tensor, encode_tensor
+from .wire import DTYPES, Group, Key, Output, Work, answer_like, rows_of
 
 __all__ = ["COMPUTE_MODES", "ExpertCompute", "ModeledCompute", "TorchCompute", "make_compute"]
 
@@ -58,8 +58,7 @@ class ExpertCompute:
     def run(self, groups: Sequence[Group], parts: Sequence[bool] = ()) -> list[Output]:
         """Each group's combined output (and, where `parts[i]`, its per-expert outputs)."""
         d = self.shape.d_model
-        return [(bytes(g.rows * d * ACTIVATION_BYTES[g.dtype]),
-                 bytes(g.entries * d * ACTIVATION_BYTES[g.dtype]) if _wants(parts, i) else None)
+        return [(_zeros(g, g.rows, d), _zeros(g, g.entries, d) if _wants(parts, i) else None)
                 for i, g in enumerate(groups)]
 
 
@@ -122,7 +121,7 @@ class TorchCompute(ExpertCompute):
             one = _one_row(groups[0])
             if one is not None:
                 return [self._run_row(groups[0], one, d)]
-        xs = [decode_tensor(g.x, g.dtype, g.rows, d) for g in groups]
+        xs = [rows_of(g.x, g.dtype, g.rows, d) for g in groups]
         xs = [x if x.dtype == torch.float32 else x.float() for x in xs]
         # per key, per group: the rows that use it, their positions among the group's
         # entries, and their gate weights
@@ -161,21 +160,27 @@ class TorchCompute(ExpertCompute):
                 piece = pieces[gi]
                 if piece is not None:
                     piece[ats] = mine
-        return [(encode_tensor(out, g.dtype),
-                 None if piece is None else encode_tensor(piece, g.dtype))
+        return [(answer_like(out, g.x, g.dtype),
+                 None if piece is None else answer_like(piece, g.x, g.dtype))
                 for out, piece, g in zip(outs, pieces, groups, strict=True)]
 
     def _run_row(self, g: Group, work: list[Work], d: int) -> Output:
         """One decoded token's experts (the common request, local or remote): the general
         path's ops on that row, without its bookkeeping; `work` sorted by expert, variant."""
-        x = decode_tensor(g.x, g.dtype, 1, d)
+        x = rows_of(g.x, g.dtype, 1, d)
         if x.dtype != torch.float32:
             x = x.float()
         out = torch.zeros_like(x)
-        row = out[0]
-        for w in work:
-            row.add_(self._expert(g.layer, w.expert, w.variant)(x)[0] * w.weight)
-        return encode_tensor(out, g.dtype), None
+        for w in work:  # [1, d] throughout: the general path's sums, without row views
+            out.add_(self._expert(g.layer, w.expert, w.variant)(x) * w.weight)
+        return answer_like(out, g.x, g.dtype), None
+
+
+def _zeros(g: Group, rows: int, d: int) -> bytes | Tensor:
+    """Modeled compute's answer: zeros of the right size, in the form the group came in."""
+    if isinstance(g.x, Tensor):
+        return torch.zeros(rows, d, dtype=DTYPES[g.dtype])
+    return bytes(rows * d * ACTIVATION_BYTES[g.dtype])
 
 
 def _one_row(g: Group) -> list[Work] | None:

@@ -46,6 +46,7 @@ __all__ = [
     "Output",
     "Timing",
     "Work",
+    "answer_like",
     "decode_tensor",
     "encode_tensor",
     "expert_group",
@@ -54,6 +55,7 @@ __all__ = [
     "pack_error",
     "pack_request",
     "pack_response",
+    "rows_of",
     "unpack_error",
     "unpack_request",
     "unpack_response",
@@ -101,11 +103,16 @@ class Work:
 @dataclass(frozen=True, slots=True)
 class Group:
     """Rows of one layer sent once: `x` [rows, d_model] in `dtype`, and per row the experts
-    it runs here (`work[r]`)."""
+    it runs here (`work[r]`).
+
+    On the wire `x` is raw bytes. In-process (the home node's own rows, `Node.forward`
+    without HTTP) it may be the tensor itself, in `dtype`, and the answer's sums come back as
+    tensors of `dtype` too (`rows_of`, `answer_like`): the same values as through bytes,
+    without encoding and decoding them. Such a tensor is read, never written."""
 
     layer: int
     dtype: str
-    x: bytes
+    x: bytes | Tensor
     work: tuple[tuple[Work, ...], ...]
 
     @property
@@ -159,18 +166,19 @@ class NodeState:
     resident: tuple[Key, ...]
 
 
-Output = tuple[bytes, bytes | None]  # one group's combined y, and its parts when asked
+# One group's combined y, and its parts when asked: bytes, or tensors for an in-process group.
+Output = tuple[bytes | Tensor, bytes | Tensor | None]
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardResponse:
-    ys: tuple[bytes, ...]  # per group: the gate-weighted sum [rows, d_model]
+    ys: tuple[bytes | Tensor, ...]  # per group: the gate-weighted sum [rows, d_model]
     timing: Timing
     state: NodeState
     # When the answer is back at the requester on the emulated timeline (a `netem.timing.now()`
     # value, set by the client or the in-process path); None: when it was received.
     arrived: float | None = None
-    parts: tuple[bytes, ...] | None = None  # per group: [entries, d_model], when asked
+    parts: tuple[bytes | Tensor, ...] | None = None  # per group: [entries, d_model], when asked
     # (request, answer) HTTP body bytes, as sent and received; (0, 0) in-process
     body_bytes: tuple[int, int] = (0, 0)
 
@@ -194,6 +202,22 @@ def decode_tensor(data: bytes, dtype: str, rows: int, d_model: int) -> Tensor:
     """Raw bytes back into a writable [rows, d_model] tensor of `dtype` (copies once)."""
     t = torch.frombuffer(bytearray(data), dtype=DTYPES[dtype])
     return t.reshape(rows, d_model)
+
+
+def rows_of(x: bytes | Tensor, dtype: str, rows: int, d_model: int) -> Tensor:
+    """A group's rows (or an answer's sums) as a [rows, d_model] tensor of `dtype`: decoded
+    from the wire's bytes, or the in-process tensor itself (not copied: read it only)."""
+    if isinstance(x, Tensor):
+        return x
+    return decode_tensor(x, dtype, rows, d_model)
+
+
+def answer_like(y: Tensor, x: bytes | Tensor, dtype: str) -> bytes | Tensor:
+    """An answer in the form its request came in: the raw bytes of `dtype`, or in-process a
+    tensor of `dtype` (the same values as those bytes decoded)."""
+    if isinstance(x, Tensor):
+        return y.to(DTYPES[dtype])
+    return encode_tensor(y, dtype)
 
 
 def make_group(layer: int, x: Tensor, work: Sequence[Sequence[tuple[int, str, float]]],
@@ -226,7 +250,8 @@ def pack_request(request: ForwardRequest | Sequence[Group], req: str = "",
         "v": WIRE_VERSION,
         "req": request.req,
         "groups": [
-            {"layer": g.layer, "dtype": g.dtype, "x": g.x,
+            {"layer": g.layer, "dtype": g.dtype,
+             "x": g.x if isinstance(g.x, bytes) else encode_tensor(g.x, g.dtype),
              "work": [[[w.expert, w.variant, w.weight] for w in row] for row in g.work]}
             for g in request.groups
         ],

@@ -68,6 +68,37 @@ def test_fast_pieces_match_the_modules(model: MoEModel) -> None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_dense_in_is_the_three_pieces_bit_for_bit(model: MoEModel) -> None:
+    """dense_in (the engine's one call per layer) gives what attn_block, moe_input and route
+    give one after another, exactly, on both paths and in inference mode."""
+    tokens = _tokens(1, 12)
+
+    def run(one_call: bool):
+        cache, out = KVCache(), []
+        with torch.inference_mode():
+            for inp in (tokens[:, :7], tokens[:, 7:8], tokens[:, 8:9]):
+                h = model.embed(inp)
+                for layer in range(model.config.layers):
+                    if one_call:
+                        h, x, idx, w = model.dense_in(layer, h, cache)
+                    else:
+                        h = model.attn_block(layer, h, cache)
+                        x = model.moe_input(layer, h).reshape(-1, h.shape[-1])
+                        idx, w = model.route(layer, x)
+                    out += [h, x, idx, w]
+                    h = h + model.run_experts(layer, x, idx, w).reshape(h.shape)
+                cache.length += inp.shape[1]
+        return out
+
+    for fast in (True, False):
+        model.fast = fast
+        try:
+            for a, b in zip(run(True), run(False), strict=True):
+                assert a.shape == b.shape and torch.equal(a, b)
+        finally:
+            model.fast = True
+
+
 def test_cached_decoding_past_the_buffer_and_chunked_prefill_match_full_forward(
     model: MoEModel,
 ) -> None:

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 import torch
 
+from moe import KVCache
 from router.policies import make_policy
 from router.records import TokenRecord
 from services.wire import (
@@ -107,6 +108,40 @@ async def test_a_node_stopped_mid_generation_loses_no_token(stack, router_comput
     c = engine.dispatcher.counters
     assert c.failures >= 1 and c.rerouted_tokens >= 1
     assert engine.dispatcher.breakers.states()["a"]["node"] == "open"
+
+
+async def test_an_all_home_generation_is_the_models_own_and_sends_no_bytes(
+    stack, router_compute, small_model, monkeypatch
+) -> None:
+    """Every expert at home: each layer's rows go to the home node's own device as tensors
+    (Node.forward, no HTTP, no encoding) and the greedy text is the model's own, token for
+    token, under a planning policy."""
+    placement = {"h": experts(2, range(8)), "a": experts(2, range(8))}
+    delays = {("h", "a"): 50.0, ("a", "h"): 50.0}  # far: every plan stays home
+    mesh = await start_inproc_mesh(stack, router_compute, placement, delays)
+    home, seen = mesh.nodes["h"], []
+    forward = home.forward
+
+    async def spy(groups, arrival=None, parts=False):
+        seen.extend(type(g.x) for g in groups)
+        return await forward(groups, arrival, parts)
+
+    monkeypatch.setattr(home, "forward", spy)
+    engine = mesh.router.engine()
+    prompt = tokens(8, seed=3)
+    result = await engine.generate(prompt, 12, make_policy("hetroute",
+                                                           engine.dispatcher.settings))
+    assert result.failed is None
+    assert {c.node for r in result.records for c in r.choices} == {"h"}
+    assert engine.dispatcher.counters.bytes_out == engine.dispatcher.counters.bytes_in == 0
+    assert len(seen) == 12 * 2 and set(seen) == {torch.Tensor}  # tokens x layers
+    want, cache = [], KVCache()
+    with torch.inference_mode():
+        logits = small_model(prompt[None], cache=cache)
+        for _ in range(12):
+            want.append(int(logits[0, -1].argmax()))
+            logits = small_model(torch.tensor([[want[-1]]]), cache=cache)
+    assert result.tokens == want
 
 
 async def test_generate_and_score_over_http(stack, router_compute) -> None:

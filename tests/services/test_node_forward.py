@@ -12,7 +12,7 @@ from moe import combine_experts, load, profiles
 from moe.vocab import VARIANTS
 from services import DeviceProfile, ModeledCompute, Node, NodeClient, TorchCompute
 from services.tiers import parse_placement
-from services.wire import DTYPES, decode_tensor, expert_group, make_group
+from services.wire import DTYPES, Group, decode_tensor, expert_group, make_group
 from tests.helpers import wait_until
 
 ULP = {"f32": 1e-5, "f16": 2.0**-10, "bf16": 2.0**-7}
@@ -187,3 +187,24 @@ async def test_a_version_1_request_is_a_400_naming_the_version(node: Node) -> No
         body = msgpack.unpackb(await resp.read())
     assert resp.status == 400 and body["error"] == "malformed"
     assert "wire version 2" in body["detail"] and "version-1" in body["detail"]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+async def test_in_process_rows_as_a_tensor_answer_what_their_bytes_answer(
+    node: Node, dtype: str
+) -> None:
+    """The home node's own rows travel as a tensor (Group.x): one row (the decode path) and
+    several, through Node.forward, give exactly what the same rows as bytes give."""
+    d = node.shape.d_model
+    for rows in (1, 3):
+        x = torch.randn(rows, d).to(DTYPES[dtype])
+        before = x.clone()
+        work = [[(5, "fp16", 0.25), (2, "int8", 0.75)]] * rows
+        wire = make_group(1, x, work, dtype)
+        local = Group(wire.layer, dtype, x, wire.work)
+        y_wire = (await node.forward([wire]))[0][0][0]
+        y_local = (await node.forward([local]))[0][0][0]
+        assert isinstance(y_wire, bytes) and isinstance(y_local, torch.Tensor)
+        assert y_local.dtype == DTYPES[dtype] and y_local.shape == (rows, d)
+        assert torch.equal(decode_tensor(y_wire, dtype, rows, d), y_local)
+        assert torch.equal(x, before)  # read, never written
