@@ -8,7 +8,9 @@ generation length and its seed; the answer's per-token records become `TokenRow`
 
 Every token asked for ends as a row: completed, failed by the router (its reason), never run
 because an earlier token failed (`after:<reason>`), or lost with the whole request
-(`request:<why>`: the home node unreachable, a 503, the client's time limit). Any other HTTP
+(`request:<why>`: the home node unreachable, a 503, the client's time limit). A request
+whose home a node-down fault has taken is sent to the node `rehome` names (the runner: the
+nearest live node), as a user's device would reconnect; its row says `rehomed_from`. Any other HTTP
 error (400, 500, a peer's bug as 502) is a bug, not a fault: the run fails with the node's
 message (`RequestRefused`). At most `DriveLimits.connections` connections are open at once;
 a request past them waits for one (its time counts). Times are divided by the time dilation
@@ -23,7 +25,7 @@ import json
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -160,7 +162,8 @@ class Driver:
     def __init__(self, plan: WorkloadPlan, arm: Arm, urls: Mapping[str, str], *,
                  time_dilation: float = 1.0, limits: DriveLimits | None = None,
                  on_request: Callable[[RequestRow, list[TokenRow]], None] | None = None,
-                 budget: float | None = None, trace: RoutingTrace | None = None) -> None:
+                 budget: float | None = None, trace: RoutingTrace | None = None,
+                 rehome: Callable[[str], str] | None = None) -> None:
         homes = {r.home for r in plan.requests} | {u.home for u in plan.users}
         missing = sorted(homes - set(urls))
         if missing:
@@ -172,6 +175,8 @@ class Driver:
         self.limits = limits or DriveLimits()
         self.on_request = on_request
         self.budget = budget
+        # a user whose home is down (a node-down fault) asks the node this names instead
+        self.rehome = rehome
         self.result = DriveResult(arm)
         self._start = 0.0
         self._sent = 0  # closed loop: requests sent so far (their ids)
@@ -243,6 +248,9 @@ class Driver:
                 await asyncio.sleep(w.think_s * self.tdf)
 
     async def _send(self, session: aiohttp.ClientSession, req: Request, at_s: float) -> None:
+        own = req.home
+        if self.rehome is not None and (home := self.rehome(own)) != own:
+            req = replace(req, home=home)
         body: dict[str, Any] = {"tokens": list(req.prompt), "max_tokens": req.gen_tokens,
                                 "policy": self.arm.policy, "seed": req.seed, "records": True,
                                 "routing": True}
@@ -280,6 +288,8 @@ class Driver:
         done = now()
         tokens, row = rows_of_answer(self.arm, req, at_s, self._scenario_s(sent),
                                      self._scenario_s(done), self.tdf, answer, error)
+        if req.home != own:
+            row = replace(row, rehomed_from=own)
         self.result.tokens.extend(tokens)
         self.result.requests.append(row)
         if answer is not None:

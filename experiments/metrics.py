@@ -119,6 +119,7 @@ class PolicyStats:
     quality_delta_pct: float
     quality_source: str
     reasons: dict[str, int] = field(default_factory=dict)
+    rehomed: dict[str, int] = field(default_factory=dict)  # user's own home → requests sent away
     predicted_mean_ms: float = math.nan
     # the latency split (see the module docstring); nan where the rows carry none
     overhead_share: float = math.nan  # 0-1: host overhead / measured latency
@@ -281,6 +282,7 @@ def policy_stats(
         quality_delta_pct=quality_delta_pct,
         quality_source=quality_source,
         reasons=dict(reasons),
+        rehomed=dict(Counter(r.rehomed_from for r in requests if r.rehomed_from)),
         predicted_mean_ms=float(np.mean([t.predicted_ms for t in done])) if done else math.nan,
         overhead_share=share, emulated=emulated, split=split, split_tokens=split_tokens,
         loop_lag=loop_lag, scoring_failed_tokens=scoring_failed_tokens, reps=reps_of(done),

@@ -501,6 +501,12 @@ def _failure_lines(meta: RunMeta, stats: Sequence[PolicyStats]) -> list[str]:
         lines += _table(["policy", "reason", "tokens"],
                         [[p, r, str(n)] for p, rs in reasons.items()
                          for r, n in sorted(rs.items(), key=lambda kv: -kv[1])])
+    moved = {s.name: s.rehomed for s in stats if s.rehomed}
+    if moved:
+        lines += ["", "Requests whose home a node-down had taken, sent to the live node of "
+                      "shortest round trip instead (`rehomed_from` in requests.csv):", ""]
+        lines += _table(["policy", "home down", "requests"],
+                        [[p, h, str(n)] for p, hs in moved.items() for h, n in sorted(hs.items())])
     placements = meta.placements
     if placements:
         lines += ["", "Placements used (expected cost: the router simulated on calibration "

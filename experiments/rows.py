@@ -92,6 +92,7 @@ class RequestRow:
     latency_ms: float  # the whole request as the client saw it
     error: str  # "" or why the request failed as a whole
     rep: int = 0  # repetition of the whole set of arms (`moemesh run --repeat N`), from 0
+    rehomed_from: str = ""  # the user's own home when it was down (a fault): served by `home`
 
     @property
     def ok(self) -> bool:

@@ -177,11 +177,12 @@ async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: Workloa
         if stream is not None:
             stream(tokens)
 
-    driver = Driver(plan, arm, mesh.urls, time_dilation=tdf, limits=options.limits,
-                    on_request=on_request, budget=arm.budget_of(scenario),
-                    trace=options.trace)
     events = scenario.timeline() if faults else ()
     timeline = FaultTimeline(mesh, events, time_dilation=tdf)
+    driver = Driver(plan, arm, mesh.urls, time_dilation=tdf, limits=options.limits,
+                    on_request=on_request, budget=arm.budget_of(scenario),
+                    trace=options.trace,
+                    rehome=lambda home: scenario.topology.nearest(home, timeline.down))
     try:
         async with asyncio.TaskGroup() as tg:
             fault_task = tg.create_task(timeline.run(), name="faults") if events else None

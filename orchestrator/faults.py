@@ -319,6 +319,9 @@ class FaultTimeline:
         self._clock = clock or timing.now
         self._sleep = sleep or timing.sleep_for
         self.records: list[FaultRecord] = []
+        # nodes a node-down has taken and no node-up given back: down from the moment the
+        # kill begins, up once the restart is done (what users may be sent to)
+        self.down: set[str] = set()
 
     async def run(self) -> list[FaultRecord]:
         start = self._clock()
@@ -328,9 +331,13 @@ class FaultTimeline:
             while (left := due - self._clock()) > 0:
                 await self._sleep(left)
             began = self._clock()
+            if event.action == "node-down":
+                self.down.update(event.target)
             try:
                 detail = await self.target.apply_fault(event)
                 error = ""
+                if event.action == "node-up":
+                    self.down.difference_update(event.target)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # recorded, then raised as FaultError below

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,14 @@ class Topology:
         """What `src`'s shaper applies: peer name → one-way spec src → peer."""
         self.node(src)
         return {dst: spec for (a, dst), spec in self._index.items() if a == src}
+
+    def nearest(self, node: str, down: Collection[str]) -> str:
+        """`node` itself unless it is in `down`; else the live node of shortest round trip
+        from it (ties by name): where its users reconnect. `node` when every node is down."""
+        if node not in down:
+            return node
+        live = [n for n in self.names if n not in down]
+        return min(live, key=lambda n: (self.rtt_ms(node, n), n), default=node)
 
     def rtt_ms(self, a: str, b: str) -> float:
         """Round trip of propagation delay: delay(a→b) + delay(b→a) (0 for a node to itself)."""

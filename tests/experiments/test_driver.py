@@ -166,3 +166,52 @@ async def test_a_503_is_a_fault_and_connections_are_bounded() -> None:
     assert {r.error for r in result.requests} == {"http_503"}
     assert {t.reason for t in result.tokens} == {"request:http_503"}
     assert most == 2
+
+
+async def test_a_request_whose_home_is_down_is_served_by_the_node_rehome_names() -> None:
+    """Every home but edge2 listens on a dead port; `rehome` sends their users to edge2, whose
+    server answers (503 here, enough to see who was asked): no request is unreachable, and each
+    row names the serving node and the user's own home."""
+    from aiohttp import web
+
+    asked = 0
+
+    async def answer(request: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
+        return web.json_response({"error": "overloaded", "detail": "test"}, status=503)
+
+    url, runner = await _serve(answer)
+    dead = f"http://127.0.0.1:{free_port()}"
+    try:
+        plan = plan_workload(small_scenario(duration_s=None, requests=6, warmup_s=0.0), TEXT)
+        urls = {"edge1": dead, "edge2": url, "edge3": dead}
+        result = await Driver(plan, ARM, urls,
+                              rehome=lambda h: "edge2" if h != "edge2" else h).run()
+    finally:
+        await runner.cleanup()
+    assert asked == len(plan.requests) == len(result.requests)
+    assert {r.error for r in result.requests} == {"http_503"}
+    own = {r.id: r.home for r in plan.requests}
+    for row in result.requests:
+        assert row.home == "edge2"
+        assert row.rehomed_from == ("" if own[row.request] == "edge2" else own[row.request])
+    assert any(r.rehomed_from for r in result.requests)
+    assert {t.home for t in result.tokens} == {"edge2"}
+
+
+def test_the_nearest_live_node_is_the_shortest_round_trip_ties_by_name() -> None:
+    from orchestrator.topology import topology_from_data
+    from orchestrator.yamlio import Loc
+
+    topo = topology_from_data({
+        "nodes": [{"name": n, "gpu_tflops": 1, "gpu_mem_gb": 1, "cpu_mem_gb": 1,
+                   "h2d_gbps": 1} for n in ("a", "b", "c", "d")],
+        "defaults": {"delay_ms": 10, "rate_mbit": 100},
+        "links": [{"between": ["a", "c"], "delay_ms": 2},
+                  {"between": ["a", "d"], "delay_ms": 2}]}, Loc("test"))
+    assert topo.nearest("a", set()) == "a"
+    assert topo.nearest("a", {"a"}) == "c"
+    assert topo.nearest("a", {"a", "c"}) == "d"
+    assert topo.nearest("a", {"a", "c", "d"}) == "b"
+    assert topo.nearest("a", {"a", "b", "c", "d"}) == "a"

@@ -79,6 +79,25 @@ async def test_events_fire_at_their_dilated_times_and_are_recorded() -> None:
     assert records[0].to_json()["description"] == "link-down a b (both ways) for 2 s"
 
 
+async def test_a_node_is_down_from_its_kill_until_its_restart_is_done() -> None:
+    """`down` (where the driver must not send users) holds a killed node while the kill is
+    still under way, and gives it back only once the node-up has been applied."""
+    clock = VirtualClock()
+    seen: list[tuple[str, frozenset[str]]] = []
+
+    class Watching(Recorder):
+        async def apply_fault(self, fault: Fault) -> Mapping[str, Any]:
+            seen.append((fault.action, frozenset(timeline.down)))
+            return await super().apply_fault(fault)
+
+    kill = Fault(1.0, "node-down", ("b",), for_s=2.0)
+    timeline = FaultTimeline(Watching(clock), [kill, kill.undo(), Fault(4.0, "node-down", ("c",))],
+                             clock=clock, sleep=clock.sleep)
+    await timeline.run()
+    assert seen == [("node-down", {"b"}), ("node-up", {"b"}), ("node-down", {"c"})]
+    assert timeline.down == {"c"}
+
+
 async def test_a_failed_event_is_recorded_then_raised() -> None:
     clock = VirtualClock()
     target = Recorder(clock, fail="node-slow")
