@@ -45,6 +45,11 @@ class Step(NamedTuple):
     loss_pct: float | None = None
 
 
+# times within this of a step count as at it: far below a packet's time, far above the rounding
+# of a loop's period times a step's time (seconds)
+_SNAP_S = 1e-9
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Steps from t = 0 (seconds since applied), optionally looping every loop_s; `trace`: the
@@ -87,18 +92,27 @@ class Schedule:
 
     def index_at(self, t_s: float) -> int:
         """The step in force t_s seconds after the link was applied."""
-        if self.loop_s is not None:
-            t_s %= self.loop_s
-        return max(0, bisect.bisect_right(self._times, t_s) - 1)
+        _, phase = self._locate(t_s)
+        return max(0, bisect.bisect_right(self._times, phase + _SNAP_S) - 1)
 
     def next_change(self, t_s: float) -> float | None:
-        """The time (>= t_s, seconds since applied) of the next step after t_s; None: never."""
+        """The time (> t_s, seconds since applied) of the next step after t_s; None: never.
+        `index_at` of the time returned gives the new step (both locate t_s alike)."""
+        base, phase = self._locate(t_s)
+        i = bisect.bisect_right(self._times, phase + _SNAP_S)
+        if i < len(self._times):
+            return base + self._times[i]
+        return None if self.loop_s is None else base + self.loop_s
+
+    def _locate(self, t_s: float) -> tuple[float, float]:
+        """(start of the loop period holding t_s, t_s's offset in it); (0, t_s) without a loop.
+        One rule for both lookups: a time that `next_change` computed as base + step time
+        may round a hair below that step, which `_SNAP_S` absorbs."""
         if self.loop_s is None:
-            i = bisect.bisect_right(self._times, t_s)
-            return self._times[i] if i < len(self._times) else None
-        base = math.floor(t_s / self.loop_s) * self.loop_s
-        i = bisect.bisect_right(self._times, t_s - base)
-        return base + (self._times[i] if i < len(self._times) else self.loop_s)
+            return 0.0, t_s
+        k = math.floor((t_s + _SNAP_S) / self.loop_s)
+        base = k * self.loop_s
+        return base, max(0.0, t_s - base)
 
     def scaled(self, factor: float) -> Schedule:
         """In emulated time (time dilation): times and delays x factor, rates / factor."""

@@ -230,3 +230,19 @@ def test_a_mahimahi_trace_in_microseconds_is_refused_before_memory_goes(tmp_path
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
     ok = read_mahimahi([str(t) for t in range(0, 999_000, 7)], "t", bin_ms=10)
     assert len(ok.steps) == 99_900  # a long millisecond trace is still read
+
+
+def test_at_the_time_next_change_gives_the_new_step_is_in_force() -> None:
+    """A looping schedule's next change, computed as period start + step time, rounds a hair
+    below the step for most times; both lookups must still agree, or a tc step is skipped
+    (it re-applies the old one) and the app backend serialises on at the old rate. Before
+    the fix, 57% of these times missed the new step."""
+    steps = (Step(0.0, 1.0, None, 0.0), Step(0.1, 2.0, None, 0.0), Step(0.3, 3.0, None, 0.0))
+    for loop in (0.7, 1.0, None):
+        sched = Schedule(steps, loop)
+        t = 0.0
+        for i in range(20_000 if loop else 2):
+            nxt = sched.next_change(t)
+            assert nxt is not None and nxt > t
+            assert sched.index_at(nxt) == (sched.index_at(t) + 1) % 3, (loop, i, t, nxt)
+            t = nxt + (i % 7) * 1e-3 * (loop or 0)  # land on steps and between them
