@@ -162,18 +162,19 @@ def claims() -> tuple[Claim, ...]:
 
 DIFFERENCES = (
     "Absolute figures are not comparable: the nodes emulate devices (service time from FLOPs, "
-    "loads from host-to-device bandwidth) on one 2-core host, and tiny-moe has 4 MoE layers "
-    "and 16 experts where Mixtral-8x7B has 32 layers and 8 experts; compare directions.",
-    "The load is scaled down to what two cores carry (rate, generation length) and stretched "
-    "by the time-dilation factor; queueing effects at the papers' 40-80 req/s are therefore "
-    "weaker here, which shrinks throughput gaps (an open loop that does not saturate serves "
-    "the same tokens per second under every policy).",
+    "loads from host-to-device bandwidth) on one 2-core host, and the run's model is small "
+    "(tiny-moe: 4 MoE layers of 16 experts, top-2; tiny-moe-fg: 6 of 64, top-6) where "
+    "Mixtral-8x7B has 32 layers of 8 experts; compare directions.",
+    "The load is scaled down to what two cores carry (rate, generation length) and, in real "
+    "time, stretched by the time-dilation factor; queueing effects at the papers' 40-80 req/s "
+    "are therefore weaker here, which shrinks throughput gaps (an open loop that does not "
+    "saturate serves the same tokens per second under every policy).",
     "Baselines are our re-implementations from the papers' descriptions: EdgeShard = "
     "`layer-shard` placement with per-expert greedy routing, Prism = `prism` placement with "
     "greedy routing. MoE² and OrderMoE's 'local substitute only' have no implementation here.",
-    "Quality with tiny-moe is measured (teacher-forced perplexity of held-out text through "
-    "each policy's routing); with a modeled model it is the budget the router spent from its "
-    "penalty tables (an estimate).",
+    "Quality with a real model (tiny-moe, tiny-moe-fg) is measured (teacher-forced "
+    "perplexity of held-out text through each policy's routing); with a modeled model it is "
+    "the budget the router spent from its penalty tables (an estimate).",
 )
 
 
