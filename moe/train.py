@@ -7,6 +7,7 @@ number of steps (never "as long as time allows").
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -118,14 +119,16 @@ def train(
             progress(step + 1, bits_per_byte(ce_ema), time.perf_counter() - started)
     model.eval()
     seconds = time.perf_counter() - started
-    info = {
+    # what made the weights, and nothing else: the file of a retraining is the same file,
+    # byte for byte (the wall time goes to the caller, not into the checkpoint)
+    made = {
         "settings": asdict(settings),
-        "train_seconds": round(seconds, 1),
         "train_bits_per_byte_ema": round(bits_per_byte(ce_ema), 4),
         "torch": torch.__version__,
     }
-    save_model(model, out_dir, metadata={"training": info})
-    return info
+    path = save_model(model, out_dir, metadata={"training": made})
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return {**made, "train_seconds": round(seconds, 1), "sha256": digest}
 
 
 def heldout_windows(seq: int = 256, count: int = 64) -> torch.Tensor:

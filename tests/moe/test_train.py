@@ -37,6 +37,20 @@ def test_same_seed_same_weights(tmp_path: Path) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_retraining_writes_the_same_file_and_says_its_hash(tmp_path: Path) -> None:
+    """The checkpoint holds what made the weights and nothing of the run that made them (its
+    wall time once went in, so a faithful retraining never had the shipped file's hash)."""
+    import hashlib
+
+    settings = TrainSettings(steps=2, batch=2, seq=32, warmup=1, seed=5)
+    infos = [train(SMALL, settings, tmp_path / n) for n in ("a", "b")]
+    files = [(tmp_path / n / "model.safetensors").read_bytes() for n in ("a", "b")]
+    assert files[0] == files[1]
+    assert infos[0]["sha256"] == infos[1]["sha256"] == hashlib.sha256(files[0]).hexdigest()
+    assert "train_seconds" in infos[0]
+    assert "train_seconds" not in checkpoint_metadata(tmp_path / "a")["training"]
+
+
 def test_another_seed_other_weights(tmp_path: Path) -> None:
     a = _train(tmp_path / "a", seed=5)
     c = _train(tmp_path / "c", seed=6)
@@ -102,9 +116,14 @@ def test_tiny_moe_fg_shape_fits_the_budget() -> None:
     )
 
 
-def test_untrained_builtin_model_says_how_to_train_it() -> None:
-    if (WEIGHTS_DIR / "tiny-moe-fg" / "config.json").exists():
-        pytest.skip("tiny-moe-fg's weights are shipped")
+def test_untrained_builtin_model_says_how_to_train_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A built-in model without weights (a folder of weights without it) says how to make
+    them."""
+    import moe.registry
+
+    monkeypatch.setattr(moe.registry, "WEIGHTS_DIR", tmp_path)
     with pytest.raises(moe.WeightsError, match="moemesh model train --model tiny-moe-fg"):
         moe.load("tiny-moe-fg")
 
