@@ -10,7 +10,13 @@ whose timers are due, only when
 
 - every process it knows is idle, and every node it was told to expect has joined;
 - every TCP connection between them is balanced: what one end sent, the other end received
-  (termination detection by message counting: a byte in flight means someone will wake).
+  (termination detection by message counting: a byte in flight means someone will wake),
+  or the receiving end has closed its socket (what it never read, nobody will).
+
+An address pair may carry several connections one after another (the kernel reuses a closed
+pair's ports, from another process too), so the counters are per socket: each end reports its
+sockets by the monotonic time they were made, and the k-th socket at one end of a pair is the
+k-th connection's other end of the k-th at the other (`_Conn`).
 
 Events due at one instant run in each process's timer order (asyncio's heap, fed in the same
 order each run), so a run is repeatable. The clock starts in real time (it runs at the
@@ -26,6 +32,7 @@ forgotten, so the others carry on with it down; a mesh that stays busy or unbala
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import selectors
@@ -87,8 +94,67 @@ def _waits(pid: int) -> str:
     return " ".join(f"{w}x{n}" if n > 1 else w for w, n in sorted(seen.items()))
 
 
-def _balanced(e: list) -> bool:
-    return e[0] == e[3] and e[2] == e[1]
+@dataclass(eq=False)
+class _Socket:
+    """One socket at one end of an address pair, as its process reported it."""
+
+    owner: _Part
+    opened: int  # time.monotonic_ns() when it was made: the order of the pair's connections
+    sent: int = 0
+    received: int = 0
+    closed: bool = False
+
+
+class _Conn:
+    """The connections of one address pair. A pair is reused only once both ends of the last
+    connection on it have closed, so each end's sockets, in the order they were made, pair up
+    k-th with k-th; a connection whose two sockets have closed is forgotten."""
+
+    def __init__(self) -> None:
+        self.ends: tuple[dict, dict] = ({}, {})  # (pid, opened) → _Socket
+
+    def update(self, side: int, part: _Part, opened: int, sent: int, received: int,
+               closed: bool) -> None:
+        sock = self.ends[side].get((part.pid, opened))
+        if sock is None:
+            sock = self.ends[side][(part.pid, opened)] = _Socket(part, opened)
+        sock.sent, sock.received, sock.closed = sent, received, closed
+        self._forget_closed()
+
+    def _ordered(self, side: int) -> list[_Socket]:
+        return sorted(self.ends[side].values(), key=lambda k: (k.opened, k.owner.pid))
+
+    def pairs(self) -> list[tuple[_Socket | None, _Socket | None]]:
+        return list(itertools.zip_longest(self._ordered(0), self._ordered(1)))
+
+    def _forget_closed(self) -> None:
+        for a, b in self.pairs():
+            if a is None or b is None or not (a.closed and b.closed):
+                return
+            del self.ends[0][(a.owner.pid, a.opened)], self.ends[1][(b.owner.pid, b.opened)]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.ends[0] or self.ends[1])
+
+    def unread(self) -> tuple[int, int]:
+        """Bytes in flight towards end 1 and towards end 0 that an open socket will read."""
+        to1 = to0 = 0
+        for a, b in self.pairs():
+            if a is None or b is None:  # the other end's socket is not reported yet
+                one = a or b
+                assert one is not None
+                if not one.closed and one.sent:
+                    to1, to0 = (to1 + one.sent, to0) if a is not None else (to1, to0 + one.sent)
+                continue
+            if not b.closed:
+                to1 += a.sent - b.received
+            if not a.closed:
+                to0 += b.sent - a.received
+        return to1, to0
+
+    def balanced(self) -> bool:
+        return self.unread() == (0, 0)
 
 
 _CURRENT: Authority | None = None
@@ -120,7 +186,7 @@ class Authority:
         self._parts: dict[socket.socket, _Part] = {}
         self._expected: dict[str, float] = {}  # node → wall time it was announced
         self._exits: set[str] = set()  # nodes the runtime is ending on purpose
-        self._conns: dict[tuple[_Endpoint, _Endpoint], list] = {}
+        self._conns: dict[tuple[_Endpoint, _Endpoint], _Conn] = {}
         self._dead_keys: set[tuple] = set()
         self._unbalanced = 0
         self._progress = time.monotonic()
@@ -295,8 +361,9 @@ class Authority:
             if kind == "idle":
                 part.idle = True
                 part.deadline = math.inf if msg[1] is None else float(msg[1])
-                for lip, lport, pip, pport, sent, recv in msg[2]:
-                    self._count(part, (lip, lport), (pip, pport), sent, recv)
+                for lip, lport, pip, pport, opened, sent, recv, closed in msg[2]:
+                    self._count(part, (lip, lport), (pip, pport), opened, sent, recv,
+                                bool(closed))
             elif kind == "busy":
                 part.idle = False
             elif kind == "hello":
@@ -308,19 +375,21 @@ class Authority:
                 part.leaving = True
             part.since = self._progress
 
-    def _count(self, part: _Part, local: _Endpoint, peer: _Endpoint, sent: int,
-               recv: int) -> None:
+    def _count(self, part: _Part, local: _Endpoint, peer: _Endpoint, opened: int, sent: int,
+               recv: int, closed: bool) -> None:
         side = 0 if local < peer else 1
         key = (local, peer) if side == 0 else (peer, local)
         if key in self._dead_keys:
             return
-        e = self._conns.get(key)
-        if e is None:
-            e = self._conns[key] = [0, 0, 0, 0, None, None]
-        was = _balanced(e)
-        e[2 * side], e[2 * side + 1], e[4 + side] = sent, recv, part
-        now = _balanced(e)
+        conn = self._conns.get(key)
+        if conn is None:
+            conn = self._conns[key] = _Conn()
+        was = conn.balanced()
+        conn.update(side, part, opened, sent, recv, closed)
+        now = conn.balanced()
         self._unbalanced += (not now) - (not was)
+        if conn.empty:
+            del self._conns[key]
         part.keys.add(key)
 
     def _gone(self, part: _Part) -> None:
@@ -331,14 +400,14 @@ class Authority:
         self._parts.pop(part.sock, None)
         served = {p for _, p in part.listens}
         lost = set(part.keys)
-        for key, e in self._conns.items():  # bytes sent to its servers that it never counted
+        for key in self._conns:  # bytes sent to its servers that it never counted
             for side in (0, 1):
-                if e[4 + side] is None and key[side][1] in served and any(
+                if key[side][1] in served and any(
                         h in ("0.0.0.0", "::", "", key[side][0]) for h, _ in part.listens):
                     lost.add(key)
         for key in lost:
-            e = self._conns.pop(key, None)
-            if e is not None and not _balanced(e):
+            conn = self._conns.pop(key, None)
+            if conn is not None and not conn.balanced():
                 self._unbalanced -= 1
             self._dead_keys.add(key)
         on_purpose = part.leaving or part.name in self._exits
@@ -390,11 +459,14 @@ class Authority:
                 for p in self._parts.values() if not p.idle]
         if self._unbalanced:
             stuck = []
-            for (a, b), e in self._conns.items():
-                if not _balanced(e):
-                    owners = [o.name if o is not None else "?" for o in e[4:]]
+            for (a, b), conn in self._conns.items():
+                to1, to0 = conn.unread()
+                if (to1, to0) != (0, 0):
+                    owners = [",".join(sorted({k.owner.name or str(k.owner.pid)
+                                               for k in end.values()})) or "?"
+                              for end in conn.ends]
                     stuck.append(f"{a[0]}:{a[1]} ({owners[0]}) <-> {b[0]}:{b[1]} ({owners[1]}): "
-                                 f"{e[0] - e[3]:+d} / {e[2] - e[1]:+d} bytes unread")
+                                 f"{to1:+d} / {to0:+d} bytes unread")
             why.append(f"{self._unbalanced} connection(s) with bytes in flight that nobody "
                        f"reads: " + "; ".join(stuck[:5]))
         if not why:

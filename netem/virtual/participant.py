@@ -9,9 +9,10 @@ which tells the authority when it has nothing left to do.
   *busy* before it hands the loop any event after that which no counted byte announces (a
   byte another process sent and this one has not counted keeps the clock still by itself),
   so the authority never acts on a stale "idle" of a process that is already working;
-- every TCP socket it creates or accepts counts the bytes it sends and receives, per
-  connection (both ends of a loopback or veth connection name it by the same address pair),
-  so the authority knows when a message is still in flight;
+- every TCP socket it creates or accepts counts the bytes it sends and receives and says when
+  it closed, named by its address pair (both ends of a loopback or veth connection name it
+  alike) and the monotonic time it was made (an address pair carries one connection after
+  another), so the authority knows when a message is still in flight;
 - work handed to threads (`run_in_executor`) keeps the process busy until it is back.
 
 Until `Agent.register` the loop runs on the shared clock without reporting (a node still
@@ -29,6 +30,7 @@ import selectors
 import socket
 import struct
 import termios
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,9 @@ class Agent:
         self.clock = SharedClock(self.folder / "time")
         self.chan: socket.socket | None = None
         self.name = ""
-        self.counts: dict[tuple, list[int]] = {}  # connection → [sent, received] bytes
+        # socket (local host, port, peer host, port, monotonic ns made) → [sent, received,
+        # closed]; a closed socket is forgotten once reported
+        self.counts: dict[tuple, list[int]] = {}
         self._dirty: set[tuple] = set()
         self.threads = 0  # executor jobs not yet back
         self.idle = False  # an idle report is standing
@@ -88,7 +92,12 @@ class Agent:
         self.chan.send(msgpack.packb(msg))
 
     def report_idle(self, deadline: float) -> None:
-        changed = [[*key, *self.counts[key]] for key in self._dirty]
+        changed = []
+        for key in self._dirty:
+            c = self.counts[key]
+            changed.append([*key, *c])
+            if c[2]:
+                del self.counts[key]
         self._dirty.clear()
         self._send(["idle", deadline if math.isfinite(deadline) else None, changed])
         self.idle = True
@@ -117,10 +126,15 @@ class Agent:
     def count(self, key: tuple, sent: int, received: int) -> None:
         c = self.counts.get(key)
         if c is None:
-            c = self.counts[key] = [0, 0]
+            c = self.counts[key] = [0, 0, 0]
         c[0] += sent
         c[1] += received
         self._dirty.add(key)
+
+    def closed(self, key: tuple) -> None:
+        """The socket closed: whatever was sent to it and not read, nobody will read."""
+        self.count(key, 0, 0)
+        self.counts[key][2] = 1
 
 
 def _endpoint(addr: Any) -> tuple[str, int]:
@@ -128,10 +142,16 @@ def _endpoint(addr: Any) -> tuple[str, int]:
 
 
 class _CountingSocket(socket.socket):
-    """A TCP socket that adds what it sends and receives to its process's counters."""
+    """A TCP socket that adds what it sends and receives to its process's counters, and says
+    when it closes."""
 
     _agent: Agent
     _key: tuple
+
+    def close(self) -> None:
+        if self.fileno() >= 0:
+            self._agent.closed(self._key)
+        super().close()
 
     def send(self, data: Any, flags: int = 0) -> int:
         n = super().send(data, flags)
@@ -165,7 +185,8 @@ def _counting(sock: socket.socket, agent: Agent) -> socket.socket:
         return sock
     new = _CountingSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
     new.setblocking(False)
-    new._agent, new._key = agent, key
+    new._agent, new._key = agent, (*key, time.monotonic_ns())
+    agent.count(new._key, 0, 0)  # known from the start: its place in the pair's order
     return new
 
 

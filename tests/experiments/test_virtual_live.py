@@ -72,7 +72,7 @@ def test_a_node_killed_with_no_fault_is_named_and_the_run_goes_on(
     def kill_edge3_after_the_first_request(self, row, tokens) -> None:
         seen(self, row, tokens)
         if not killed:  # mid-arm: the workload is under way (a request came back)
-            pids = processes_with("--name edge3 ")
+            pids = processes_with("--name edge3 ", mine=True)
             assert pids, "edge3's node process was not found"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)

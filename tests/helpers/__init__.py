@@ -67,20 +67,32 @@ def moemesh_process(*argv: str, timeout_s: float = 280.0,
                           timeout=timeout_s)
 
 
-def processes_with(marker: str) -> list[int]:
+def processes_with(marker: str, *, mine: bool = False) -> list[int]:
     """Pids of live (not zombie) processes whose command line contains `marker`, from /proc
-    (never through the code under test)."""
-    found = []
+    (never through the code under test); `mine`: only this process's descendants (a test
+    that kills must not touch another run's nodes on a shared host)."""
+    found, parents = [], {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if marker in cmdline and state != "Z":
+        parents[int(entry.name)] = int(fields[1])
+        if marker in cmdline and fields[0] != "Z":
             found.append(int(entry.name))
+    if mine:
+        def descends(pid: int) -> bool:
+            for _ in range(64):
+                pid = parents.get(pid, 0)
+                if pid == os.getpid():
+                    return True
+                if pid <= 1:
+                    return False
+            return False
+        found = [pid for pid in found if descends(pid)]
     return found
 
 

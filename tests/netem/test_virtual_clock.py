@@ -120,12 +120,12 @@ def test_the_clock_waits_for_every_byte_in_flight() -> None:
         a, b = _Fake(authority, "a"), _Fake(authority, "b")
         start = authority.go_virtual()
         # a sent 100 bytes to b on one connection; b has read none yet: no advance
-        a.idle(start + 10.0, ["127.0.0.1", 5000, "127.0.0.1", 6000, 100, 0])
-        b.idle(start + 5.0, ["127.0.0.1", 6000, "127.0.0.1", 5000, 0, 0])
+        a.idle(start + 10.0, ["127.0.0.1", 5000, "127.0.0.1", 6000, 1, 100, 0, 0])
+        b.idle(start + 5.0, ["127.0.0.1", 6000, "127.0.0.1", 5000, 1, 0, 0, 0])
         assert not b.woken(0.3) and authority.clock.now() == start
         # b read them: now the earliest timer (b's) is due, and only b is woken
         b.send(["busy"])
-        b.idle(start + 5.0, ["127.0.0.1", 6000, "127.0.0.1", 5000, 0, 100])
+        b.idle(start + 5.0, ["127.0.0.1", 6000, "127.0.0.1", 5000, 1, 0, 100, 0])
         assert b.woken()
         assert authority.clock.now() == start + 5.0
         assert not a.woken(0.2)
@@ -135,12 +135,44 @@ def test_the_clock_waits_for_every_byte_in_flight() -> None:
         authority.close()
 
 
+def test_a_closed_reader_and_a_reused_address_pair_do_not_hold_the_clock() -> None:
+    """Bytes towards a socket that closed unread (a request given up on) are nobody's to
+    read; and when the kernel gives a closed connection's address pair to a new one, from
+    another process too, each connection is balanced on its own, not on the pair's sums
+    (two fg runs stalled on that: '-1365 / +133952 bytes unread')."""
+    authority = Authority()
+    try:
+        x, y, srv = _Fake(authority, "x"), _Fake(authority, "y"), _Fake(authority, "srv")
+        start = authority.go_virtual()
+        xs, ss = ["127.0.0.1", 5000, "127.0.0.1", 6000], ["127.0.0.1", 6000, "127.0.0.1", 5000]
+        # x asked (100 B); the server answered 900 B; x gave up and closed having read 0
+        y.idle(start + 20.0)
+        x.idle(start + 9.0, [*xs, 1, 100, 0, 1])
+        srv.idle(start + 5.0, [*ss, 2, 900, 100, 0])
+        assert srv.woken() and authority.clock.now() == start + 5.0
+        # the server saw the end and closed; then y got the same address pair: its request
+        # (40 B) is in flight to the server's new socket, which has not read it
+        srv.idle(start + 6.0, [*ss, 2, 900, 100, 1], [*ss, 4, 0, 0, 0])
+        y.idle(start + 7.0, [*xs, 3, 40, 0, 0])
+        assert not srv.woken(0.3) and authority.clock.now() == start + 5.0
+        assert "+40 / +0 bytes unread" in authority.describe_stall()
+        # it reads them (and answers 10 B, which y reads): balanced, the clock moves on
+        srv.send(["busy"])
+        srv.idle(start + 6.0, [*ss, 4, 10, 40, 0])
+        assert not srv.woken(0.3)  # y has not read the answer yet
+        y.send(["busy"])
+        y.idle(start + 7.0, [*xs, 3, 40, 10, 0])
+        assert srv.woken() and authority.clock.now() == start + 6.0
+    finally:
+        authority.close()
+
+
 def test_a_busy_process_holds_the_clock_and_a_dead_one_does_not() -> None:
     authority = Authority()
     try:
         a, b = _Fake(authority, "a"), _Fake(authority, "edge3", listen=6000)
         start = authority.go_virtual()
-        a.idle(start + 1.0, ["127.0.0.1", 5000, "127.0.0.1", 6000, 50, 0])
+        a.idle(start + 1.0, ["127.0.0.1", 5000, "127.0.0.1", 6000, 1, 50, 0, 0])
         assert not a.woken(0.3)  # b never said idle
         b.sock.close()  # b dies (no goodbye, not announced) with a's 50 bytes unread
         assert a.woken()
