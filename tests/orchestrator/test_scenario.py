@@ -435,3 +435,13 @@ def test_any_damaged_file_loads_or_says_where(edits: list[tuple[tuple, object]])
     except InputError as exc:
         assert exc.file == "t.yaml" and exc.line is not None and exc.line >= 1
         assert str(exc).startswith(f"t.yaml:{exc.line}: ")
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_scenario_loads_with_its_arms(path: Path) -> None:
+    """A shipped file that no longer reads (a renamed key, a moved topology) fails here, not
+    in a user's first run."""
+    from orchestrator.arms import load_experiment
+
+    scenario, arms = load_experiment(path)
+    assert scenario.name == path.stem and arms
