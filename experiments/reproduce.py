@@ -23,8 +23,9 @@ from .metrics import Comparison, PolicyStats
 from .paired import paired_compare
 from .rows import TokenRow
 
-__all__ = ["DIFFERENCES", "Claim", "ReproRow", "claims", "find_arm", "plain", "priced_bytes",
-           "reproduction_rows", "verdict", "with_placement"]
+__all__ = ["DIFFERENCES", "INERT_SHARE", "ROUTE_COLUMNS", "Claim", "ReproRow", "claims",
+           "find_arm", "plain", "priced_bytes", "reproduction_rows", "same_routes", "verdict",
+           "with_placement"]
 
 ArmInfo = Mapping[str, Any]
 Select = Callable[[ArmInfo, Mapping[str, Any]], bool]
@@ -211,6 +212,27 @@ def verdict(paper: float, cmp: Comparison) -> str:
     return "yes" if same else "no: reversed"
 
 
+# tokens.csv columns a route decides: where each expert ran and in what form, what crossed
+# the wire, and the emulated timeline (the mix alone cannot tell two remote nodes apart; in
+# virtual time one route gives one emulated latency to the bit, in real time the host's
+# timing moves queues a little, so a realtime run is called inert only where they still agree)
+ROUTE_COLUMNS = ("status", "bytes", "reroutes", "local_exact", "remote_exact", "cpu_loaded",
+                 "substitute", "fallback", "quantized", "local", "emulated_ms")
+INERT_SHARE = 0.99  # at least this share of paired tokens routed alike: the mechanism is inert
+
+
+def same_routes(a: Sequence[TokenRow], b: Sequence[TokenRow]) -> float:
+    """The share of tokens both arms ran (same request, index and repetition) that agree in
+    every route-decided column; nan when none pair."""
+    key = lambda t: (t.rep, t.request, t.index)  # noqa: E731
+    theirs = {key(t): t for t in a}
+    paired = [(theirs[key(t)], t) for t in b if key(t) in theirs]
+    if not paired:
+        return math.nan
+    alike = sum(all(getattr(x, c) == getattr(y, c) for c in ROUTE_COLUMNS) for x, y in paired)
+    return alike / len(paired)
+
+
 def reproduction_rows(meta: Mapping[str, Any], stats: Mapping[str, PolicyStats],
                       tokens: Mapping[str, Sequence[TokenRow]]) -> list[ReproRow]:
     """One row per claim whose arms this run has (claims it cannot check are left out)."""
@@ -237,8 +259,12 @@ def reproduction_rows(meta: Mapping[str, Any], stats: Mapping[str, PolicyStats],
             diff = ("-" if c.paper_value is None
                     else f"{cmp.change_pct - c.paper_value:+.1f} pts")
             paper = -1.0 if c.paper_value is None else c.paper_value  # no figure: "lower"
-            rows.append(ReproRow(c.paper, c.what, c.paper_text, measured, diff,
-                                 verdict(paper, cmp), f"{pair}. {c.note}".strip()))
+            alike = same_routes(tokens[a], tokens[b])
+            said = verdict(paper, cmp)
+            if alike >= INERT_SHARE:  # not a test of the claim: the arms did the same thing
+                said = f"mechanism inert ({100 * alike:.0f}% of tokens routed alike)"
+            rows.append(ReproRow(c.paper, c.what, c.paper_text, measured, diff, said,
+                                 f"{pair}. {c.note}".strip()))
         elif c.metric == "throughput":
             ta, tb = stats[a].throughput_tok_s, sb.throughput_tok_s
             ratio = tb / ta if ta else math.nan

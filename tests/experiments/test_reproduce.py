@@ -161,3 +161,25 @@ def test_an_arm_pricing_bytes_has_its_own_traffic_claim_and_not_the_plain_ones(
         "greedy → hetroute-bytes.")
     plain = _row(rows, "traffic per token, hetroute vs per-expert greedy")
     assert plain.note.startswith("greedy → hetroute.") and plain.holds == "not significant"
+
+
+def test_arms_that_routed_alike_are_inert_not_a_test_of_the_claim(tmp_path: Path) -> None:
+    """The budget arms of a placement whose quantized copies never bind route every token the
+    same: the row says 'mechanism inert' with the share, not 'not significant'. Rows that
+    differ in the emulated timeline (all of the synthetic ones) are judged as before."""
+    from dataclasses import replace
+
+    arms = [*ARMS, arm("hetroute-budget-0.5", "hetroute", budget_pct=0.5),
+            arm("hetroute-budget-3", "hetroute", budget_pct=3.0)]
+    tokens, requests = _rows({"edgeshard": 60.0, "prism": 40.0, "hetroute": 20.0,
+                              "hetroute-budget-0.5": 21.0})
+    low = [replace(t, emulated_ms=t.latency_ms) for t in tokens
+           if t.policy == "hetroute-budget-0.5"]  # a virtual-time run: the timeline is exact
+    tokens = [t for t in tokens if t.policy != "hetroute-budget-0.5"] + low
+    tokens += [replace(t, policy="hetroute-budget-3") for t in low]
+    requests += [replace(r, policy="hetroute-budget-3") for r in requests
+                 if r.policy == "hetroute-budget-0.5"]
+    rows = folder_rows(write_run(tmp_path / "run", arms, tokens, requests))
+    budget = _row(rows, "budget 0.5% → 3.0%")
+    assert budget.holds == "mechanism inert (100% of tokens routed alike)"
+    assert _row(rows, "mean latency, hetroute vs EdgeShard").holds == "yes"
