@@ -16,6 +16,9 @@ from tests.helpers import ROOT
 PROGRAM = textwrap.dedent("""\
     import signal, sys, time
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGHUP as a terminal leaves it: a test run under nohup would hand it down ignored, and
+    # the CLI rightly keeps an ignored SIGHUP ignored (nohup's promise)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     from orchestrator import cli
 
     class Args:
@@ -38,13 +41,13 @@ PROGRAM = textwrap.dedent("""\
 def test_sigterm_and_sighup_interrupt_a_command_whose_sigint_was_ignored(sig: int) -> None:
     """SIGTERM, and SIGHUP (a closed terminal or SSH session), stop the command the way
     Ctrl-C does, so what it started is released instead of left running."""
-    proc = subprocess.Popen([sys.executable, "-c", PROGRAM], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
+    with subprocess.Popen([sys.executable, "-c", PROGRAM], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err
