@@ -169,3 +169,11 @@ async def test_the_owner_killed_takes_template_and_nodes_with_it(tmp_path: Path)
     # a dying process loses its command line before it is gone: wait for the pids themselves
     await wait_until(lambda: not any(process_alive(pid, None) for pid in pids),
                      "the template and its nodes to be gone", timeout_s=15, every_s=0.05)
+    # no clean-up ran, so its log folder is left: `moemesh clean` finds it as the dead
+    # owner's and removes it (and the test leaves nothing in /tmp)
+    from orchestrator import clean
+
+    left = [x for x in clean.find().leftovers
+            if x.kind == "folder" and f"(pid {proc.pid})" in x.why]
+    assert len(left) == 1 and Path(left[0].name).is_dir()
+    assert clean.remove(left) == [] and not Path(left[0].name).exists()
