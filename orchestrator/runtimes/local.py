@@ -57,10 +57,15 @@ NODE_PRELOAD = ("torch", "aiohttp", "uvloop", "services.serve", "services.node",
                 "orchestrator.cli:build_parser")
 
 
-def _free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def _free_port(taken: set[int], host: str = HOST) -> int:
+    """A port free now and not in `taken`: nodes are brought up together, and the kernel may
+    hand out a port again once the probe closes, before the node that got it binds it."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            return port
 
 
 def _fork_server_wanted(given: bool | None) -> bool:
@@ -175,7 +180,7 @@ class LocalRuntime(ProcessRuntime):
 
     async def _bring_up(self, node: ProcessNode) -> None:
         for attempt in range(PORT_TRIES):
-            node.port = _free_port()
+            node.port = _free_port({n.port for n in self._nodes.values() if n is not node})
             await self._start(node)
             try:
                 await self._ready(node)

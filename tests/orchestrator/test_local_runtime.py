@@ -177,3 +177,30 @@ async def test_the_owner_killed_takes_template_and_nodes_with_it(tmp_path: Path)
             if x.kind == "folder" and f"(pid {proc.pid})" in x.why]
     assert len(left) == 1 and Path(left[0].name).is_dir()
     assert clean.remove(left) == [] and not Path(left[0].name).exists()
+
+
+def test_a_port_the_kernel_hands_out_again_is_not_given_to_a_second_node(monkeypatch) -> None:
+    """Nodes come up together, and a probe's port is free again once the probe closes, so the
+    kernel may offer it twice (CI saw edge1 and edge2 on one port). Which port bind(0) returns
+    cannot be forced, so this replaces the socket with a double that offers 40001 twice."""
+    import orchestrator.runtimes.local as local
+
+    offered = iter([40001, 40001, 40002])
+
+    class Probe:
+        def __enter__(self) -> Probe:
+            self.port = next(offered)
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, address: tuple[str, int]) -> None:
+            pass
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(local.socket, "socket", lambda *a: Probe())
+    assert local._free_port(set()) == 40001
+    assert local._free_port({40001}) == 40002
