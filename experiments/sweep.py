@@ -6,7 +6,8 @@ per-token quality budget in %, 0.5-3.0), `nodes` (node count, 4-16: the scenario
 cut to its first N nodes, or grown by copying its nodes in order, each copy with its
 original's device, users and links, and a LAN-like link to its original), `link_rate` (every
 link's rate times the value, delays kept: where bytes start to cost time; a trace-driven
-link's trace is left as it is).
+link's trace is left as it is), `uplink_rate` (every node's access link, Mbit/s: where
+scattering a token over many nodes starts to queue on its home's uplink).
 
 Every point is a full run in `OUT/<knob>=<value>/`; the sweep writes `sweep.json` (per point
 and policy: mean and p99 latency, traffic per token, throughput, SLO attainment, quality
@@ -35,7 +36,7 @@ from orchestrator.scenario import Scenario
 from orchestrator.topology import Node, Topology
 
 __all__ = ["KNOBS", "LOAD_KNOBS", "apply_knob", "grow_topology", "scale_link_rates",
-           "sweep_rows", "winning_points", "write_sweep"]
+           "set_uplinks", "sweep_rows", "winning_points", "write_sweep"]
 
 KNOBS = {
     "rate": "arrival rate (req/s)",
@@ -44,6 +45,7 @@ KNOBS = {
     "budget": "quality budget (%)",
     "nodes": "nodes",
     "link_rate": "link rate (x the topology's)",
+    "uplink_rate": "access uplink (Mbit/s)",
 }
 LOAD_KNOBS = ("rate", "concurrency")
 DEFAULT_VALUES = {
@@ -53,6 +55,7 @@ DEFAULT_VALUES = {
     "budget": (0.5, 1.0, 2.0, 3.0),
     "nodes": (4, 8, 12, 16),
     "link_rate": (0.05, 0.1, 0.25, 0.5, 1.0),
+    "uplink_rate": (1.0, 2.0, 4.0, 8.0, 32.0),
 }
 # The paired metrics the crossing table shows (experiments.paired).
 CROSSING_METRICS = ("mean_latency", "traffic")
@@ -70,7 +73,7 @@ def grow_topology(topology: Topology, n: int) -> Topology:
         src = base[i % m]
         name = src.name if i < m else f"{src.name}-c{i // m}"
         origin[name] = src.name
-        nodes.append(Node(name, src.device, src.users))
+        nodes.append(Node(name, src.device, src.users, src.uplink_mbit))
     lan = min((lk.spec for lk in topology.links), key=lambda s: (s.delay_ms, -s.rate_mbit),
               default=LinkSpec())
     oneway = {}
@@ -92,6 +95,16 @@ def scale_link_rates(topology: Topology, factor: float) -> Topology:
               for lk in topology.links}
     return Topology.build(list(topology.nodes), oneway=oneway, name=topology.name,
                           description=f"{topology.description} (sweep: link rates x{factor:g})")
+
+
+def set_uplinks(topology: Topology, mbit: float) -> Topology:
+    """Every node's access uplink at `mbit` Mbit/s, links kept."""
+    if not is_number(mbit) or not 0 < mbit < math.inf:
+        raise ValueError(f"uplink_rate: must be a rate > 0 in Mbit/s, got {mbit!r}")
+    nodes = [replace(n, uplink_mbit=float(mbit)) for n in topology.nodes]
+    oneway = {(lk.src, lk.dst): lk.spec for lk in topology.links}
+    return Topology.build(nodes, oneway=oneway, name=topology.name,
+                          description=f"{topology.description} (sweep: uplinks {mbit:g} Mbit/s)")
 
 
 def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
@@ -120,6 +133,8 @@ def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
         return replace(base, topology=topo, workload=w)
     if knob == "link_rate":
         return replace(base, topology=scale_link_rates(scenario.topology, float(value)))
+    if knob == "uplink_rate":
+        return replace(base, topology=set_uplinks(scenario.topology, float(value)))
     raise ValueError(f"unknown sweep knob {knob!r} (known: {', '.join(KNOBS)})")
 
 

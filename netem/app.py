@@ -25,6 +25,13 @@ The model of one link (one-way, this node → peer):
   then the delay, jitter and loss as above. The trace's rate bins are tc's, not used here;
 - reorder_pct is not emulated (a TCP stream delivers messages in order); the snapshot lists it
   under "not_emulated".
+- an access link (`uplink_mbit`, the node's NIC or uplink): one FIFO serialiser at its rate
+  that every send of this node passes before its per-pair link, so sends to different peers
+  queue behind each other. The two serialisers are in tandem as a fluid: the pair link starts
+  a message when its first bytes have left the uplink and the pair link is free, and finishes
+  it no earlier than the uplink does (a message is not stored whole between them). Messages
+  to unshaped peers do not use it; a Mahimahi trace link takes the uplink's finish time as
+  its hand-over;
 - down (or loss 100%): a blackhole; sends wait until the link comes back, and raise
   `LinkDownError` after `down_timeout_s` (a caller's own timeout usually fires first).
 Every wait is deadline-based (`netem.timing`). Peers without a link are not shaped.
@@ -80,14 +87,24 @@ class AppShaper:
         self._chain: dict[str, GeChain] = {}
         self._queues: dict[str, OpportunityQueue] = {}  # links that follow a Mahimahi trace
         self._emulated: dict[str, tuple[LinkSpec, LinkSpec]] = {}  # peer -> (given, dilated)
+        self.uplink_mbit: float | None = None  # the node's access link (None: none)
+        self._uplink_free_at = 0.0  # `now()` when the access link is free again
         self.stalls = 0  # sends that paid at least one retransmission timeout
         self.sends = 0
 
     # -- configuration -------------------------------------------------------------------
     async def apply(
-        self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None
+        self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
+        *, uplink_mbit: float | None = None,
     ) -> None:
+        if uplink_mbit is not None and not (isinstance(uplink_mbit, int | float)
+                                            and not isinstance(uplink_mbit, bool)
+                                            and math.isfinite(uplink_mbit) and uplink_mbit > 0):
+            raise BadLinkInput(f"uplink_mbit must be a rate > 0, got {uplink_mbit!r}")
         new = check_links(links)
+        if uplink_mbit != self.uplink_mbit:
+            self.uplink_mbit = None if uplink_mbit is None else float(uplink_mbit)
+            self._uplink_free_at = 0.0
         old = self._links
         self._links = new
         self._down.clear()
@@ -141,6 +158,8 @@ class AppShaper:
         self._down.clear()
         self._free_at.clear()
         self._queues.clear()
+        self.uplink_mbit = None
+        self._uplink_free_at = 0.0
         for peer in peers:
             self._notify(peer)
 
@@ -151,6 +170,7 @@ class AppShaper:
         return {
             "backend": self.backend,
             "time_dilation": self.time_dilation,
+            **({"uplink_mbit": self.uplink_mbit} if self.uplink_mbit is not None else {}),
             "links": {
                 peer: {**spec.to_json(), "down": peer in self._down,
                        **({"not_emulated": ["reorder_pct"]} if spec.reorder_pct else {})}
@@ -194,15 +214,16 @@ class AppShaper:
         origin = self._origin.setdefault(peer, t)
         link = full.at(t - origin)  # the step in force when the bytes are handed over
         trace = full.schedule.trace if full.schedule is not None else None
+        start, up_done = self._uplink(t, nbytes)
         if trace is not None:  # Mahimahi's delivery opportunities
             # to the ns: a hand-over at an opportunity's instant must not fall a rounding
             # error before it (it would catch that opportunity, which Mahimahi spends first)
-            rel_ms = round((t - origin) * 1e3, 6)
+            rel_ms = round((up_done - origin) * 1e3, 6)
             left_ms = self._queue(peer, trace).deliver(rel_ms, nbytes)
             on_wire = origin + left_ms / 1e3
         else:
-            start = max(t, self._free_at.get(peer, t))
-            on_wire = _wire_done(full, origin, start, nbytes)
+            start = max(start, self._free_at.get(peer, start))
+            on_wire = max(up_done, _wire_done(full, origin, start, nbytes))
             self._free_at[peer] = on_wire
         delay_ms = link.delay_ms
         if link.jitter_ms > 0:
@@ -212,6 +233,16 @@ class AppShaper:
                                      jitter.next())
         self.sends += 1
         return on_wire + delay_ms / 1e3 + self._loss_stall_s(peer, link, nbytes)
+
+    def _uplink(self, t: float, nbytes: int) -> tuple[float, float]:
+        """(when the message's first bytes leave the access link, when its last do) for a
+        message handed over at t; (t, t) without an access link."""
+        if self.uplink_mbit is None:
+            return t, t
+        start = max(t, self._uplink_free_at)
+        done = start + nbytes * 8 * self.time_dilation / (self.uplink_mbit * 1e6)
+        self._uplink_free_at = done
+        return start, done
 
     def _dilated(self, peer: str, spec: LinkSpec) -> LinkSpec:
         """The link in emulated time, made once per applied spec (a schedule's steps are each

@@ -37,13 +37,15 @@ class Shaper(Protocol):
     time_dilation: float  # every emulated delay / serialisation time is multiplied by it
 
     async def apply(
-        self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None
+        self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
+        *, uplink_mbit: float | None = None,
     ) -> None:
         """Make `links` (peer name -> spec) the full set; unlisted peers lose their shaping.
 
         Idempotent; every listed link ends up (not down). `addresses` (peer name -> IPv4) is
-        required by `tc` for every peer and ignored by `app`. Bad input raises before anything
-        changes.
+        required by `tc` for every peer and ignored by `app`. `uplink_mbit`: the node's access
+        link, which every send shares before its per-pair link (None: none). Bad input raises
+        before anything changes.
         """
         ...
 

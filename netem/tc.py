@@ -251,8 +251,12 @@ class TcShaper:
 
     # -- the Shaper interface -----------------------------------------------------------
     async def apply(
-        self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None
+        self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
+        *, uplink_mbit: float | None = None,
     ) -> None:
+        if uplink_mbit is not None:
+            raise BadLinkInput("uplink_mbit (a shared access link) is emulated by the app "
+                               "shaper only so far; use `shaper: app`, or drop uplink_mbit")
         links = check_links(links)
         addresses = dict(addresses or {})
         missing = sorted(p for p in links if p not in addresses)

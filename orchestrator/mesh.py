@@ -221,7 +221,9 @@ class LiveMesh:
             return
         body = {peer: {**spec.to_json(), "address": self.endpoints[peer].address}
                 for peer, spec in self.links_of(name).items()}
-        answer = await self.client.put_links(self.endpoints[name].url, body, self.shaper_asked)
+        answer = await self.client.put_links(
+            self.endpoints[name].url, body, self.shaper_asked,
+            self.scenario.topology.node(name).uplink_mbit)
         self.backends[name] = ((answer.get("applied") or {}).get("backend")
                                or (answer.get("accepted") or {}).get("backend",
                                                                      self.shaper_asked))
@@ -235,7 +237,8 @@ class LiveMesh:
         for n in topo.nodes:
             ep = self.endpoints[n.name]
             profile = {k: v for k, v in n.device.to_json().items() if k != "name"}
-            nodes[n.name] = {"url": f"http://{ep.address}:{ep.port}", "profile": profile}
+            nodes[n.name] = {"url": f"http://{ep.address}:{ep.port}", "profile": profile,
+                             **({"uplink_mbit": n.uplink_mbit} if n.uplink_mbit else {})}
         links: dict[str, dict[str, Any]] = {}
         for lk in topo.links:
             links.setdefault(lk.src, {})[lk.dst] = lk.spec.to_json()

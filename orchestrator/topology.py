@@ -66,11 +66,14 @@ CUSTOM_DEVICE = "custom"  # the device name of a node given by numbers, not a re
 
 @dataclass(frozen=True)
 class Node:
-    """One edge node: its device and the relative weight of users homed here (>= 0)."""
+    """One edge node: its device, the relative weight of users homed here (>= 0), and its
+    access link's upload rate (`uplink_mbit`, None: no shared access link), which every
+    transfer the node sends shares before its per-pair link (docs/topology.md)."""
 
     name: str
     device: DeviceProfile
     users: float = 1.0
+    uplink_mbit: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NODE_NAME.match(self.name):
@@ -83,6 +86,11 @@ class Node:
         if not 0 <= self.users < float("inf"):
             raise ValueError(f"users: must be >= 0, got {self.users!r}")
         object.__setattr__(self, "users", float(self.users))
+        if self.uplink_mbit is not None:
+            if not is_number(self.uplink_mbit) or not self.uplink_mbit > 0:
+                raise ValueError(f"uplink_mbit: must be a rate > 0, got "
+                                 f"{describe(self.uplink_mbit)}")
+            object.__setattr__(self, "uplink_mbit", float(self.uplink_mbit))
 
 
 @dataclass(frozen=True)
@@ -277,16 +285,18 @@ def _device_data(device: DeviceProfile) -> dict[str, Any]:
 
 def _read_node(data: Any, loc: Loc) -> tuple[Node, bool]:
     """A node and whether it gave `users`."""
-    sec = Section(data, loc, "a node mapping (name, profile or device numbers, users)")
+    sec = Section(data, loc, "a node mapping (name, profile or device numbers, users, "
+                             "uplink_mbit)")
     name = sec.raw("name")
     gave_users = "users" in sec
     users = sec.raw("users", 1.0)
+    uplink = sec.unit("uplink_mbit", parse_rate_mbit) if "uplink_mbit" in sec else None
     device = _read_device(sec)
     sec.done()
     try:
-        return Node(name, device, users), gave_users
+        return Node(name, device, users, uplink), gave_users
     except ValueError as exc:
-        raise _reraise(exc, sec, ("name", "users")) from None
+        raise _reraise(exc, sec, ("name", "users", "uplink_mbit")) from None
 
 
 # The string parser of each LinkSpec field ("20ms", "1gbit", "1%"); numbers pass as written.
@@ -558,7 +568,9 @@ def topology_to_data(topology: Topology) -> dict[str, Any]:
     if topology.description:
         data["description"] = topology.description
     data["nodes"] = [
-        {"name": n.name, **_device_data(n.device), "users": n.users} for n in topology.nodes
+        {"name": n.name, **_device_data(n.device), "users": n.users,
+         **({"uplink_mbit": n.uplink_mbit} if n.uplink_mbit is not None else {})}
+        for n in topology.nodes
     ]
     if default is not None:
         data["defaults"] = _spec_data(default, None)

@@ -14,7 +14,11 @@ item (a replica and the rows it serves) to a node. Per chosen node n:
                  (the roofline: a batch reads an expert's weights once, whatever its rows)
 
 and the layer latency is L = max_n T_n (scatter, parallel execution, gather: the group is as
-slow as its slowest branch). Each term is multiplied by its learned scale (`Scales`). Quality is
+slow as its slowest branch). Access links (a node's `uplink_mbit`, shared by all its sends):
+an answer from n also crosses n's uplink, so tx(n→gather) gains out_n / uplink_n; and the
+rows sent to the remote branches leave `src` through one FIFO, so every remote branch waits
+for the whole burst: T_n += Σ_{remote m} in_m / uplink_src (`access_ms`; pessimistic for the
+first branch served, exact for the last). Each term is multiplied by its learned scale (`Scales`). Quality is
 Q = Σ_slots g_slot · penalty(slot), and a plan's objective is L + quality_ms · Q.
 
 This module has no I/O and no event loop: offline placement imports it too. The policies use a
@@ -24,7 +28,7 @@ compiled form of the same formulas (`router.tables`), checked against this one b
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import BadRouterInput
 from .types import Choice, LinkEstimate, ModelShape, NodeEstimate, Replica, Scales
@@ -140,7 +144,8 @@ def branch_cost(
     bytes_in = bytes_out = (most if rows is None else rows) * shape.row_bytes
     local_in, local_out = node == src, node == gather
     tx_in = 0.0 if local_in else s.tx * est.link(src, node).tx_ms(bytes_in)
-    tx_out = 0.0 if local_out else s.tx * est.link(node, gather).tx_ms(bytes_out)
+    tx_out = 0.0 if local_out else s.tx * (est.link(node, gather).tx_ms(bytes_out)
+                                           + n.uplink_ms(bytes_out))
     return Breakdown(
         node=node,
         tx_in_ms=tx_in,
@@ -176,6 +181,12 @@ def layer_cost(
     if not by_node:
         raise BadRouterInput("an assignment needs at least one item")
     branches = {n: branch_cost(est, shape, src, gather, n, its) for n, its in by_node.items()}
+    burst = sum(b.bytes_in for b in branches.values())
+    if burst:
+        access = est.scales.tx * est.node(src).uplink_ms(burst)
+        if access:
+            branches = {n: b if not b.bytes_in else replace(b, tx_in_ms=b.tx_in_ms + access)
+                        for n, b in branches.items()}
     bottleneck = max(branches, key=lambda n: branches[n].total_ms)
     return LayerCost(branches[bottleneck].total_ms, bottleneck, branches)
 

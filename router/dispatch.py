@@ -371,16 +371,18 @@ class Dispatcher:
         """One request per node, concurrently, leaving at `ready` on the emulated timeline;
         each result is (an answer or an exception, when it was back or failed)."""
         results: dict[str, tuple[ForwardResponse | BaseException, float]] = {}
+        remote = sum(1 for node in batches if node != self.home)  # turns on the home's uplink
         try:
             async with asyncio.TaskGroup() as tg:
                 for batch in batches.values():
-                    tg.create_task(self._send(layer, x, batch, layer_deadline, ready, results))
+                    tg.create_task(self._send(layer, x, batch, layer_deadline, ready, results,
+                                              remote))
         except* PeerBug as group:  # the peer's own message, not "a TaskGroup failed"
             raise group.exceptions[0] from None
         return results
 
     async def _send(self, layer, x, batch: _Batch, layer_deadline: float, ready: float,
-                    results) -> None:
+                    results, remote: int = 1) -> None:
         s = self.settings
         node = batch.node
         group = self._group(layer, x, batch)
@@ -393,7 +395,8 @@ class Dispatcher:
         elif self._nowhere_else(layer, batch):  # a tight limit could only cut off a busy node
             own = s.request_ms
         else:
-            expected = predicted.scaled(self._snapshot.scales).total_ms
+            expected = (predicted.scaled(self._snapshot.scales).total_ms
+                        + self.view.access * group.rows * remote)  # the uplink's burst
             own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected)
                       + self.late_ms + 4 * self.late_dev_ms)
         # counted from when the items left on the emulated timeline, not from now

@@ -4,7 +4,7 @@ The home node learns it from `PUT /v1/mesh` (the orchestrator knows the whole to
 node's own `PUT /v1/links` and `PUT /v1/placement` only tell it about itself):
 
     {"nodes": {NAME: {"url": "http://10.0.0.2:8000", "profile": "hetroute-m" | {...},
-                      "capacity": 32}},
+                      "capacity": 32, "uplink_mbit": 20}},     # uplink: optional
      "links": {A: {B: {"delay_ms", "jitter_ms", "rate_mbit", "loss_pct"}}},   # ONE-WAY, A→B
      "placement": {NAME: [{"layer", "expert", "variant", "tier"}, ...]},
      "time_dilation": 1.0,
@@ -34,16 +34,19 @@ DEFAULT_CAPACITY = 32  # requests waiting at a node before HetRoute calls it uns
 
 
 def node_prior(profile: Any, time_dilation: float = 1.0,
-               capacity: float = DEFAULT_CAPACITY) -> NodeEstimate:
+               capacity: float = DEFAULT_CAPACITY, uplink_mbit: float | None = None
+               ) -> NodeEstimate:
     """What the router believes of a node before any answer, from its `services.device`
-    profile: every rate divided by the time dilation (the node stretches what it emulates).
-    A profile without `mem_gbps` gives no memory term (FLOPs only, as the node charges)."""
+    profile and its access link: every rate divided by the time dilation (the node stretches
+    what it emulates). A profile without `mem_gbps` gives no memory term (FLOPs only, as the
+    node charges)."""
     mem = profile.mem_gbps
     return NodeEstimate(
         flops_per_s=profile.gpu_tflops * 1e12 / time_dilation,
         h2d_bytes_per_s=profile.h2d_gbps * 1e9 / time_dilation,
         capacity=capacity,
         mem_bytes_per_s=None if mem is None else mem * 1e9 / time_dilation,
+        uplink_mbit=None if uplink_mbit is None else uplink_mbit / time_dilation,
     )
 
 
@@ -100,7 +103,7 @@ class Mesh:
         for name, info in raw_nodes.items():
             if not isinstance(info, Mapping) or not isinstance(info.get("url"), str):
                 raise BadRouterInput(f"mesh.nodes.{name} needs a url string, got {info!r}")
-            extra = sorted(set(info) - {"url", "profile", "capacity"})
+            extra = sorted(set(info) - {"url", "profile", "capacity", "uplink_mbit"})
             if extra:
                 raise BadRouterInput(f"mesh.nodes.{name}: unknown field(s) {', '.join(extra)}")
             prof = info.get("profile")
@@ -112,8 +115,12 @@ class Mesh:
             except ValueError as exc:
                 raise BadRouterInput(f"mesh.nodes.{name}.profile: {exc}") from None
             capacity = info.get("capacity", DEFAULT_CAPACITY)
+            uplink = info.get("uplink_mbit")
+            if uplink is not None and (not is_number(uplink) or not uplink > 0):
+                raise BadRouterInput(f"mesh.nodes.{name}.uplink_mbit must be a rate > 0, "
+                                     f"got {uplink!r}")
             nodes[name] = NodeInfo(name, info["url"].rstrip("/"),
-                                   node_prior(profile, tdf, capacity))
+                                   node_prior(profile, tdf, capacity, uplink))
         links = {}
         raw_links = data.get("links", {})
         if not isinstance(raw_links, Mapping):

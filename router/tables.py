@@ -6,7 +6,8 @@ derived from the current `Estimates` (refreshed node by node as answers arrive),
 candidate's cost for one token is a handful of float operations:
 
     fixed[n]       = scale_tx·(delay(src→n) + delay(n→gather)) + scale_wait·wait_n   (0 tx if local)
-    xfer[n]        = scale_tx·row_bytes·(1/bw(src→n) + 1/bw(n→gather))              (0 if local)
+    xfer[n]        = scale_tx·row_bytes·(1/bw(src→n) + 1/bw(n→gather) + 1/uplink_n) (0 if local)
+    access         = scale_tx·row_bytes/uplink_src   (0 without an access link at the home)
     per_row[n]     = scale_compute·flops/thr_n
     read(c)        = scale_compute·expert_bytes(v)/mem_n        (0 without a memory bandwidth)
     load(c)        = scale_load·expert_bytes(v)/h2d_n   if c is CPU-tier and not resident on n
@@ -22,6 +23,12 @@ as `fixed`. The one difference: the reference counts one load and one weight rea
 replica of a batch, this form one per item; within one token two items share a replica only
 when two slots pick the same substitute (the dispatcher's sum over a batch's rows, `item_ms`,
 counts them per replica).
+
+The home's access link is not a branch term: every remote node a token uses puts its rows
+through it once more, so the searches take rows·access per remote node as a price (`once`,
+`PlanView.spread`) and a plan's predicted latency adds rows·access × the remote nodes used.
+The reference adds the same burst to every remote branch: the two agree whenever a remote
+branch is the bottleneck, and this form is above it when the home's own branch is.
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ class PlanView:
         self.load_per_byte: list[float] = [0.0] * count
         self.read_per_byte: list[float] = [0.0] * count  # one call's weight read (roofline)
         self.delay: list[float] = [0.0] * count  # round-trip propagation, for "nearest"
+        self.access = 0.0  # one row through the home's access link (0: none)
         self.up: list[bool] = [True] * count
         self.stable: list[bool] = [True] * count
         self.resident: list[frozenset[tuple[int, int, str]]] = [frozenset()] * count
@@ -159,8 +167,10 @@ class PlanView:
             if name != gather:
                 link = est.link(name, gather)
                 fixed += s.tx * link.delay_ms
-                xfer += s.tx * sh.row_bytes * link.ms_per_byte
+                xfer += s.tx * (sh.row_bytes * link.ms_per_byte + n.uplink_ms(sh.row_bytes))
                 delay += link.delay_ms
+            if name == src:
+                self.access = s.tx * n.uplink_ms(sh.row_bytes)
             self.fixed[i] = fixed
             self.xfer[i] = xfer
             self.per_row[i] = per_row
@@ -243,6 +253,31 @@ class PlanView:
         if got is None:
             got = self._memo[key] = [weight * rows * x for x in self.xfer]
         return list(got)
+
+    def spread(self, rows: int = 1, weight: float = 1.0) -> list[float] | None:
+        """Per node, what using it at all adds to the objective: `traffic` (its bytes priced
+        by `weight`) plus, for a remote node, the rows' turn on the home's access link, which
+        each further remote node lengthens for all (the searches' `once`); None when both are
+        0."""
+        traffic = self.traffic(rows, weight)
+        if not self.access:
+            return traffic
+        key = ("spread", rows, weight)
+        got = self._memoized(key)
+        if got is None:
+            queue = rows * self.access
+            got = [(traffic[i] if traffic is not None else 0.0)
+                   + (0.0 if i == self.home_index else queue) for i in range(len(self.names))]
+            self._memo[key] = got
+        return list(got)
+
+    def access_ms(self, rows: int, picks: Iterable[int]) -> float:
+        """The home's access-link burst of a plan that uses the nodes `picks`: rows·access per
+        remote node."""
+        if not self.access:
+            return 0.0
+        remote = {n for n in picks if n != self.home_index}
+        return rows * self.access * len(remote)
 
     def var_ms(self, c: Candidate, rows: int = 1) -> float:
         """What one item adds to its node's branch: the rows' compute (roofline), and a load."""

@@ -178,8 +178,12 @@ class NodeClient:
         return await self._control("PUT", url, "/v1/placement", {"experts": list(experts)})
 
     async def put_links(self, url: str, links: dict[str, dict[str, Any]],
-                        backend: str = "auto") -> dict[str, Any]:
-        return await self._control("PUT", url, "/v1/links", {"backend": backend, "links": links})
+                        backend: str = "auto", uplink_mbit: float | None = None
+                        ) -> dict[str, Any]:
+        body: dict[str, Any] = {"backend": backend, "links": links}
+        if uplink_mbit is not None:
+            body["uplink_mbit"] = uplink_mbit
+        return await self._control("PUT", url, "/v1/links", body)
 
     async def put_mesh(self, url: str, mesh: dict[str, Any]) -> dict[str, Any]:
         """The router's view of the mesh (router/mesh.py); 404 where no router is mounted."""

@@ -18,6 +18,7 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from moe.vocab import is_number
 from netem import BACKENDS, BackendUnavailable, LinkSpec, NetemError, Shaper, make_shaper
 
 from .errors import BadRequest, DoesNotFit, ServiceError
@@ -32,13 +33,18 @@ log = logging.getLogger(__name__)
 ARRIVE_SLACK_S = 60.0
 
 
-def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str]]:
-    """(backend, {peer: spec}, {peer: address}) from a PUT /v1/links body."""
+def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str], float | None]:
+    """(backend, {peer: spec}, {peer: address}, uplink_mbit) from a PUT /v1/links body;
+    `uplink_mbit` is the node's access link, shared by every peer (None: none)."""
     if not isinstance(data, Mapping):
         raise BadRequest('links must be a JSON object {"backend": "tc"|"app", "links": {...}}')
-    unknown = sorted(set(data) - {"backend", "links"})
+    unknown = sorted(set(data) - {"backend", "links", "uplink_mbit"})
     if unknown:
-        raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; known: backend, links")
+        raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; known: backend, "
+                         "links, uplink_mbit")
+    uplink = data.get("uplink_mbit")
+    if uplink is not None and (not is_number(uplink) or not uplink > 0):
+        raise BadRequest(f"uplink_mbit must be a rate > 0 in Mbit/s, got {uplink!r}"[:200])
     backend = data.get("backend", "auto")
     if backend not in BACKENDS:
         raise BadRequest(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"[:200])
@@ -59,7 +65,7 @@ def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str]]:
             if not isinstance(address, str):
                 raise BadRequest(f"link to {peer}: address must be a string, got {address!r}")
             addresses[peer] = address
-    return backend, specs, addresses
+    return backend, specs, addresses, None if uplink is None else float(uplink)
 
 
 class Links:
@@ -74,16 +80,17 @@ class Links:
         self._asked = ""  # the backend the last accepted body named
         self.accepted: dict[str, Any] | None = None
         self.specs: dict[str, LinkSpec] = {}  # as accepted (undilated)
+        self.uplink_mbit: float | None = None
 
     async def put(self, data: Any) -> dict[str, Any]:
         """Apply a PUT /v1/links body; on any error the previous links stay as they were."""
-        backend, specs, addresses = parse_links(data)
+        backend, specs, addresses, uplink = parse_links(data)
         shaper = self.shaper
         fresh = shaper is None or backend != self._asked
         try:
             if fresh:
                 shaper = await self._make(backend)
-            await shaper.apply(specs, addresses or None)
+            await shaper.apply(specs, addresses or None, uplink_mbit=uplink)
         except BackendUnavailable as exc:
             raise DoesNotFit(str(exc), code="backend_unavailable") from None
         except ValueError as exc:  # netem's BadLinkInput: a peer without an address for tc
@@ -97,7 +104,8 @@ class Links:
         self.accepted = {"backend": backend, "links": {
             p: {**s.to_json(), **({"address": addresses[p]} if p in addresses else {})}
             for p, s in specs.items()
-        }}
+        }, **({"uplink_mbit": uplink} if uplink is not None else {})}
+        self.uplink_mbit = uplink
         return self.snapshot()
 
     async def _make(self, backend: str) -> Shaper:
@@ -120,6 +128,8 @@ class Links:
             rates = [spec.rate_mbit, *(s.rate_mbit for s in steps if s.rate_mbit)]
             delay_ms = max(delay_ms, max(delays) + 4 * spec.jitter_ms)
             rate_mbit = min(rate_mbit, *rates)
+        if self.uplink_mbit is not None:  # a message also crosses the access link
+            rate_mbit = min(rate_mbit, self.uplink_mbit)
         wire_s = nbytes * 8 / (rate_mbit * 1e6) if math.isfinite(rate_mbit) else 0.0
         return (delay_ms / 1000 + wire_s + ARRIVE_SLACK_S) * self.time_dilation
 

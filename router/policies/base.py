@@ -232,9 +232,11 @@ def build_plan(view: PlanView, req: PlanRequest, picks: Sequence[Option],
                ) -> Plan:
     """The Plan of one complete pick, with the compiled cost model's prediction (`base`: the
     nodes' `PlanView.base` for the request's rows, if the caller has it already; `once`: the
-    traffic prices the objective counted, if any)."""
+    traffic prices the objective counted, if any). The predicted latency includes the plan's
+    burst on the home's access link (`PlanView.access_ms`), whichever policy made it."""
     j, lat, pen = evaluate(view.base(req.rows, req.batch) if base is None else base, picks,
                            once)
+    lat += view.access_ms(req.rows, [o.node for o in picks])
     experts, weights = req.experts, req.weights
     choices = tuple([
         Choice(slot, experts[slot], weights[slot], o.payload.replica, o.kind, o.penalty)

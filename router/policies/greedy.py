@@ -20,7 +20,9 @@ class Greedy(Policy):
         skip = excluded(view, req)
         opts, extras = hetroute_options(view, req, lam, skip)
         base = view.base(req.rows, req.batch)
-        once = view.traffic(req.rows, self.settings.traffic_weight)  # charged to every slot
+        # charged to every slot as if it were its node's only one: a slot alone pays its own
+        # turn on the home's access link, never the turns the other slots' nodes add
+        once = view.spread(req.rows, self.settings.traffic_weight)
         picks = greedy(base, opts, req.budget_left, once)
         if picks is None:
             add_fallbacks(view, req, opts, lam, skip, extras)

@@ -10,7 +10,10 @@ nothing, so a plan exists whenever every expert has a reachable full-precision r
 
 The objective also prices the bytes the plan moves (`Settings.traffic_weight`: the link time
 of one row out and one answer back per remote node used, counted once per node), which the
-bottleneck alone does not see: a token whose experts share a node moves its row once.
+bottleneck alone does not see: a token whose experts share a node moves its row once. Where
+the home has an access link (`uplink_mbit`), each remote node used also puts the rows through
+it once more, which every remote branch waits for (`PlanView.spread`): the joint search sees
+that scattering costs latency, not only traffic.
 
 The aggregation node is always the home node here (the dense part runs there,
 docs/architecture.md), so HetRoute's one-step lookahead for the next aggregation server has
@@ -44,7 +47,8 @@ class HetRoute(Policy):
             lookahead_weight=s.lookahead_weight if self.lookahead else 0.0,
         )
         base = view.base(req.rows, req.batch)  # a node's rows cross its link once: sharing it pays
-        once = view.traffic(req.rows, s.traffic_weight)  # and their bytes are priced once
+        # their bytes are priced once, and each remote node queues on the home's access link
+        once = view.spread(req.rows, s.traffic_weight)
         args = (s.exhaustive_limit, s.beam_width, s.swap_passes, once)
         picks = joint(base, opts, req.budget_left, *args)
         if picks is None:

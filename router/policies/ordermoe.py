@@ -35,6 +35,8 @@ class OrderMoE(Policy):
         future = view.future(s.lookahead)[req.layer]
         la = s.lookahead_weight
         fixed = view.base(req.rows, req.batch)
+        spread = view.spread(req.rows, 0.0)  # a remote slot's own turn on the home's uplink
+        price = spread if spread is not None else [0.0] * len(fixed)
         opts = []
         for slot, e in enumerate(req.experts):
             extra = la * req.weights[slot] * future[e]
@@ -46,9 +48,9 @@ class OrderMoE(Policy):
             opts.append(o)
 
         def cheapest(fits: list[Option]) -> Option:
-            return min(fits, key=lambda x: fixed[x.node] + x.var + x.add)
+            return min(fits, key=lambda x: fixed[x.node] + x.var + x.add + price[x.node])
 
         picks = sequential(fixed, opts, req.budget_left, cheapest)
         if picks is None:
             raise infeasible(view, req, skip)
-        return build_plan(view, req, picks, fixed)
+        return build_plan(view, req, picks, fixed, spread)

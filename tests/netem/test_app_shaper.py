@@ -174,3 +174,34 @@ async def test_bad_input_names_the_value() -> None:
         make_shaper("app", time_dilation=0)
     await shaper.clear()
     assert shaper.snapshot()["links"] == {}
+
+
+async def test_an_access_link_queues_sends_to_different_peers_behind_each_other() -> None:
+    """Issue 25 item 1: sends to two peers share the node's uplink (a FIFO at its rate) and
+    then cross their own pair links in tandem, as a fluid (computed, no wall clock)."""
+    shaper = AppShaper()
+    fast = LinkSpec(delay_ms=5, rate_mbit=1000)
+    await shaper.apply({"n2": fast, "n3": fast}, uplink_mbit=10)
+    at = now()
+    first = await shaper.schedule("n2", 125_000, at=at)  # 100 ms through 10 Mbit/s
+    second = await shaper.schedule("n3", 125_000, at=at)  # behind it on the uplink
+    assert first is not None and second is not None
+    assert first - at == pytest.approx(0.105, abs=1e-9)
+    assert second - at == pytest.approx(0.205, abs=1e-9)
+    assert shaper.snapshot()["uplink_mbit"] == 10
+
+    # a pair link slower than the uplink is the bottleneck: the uplink adds no second
+    # serialisation (the two are in tandem, not store-and-forward)
+    await shaper.apply({"n2": LinkSpec(rate_mbit=5)}, uplink_mbit=10)
+    at = now() + 10.0  # past the earlier burst
+    due = await shaper.schedule("n2", 125_000, at=at)
+    assert due is not None and due - at == pytest.approx(0.2, abs=1e-9)
+
+    # without an access link the peers' serialisers are independent, as before
+    await shaper.apply({"n2": fast, "n3": fast})
+    at = now() + 20.0
+    a = await shaper.schedule("n2", 125_000, at=at)
+    b = await shaper.schedule("n3", 125_000, at=at)
+    assert a is not None and b is not None and a == pytest.approx(b, abs=1e-12)
+    with pytest.raises(BadLinkInput, match="uplink_mbit"):
+        await shaper.apply({"n2": fast}, uplink_mbit=0)

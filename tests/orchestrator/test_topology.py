@@ -322,3 +322,31 @@ def test_cli_random_writes_a_file_check_accepts(
     assert "--nodes must be a whole number in 2..64, got 0" in capsys.readouterr().err
     assert moemesh("topology", "random", "--out", str(tmp_path / "no" / "t.yaml")) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_node_access_link_reads_with_units_round_trips_and_names_its_line(
+        tmp_path: Path) -> None:
+    head = """\
+nodes:
+  - {name: a, profile: hetroute-s, uplink_mbit: 20mbit}
+  - {name: b, profile: hetroute-m, uplink_mbit: 100}
+  - {name: c, profile: hetroute-l}
+"""
+    topo = load_text(tmp_path, "defaults: {delay_ms: 1}\n", head)
+    assert [n.uplink_mbit for n in topo.nodes] == [20.0, 100.0, None]
+    again = topology_from_data(load_yaml_text(dump_yaml(topology_to_data(topo))), Loc("x"))
+    assert again == topo
+    bad = head.replace("uplink_mbit: 100}", "uplink_mbit: 0}")
+    with pytest.raises(InputError, match=r"topo.yaml:3.*uplink_mbit.*> 0"):
+        load_text(tmp_path, "defaults: {delay_ms: 1}\n", bad)
+
+
+def test_the_services_links_body_takes_an_uplink_and_refuses_a_bad_one() -> None:
+    from services.errors import BadRequest
+    from services.links import parse_links
+
+    body = {"backend": "app", "links": {"n2": {"delay_ms": 5}}, "uplink_mbit": 25}
+    assert parse_links(body)[3] == 25.0
+    assert parse_links({**body, "uplink_mbit": None})[3] is None
+    with pytest.raises(BadRequest, match="uplink_mbit must be a rate > 0"):
+        parse_links({**body, "uplink_mbit": "fast"})

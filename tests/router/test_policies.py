@@ -266,3 +266,36 @@ def test_predicted_latency_is_the_reference_cost_model(seed: int) -> None:
         ref = layer_cost(mesh.estimates, mesh.shape, mesh.home, mesh.home,
                          [(c.replica, 1) for c in plan.choices])
         assert plan.latency_ms == pytest.approx(ref.latency_ms, rel=1e-9)
+
+
+def test_a_slow_uplink_at_home_makes_hetroute_keep_a_token_on_one_node() -> None:
+    """Issue 25 item 1: a row takes 1 ms through the home's access link (0.8 Mbit/s) and every
+    remote node used takes its turn on it. a and b are each 0.25 ms nearer than c, which holds
+    both experts: greedy (each slot alone, its own turn only) scatters to a and b and waits
+    for two turns; HetRoute, with no traffic price at all, puts both on c. The predicted
+    latency of each is the reference cost model's (router.cost.layer_cost)."""
+    nodes = {n: NodeEstimate(1e11, 1e9) for n in ("a", "b", "c")}
+    nodes["h"] = NodeEstimate(1e11, 1e9, uplink_mbit=0.8)
+    reps = [Replica(0, 0, "a"), Replica(0, 1, "b"), Replica(0, 0, "c"), Replica(0, 1, "c")]
+    links = {}
+    for n, d in {"a": 2.0, "b": 2.0, "c": 2.25}.items():
+        links[("h", n)] = links[(n, "h")] = LinkEstimate(d, FAST_LINK)
+    est = Estimates(nodes, links)
+    view = PlanView(Placement.of(reps), SHAPE, QualityTable.neutral(1, 4), "h",
+                    nodes=list(nodes))
+    view.refresh(est)
+    req = PlanRequest(0, (0, 1), (0.5, 0.5))
+    no_price = Settings(traffic_weight=0.0)
+    greedy = make_policy("greedy", no_price).plan(view, req)
+    het = make_policy("hetroute", no_price).plan(view, req)
+    assert sorted(c.replica.node for c in greedy.choices) == ["a", "b"]
+    assert [c.replica.node for c in het.choices] == ["c", "c"]
+    for plan in (greedy, het):
+        ref = layer_cost(est, SHAPE, "h", "h", [(c.replica, 1) for c in plan.choices])
+        assert plan.latency_ms == pytest.approx(ref.latency_ms, abs=1e-6)
+    assert het.latency_ms < greedy.latency_ms  # 2.25 + 2.25 + 1 against 2 + 2 + 2
+    # without the access link the two are alike: a and b, nearest
+    plain = dict(nodes, h=NodeEstimate(1e11, 1e9))
+    view.refresh(Estimates(plain, links))
+    het = make_policy("hetroute", no_price).plan(view, req)
+    assert sorted(c.replica.node for c in het.choices) == ["a", "b"]
