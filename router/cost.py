@@ -17,9 +17,9 @@ and the layer latency is L = max_n T_n (scatter, parallel execution, gather: the
 slow as its slowest branch). Access links (a node's `uplink_mbit`, shared by all its sends):
 an answer from n also crosses n's uplink, so tx(n→gather) gains out_n / uplink_n; and the
 rows sent to the remote branches leave `src` through one FIFO, so every remote branch waits
-for the whole burst: T_n += Σ_{remote m} in_m / uplink_src (`access_ms`; pessimistic for the
-first branch served, exact for the last). Each term is multiplied by its learned scale (`Scales`). Quality is
-Q = Σ_slots g_slot · penalty(slot), and a plan's objective is L + quality_ms · Q.
+for the whole burst: T_n += Σ_{remote m} in_m / uplink_src (pessimistic for the first branch
+served, exact for the last). Each term is multiplied by its learned scale (`Scales`). Quality
+is Q = Σ_slots g_slot · penalty(slot), and a plan's objective is L + quality_ms · Q.
 
 This module has no I/O and no event loop: offline placement imports it too. The policies use a
 compiled form of the same formulas (`router.tables`), checked against this one by tests.
