@@ -271,11 +271,14 @@ class Dispatcher:
         CPU-tier expert's first load) is summed per node and handed to the next row's plan
         (`PlanRequest.batch`), so a later row sees the batch the earlier ones already make
         there: a branch's cost is that of the whole batched request, as the node will serve
-        it."""
+        it. The rows calling each replica so far go along too (`PlanRequest.calls`): a
+        replica the batch already reads costs a later row only its extra compute, so a prefill
+        batch's rows gather where the first ones read the weights instead of scattering to
+        pay a fresh read elsewhere."""
         batches: dict[str, _Batch] = {}
         view = self.view
         batch_ms = [0.0] * len(view.names)
-        calls: dict[tuple[str, tuple[int, int, str]], int] = {}  # rows per replica so far
+        calls: dict[tuple[int, tuple[int, int, str]], int] = {}  # rows per replica so far
         for row, slots in pending.items():
             tok = tokens[row]
             req = PlanRequest(
@@ -286,6 +289,7 @@ class Dispatcher:
                 1,
                 frozenset(excluded.get(row, ())),
                 tuple(batch_ms),
+                calls,
             )
             try:
                 plan = policy.plan(view, req)
@@ -304,8 +308,8 @@ class Dispatcher:
                 batch = batches.get(r.node)
                 if batch is None:
                     batch = batches[r.node] = _Batch(r.node)
-                before = calls.get((r.node, key), 0)
-                calls[(r.node, key)] = before + 1
+                before = calls.get((at, key), 0)
+                calls[(at, key)] = before + 1
                 loads = cpu_loaded and before == 0  # the batch's first call copies it in
                 batch_ms[at] += view.item_ms(r, joins=row not in batch.rows, loads=loads,
                                              before=before)

@@ -108,9 +108,7 @@ class PlanView:
         self._memo_version = 0
         self._exact: dict[tuple[int, int], tuple[Candidate, ...]] = {}
         self._subs: dict[tuple[int, int], tuple[Candidate, ...]] = {}
-        self._future: np.ndarray | None = None
-        self._future_version = -1
-        self._future_at = 0.0
+        self._future: dict[int, tuple[np.ndarray, int, float]] = {}  # horizon -> (, version, at)
         self._build_candidates()
 
     # -- static tables, once per placement ------------------------------------------------------
@@ -279,10 +277,14 @@ class PlanView:
         remote = {n for n in picks if n != self.home_index}
         return rows * self.access * len(remote)
 
-    def var_ms(self, c: Candidate, rows: int = 1) -> float:
-        """What one item adds to its node's branch: the rows' compute (roofline), and a load."""
+    def var_ms(self, c: Candidate, rows: int = 1, before: int = 0) -> float:
+        """What one item adds to its node's branch: the rows' compute (roofline), and a load.
+        `before`: rows of the same batched request that already call this replica there (the
+        batch reads its weights once and loads it once: only the extra rows' compute)."""
         n = c.node
-        v = self.compute_ms(n, c.replica.variant, rows)
+        v = self.compute_ms(n, c.replica.variant, before + rows)
+        if before:
+            return v - self.compute_ms(n, c.replica.variant, before)
         if c.load_bytes and c.replica.key not in self.resident[n]:
             v += c.load_bytes * self.load_per_byte[n]
         return v
@@ -296,11 +298,11 @@ class PlanView:
         """[layers, experts]: expected cheapest cost of the experts the next `horizon` layers
         will ask for, given the expert used now (from the transition statistics).
 
-        Recomputed when the coefficients changed, at most every `min_interval_s`."""
+        Kept per horizon; recomputed when the coefficients changed, at most every
+        `min_interval_s`."""
         now = clock_now()
-        stale = self._future is None or (
-            self._future_version != self.version and now - self._future_at >= min_interval_s
-        )
+        kept = self._future.get(horizon)
+        stale = kept is None or (kept[1] != self.version and now - kept[2] >= min_interval_s)
         if stale:
             q = self.quality
             cheapest = np.zeros((q.layers, q.experts))
@@ -315,11 +317,8 @@ class PlanView:
                         break
                     reach = reach @ q.transition[layer + h - 1]
                     future[layer] += reach @ cheapest[layer + h]
-            self._future = future
-            self._future_version = self.version
-            self._future_at = now
-        assert self._future is not None
-        return self._future
+            kept = self._future[horizon] = (future, self.version, now)
+        return kept[0]
 
     def replica_node(self, replica: Replica) -> int:
         return self.index[replica.node]

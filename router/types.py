@@ -288,7 +288,10 @@ class PlanRequest:
     exclude names nodes this token must not use (failed during this layer); batch, when the
     dispatcher plans several rows into one request per node, is per node (PlanView order)
     what the rows planned before this one already cost there (`PlanView.item_ms`), so this
-    row's plan sees the batched request the node will serve.
+    row's plan sees the batched request the node will serve; `calls` maps (node index,
+    replica key) to the rows of that batch already calling the replica there, so a replica
+    the batch already reads costs this row only its extra compute, never a second weight read
+    or load.
     """
 
     layer: int
@@ -298,6 +301,8 @@ class PlanRequest:
     rows: int = 1
     exclude: frozenset[str] = frozenset()
     batch: tuple[float, ...] | None = None
+    calls: Mapping[tuple[int, tuple[int, int, str]], int] | None = field(
+        default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if len(self.experts) != len(self.weights) or not self.experts:

@@ -70,11 +70,15 @@ def excluded(view: PlanView, req: PlanRequest) -> set[int]:
 
 
 def _option(
-    view: PlanView, c: Candidate, weight: float, rows: int, lam: float, extra: float, kind: str
+    view: PlanView, c: Candidate, weight: float, req: PlanRequest, lam: float, extra: float,
+    kind: str
 ) -> Option:
     pen = weight * c.penalty
+    calls = req.calls
+    before = calls.get((c.node, c.replica.key), 0) if calls else 0  # the batch reads it
+    var = view.var_ms(c, req.rows, before)
     # tuple.__new__ skips the NamedTuple's Python-level __new__ (2x faster: the hot path)
-    return _new_tuple(Option, (c.node, view.var_ms(c, rows), pen, lam * pen + extra, c, kind))
+    return _new_tuple(Option, (c.node, var, pen, lam * pen + extra, c, kind))
 
 
 def exact_options(
@@ -91,7 +95,6 @@ def exact_options(
     """Replicas of the expert itself that are reachable (and stable) and fit the budget."""
     left = (req.budget_left if budget is None else budget) + EPS
     w = req.weights[slot]
-    rows = req.rows
     stable = view.stable
     out = []
     for c in view.exact(req.layer, req.experts[slot]):
@@ -99,7 +102,7 @@ def exact_options(
             continue
         if w * c.penalty > left:
             continue
-        out.append(_option(view, c, w, rows, lam, extra, c.kind))
+        out.append(_option(view, c, w, req, lam, extra, c.kind))
     return out
 
 
@@ -119,7 +122,7 @@ def substitute_options(view: PlanView, req: PlanRequest, slot: int, lam: float,
         if c.replica.expert in taken or w * c.penalty > left:
             continue
         extra = lookahead_weight * w * future[c.replica.expert] if future is not None else 0.0
-        out.append(_option(view, c, w, req.rows, lam, extra, "substitute"))
+        out.append(_option(view, c, w, req, lam, extra, "substitute"))
     return out
 
 
@@ -129,7 +132,7 @@ def fallback_options(
     """Reachable full-precision replicas of the expert, load ignored (never quality)."""
     w = req.weights[slot]
     return [
-        _option(view, c, w, req.rows, lam, extra, "fallback")
+        _option(view, c, w, req, lam, extra, "fallback")
         for c in view.exact(req.layer, req.experts[slot])
         if c.node not in skip and c.replica.variant == FULL_PRECISION
     ]

@@ -299,3 +299,18 @@ def test_a_slow_uplink_at_home_makes_hetroute_keep_a_token_on_one_node() -> None
     view.refresh(Estimates(plain, links))
     het = make_policy("hetroute", no_price).plan(view, req)
     assert sorted(c.replica.node for c in het.choices) == ["a", "b"]
+
+
+def test_the_future_cost_is_kept_per_horizon() -> None:
+    """Issue 25 item 2: `PlanView.future` was cached whatever the horizon, so a policy asking
+    for H = 1 after another asked for H = 3 got H = 3's sums. Uniform transitions over 4
+    layers: from layer 0, H = 1 sums one next layer's cheapest cost, H = 3 three."""
+    nodes = {"h": NodeEstimate(1e6 / 2e-3, 1e9)}  # every expert 2 ms at home
+    reps = [Replica(layer, e, "h") for layer in range(4) for e in range(4)]
+    view = PlanView(Placement.of(reps), SHAPE, QualityTable.neutral(4, 4), "h", nodes=["h"])
+    view.refresh(Estimates(nodes, {}))
+    three = view.future(3)[0].copy()
+    one = view.future(1)[0]
+    assert one == pytest.approx([2.0] * 4)
+    assert three == pytest.approx([6.0] * 4)
+    assert view.future(3)[0] == pytest.approx(three)
