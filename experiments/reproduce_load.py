@@ -14,6 +14,12 @@ load (`rate=LOAD/`); `load_rows` reads them:
 * *SLO share and mean latency at the load nearest the paper's 80 req/s*: the same seeded
   requests under each policy, compared request by request: the share's difference in points
   with a paired bootstrap CI, the mean's change with `experiments.paired`.
+
+A load claim is about saturation, so a row says "yes" only where the baseline was saturated:
+it passed a lower load (its capacity is below the load that decides the row) and that load
+was held in steady state (not a burst, `capacity.Figure.burst`). A baseline that misses the
+SLO at the first load misses it unloaded, and a burst never held the load: either way the gap
+is the policies' unloaded latency gap, and the row says "latency gap" with the reason.
 """
 
 from __future__ import annotations
@@ -100,6 +106,29 @@ def paired_slo(a: Mapping[tuple[int, int], bool], b: Mapping[tuple[int, int], bo
     return 100 * va.mean(), 100 * vb.mean(), diff, float(lo), float(hi), len(keys)
 
 
+def _figure_at(data: Mapping[str, Any], load: float | None, policy: str
+               ) -> Mapping[str, Any] | None:
+    """The policy's figure at the ladder load `load`, if it ran there."""
+    for point in data["points"]:
+        if load is not None and point["load"] == load:
+            return point["policies"].get(policy)
+    return None
+
+
+def unsaturated(data: Mapping[str, Any], policy: str, load: float) -> str | None:
+    """Why the baseline `policy` was not saturated at `load` (see the module docstring), or
+    None when it was: a lower load passed and `load` was held in steady state."""
+    cap = data["capacity"][policy]
+    if cap["load"] is None:
+        return f"latency gap: {policy} misses the SLO at the first load, unloaded"
+    if cap["load"] >= load:
+        return f"latency gap: {policy} is within its capacity ({cap['load']:g}) here"
+    fig = _figure_at(data, load, policy)
+    if fig is not None and fig.get("burst"):
+        return f"latency gap: {policy}'s {load:g} req/s was a burst, not a held load"
+    return None
+
+
 def _capacity_row(c: LoadClaim, la: str, lb: str, data: Mapping[str, Any]) -> ReproRow:
     ca, cb = data["capacity"][la], data["capacity"][lb]
     first, top = data["points"][0]["load"], data["points"][-1]["load"]
@@ -120,7 +149,8 @@ def _capacity_row(c: LoadClaim, la: str, lb: str, data: Mapping[str, Any]) -> Re
     elif cb["load"] is None:
         holds = "no: hetroute missed the first load"
     elif ca["load"] is None or ca["load"] < cb["load"]:
-        holds = "yes (a ladder step, no CI)"
+        ended = ca["limit_load"] if ca["limit_load"] is not None else cb["load"]
+        holds = unsaturated(data, la, ended) or "yes (a ladder step, no CI)"
     elif ca["load"] == cb["load"]:
         holds = (f"not tested: both passed every load up to {top:g}" if
                  ca["limit"] == cb["limit"] == "ladder" else "no: same capacity")
@@ -132,7 +162,7 @@ def _capacity_row(c: LoadClaim, la: str, lb: str, data: Mapping[str, Any]) -> Re
 
 
 def _at_load_row(c: LoadClaim, la: str, lb: str, folder: Path, point: Mapping[str, Any],
-                 slo_ms: float, seed: int) -> ReproRow:
+                 slo_ms: float, seed: int, data: Mapping[str, Any]) -> ReproRow:
     tokens = defaultdict(list)
     for t in read_rows(folder / "tokens.csv", TokenRow):
         tokens[t.policy].append(t)
@@ -154,14 +184,18 @@ def _at_load_row(c: LoadClaim, la: str, lb: str, folder: Path, point: Mapping[st
             holds = "yes" if (d > 0) == (c.paper_value > 0) else "no: reversed"
         else:
             holds = "not significant"
+        if holds == "yes":
+            holds = unsaturated(data, la, point["load"]) or holds
         return ReproRow("HetRoute", c.what, c.paper_text, measured,
                         f"{d - c.paper_value:+.0f} pts", holds, note)
     cmp = paired_compare(la, tokens[la], lb, tokens[lb], "mean_latency", seed=seed)
     measured = (f"{cmp.value_a:.3g} → {cmp.value_b:.3g} ms ({cmp.change_pct:+.1f}%, CI "
                 f"{cmp.ci_low_pct:+.1f}..{cmp.ci_high_pct:+.1f}%)")
+    holds = verdict(c.paper_value, cmp)
+    if holds == "yes":
+        holds = unsaturated(data, la, point["load"]) or holds
     return ReproRow("HetRoute", c.what, c.paper_text, measured,
-                    f"{cmp.change_pct - c.paper_value:+.1f} pts", verdict(c.paper_value, cmp),
-                    note)
+                    f"{cmp.change_pct - c.paper_value:+.1f} pts", holds, note)
 
 
 def load_rows(out: Path) -> list[ReproRow]:
@@ -183,5 +217,5 @@ def load_rows(out: Path) -> list[ReproRow]:
             rows.append(_capacity_row(c, la, lb, data))
         elif la in near["policies"] and lb in near["policies"]:
             rows.append(_at_load_row(c, la, lb, out / near["folder"], near,
-                                     float(data["slo_ms"]), int(meta.get("seed", 0))))
+                                     float(data["slo_ms"]), int(meta.get("seed", 0)), data))
     return rows

@@ -65,16 +65,25 @@ class Arm:
     def placement_of(self, scenario: Scenario) -> str:
         return self.placement or scenario.placement.policy
 
-    def placement_key(self, scenario: Scenario) -> tuple[str, float]:
-        """What decides the experts' places: (placement policy, redundancy)."""
+    def placement_key(self, scenario: Scenario) -> tuple[str, float, float | None]:
+        """What decides the experts' places: (placement policy, redundancy, the arm's own
+        quality budget in % or None for the scenario's). The placements price quality within
+        the budget (coverage, expected cost), so an arm with another budget gets a placement
+        built for it, not the scenario's (issue 25: a budget row compared one placement)."""
+        budget = self.budget_pct
+        if budget is not None and budget == scenario.quality_budget_pct:
+            budget = None
         return (self.placement_of(scenario),
-                self.redundancy if self.redundancy is not None else scenario.placement.redundancy)
+                self.redundancy if self.redundancy is not None else scenario.placement.redundancy,
+                budget)
 
     def placement_scenario(self, scenario: Scenario) -> Scenario:
         """The scenario as the placement of this arm sees it."""
-        policy, redundancy = self.placement_key(scenario)
+        policy, redundancy, budget = self.placement_key(scenario)
         return replace(scenario, placement=replace(scenario.placement, policy=policy,
-                                                   redundancy=redundancy))
+                                                   redundancy=redundancy),
+                       quality_budget_pct=(scenario.quality_budget_pct if budget is None
+                                           else budget))
 
     def budget_of(self, scenario: Scenario) -> float:
         """The per-token quality budget, a fraction (0.02 = 2%)."""

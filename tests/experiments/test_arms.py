@@ -23,8 +23,13 @@ def test_the_three_forms() -> None:
     assert arm.router_settings() == {"lookahead": 0} and arm.redundancy == 1.0
     sc = small_scenario()
     assert arm.budget_of(sc) == pytest.approx(0.005)
-    assert arm.placement_key(sc) == ("hetroute", 1.0)
+    # an arm with its own budget gets a placement built for that budget (issue 25, item 4)
+    assert arm.placement_key(sc) == ("hetroute", 1.0, 0.5)
     assert arm.placement_scenario(sc).placement.redundancy == 1.0
+    assert arm.placement_scenario(sc).quality_budget_pct == 0.5
+    assert parse_arm("hetroute").placement_key(sc) == ("hetroute", 2.0, None)
+    same = parse_arm({"policy": "hetroute", "budget_pct": sc.quality_budget_pct})
+    assert same.placement_key(sc) == parse_arm("hetroute").placement_key(sc)
     assert parse_arm("exact").budget_of(sc) == pytest.approx(0.02)
 
 

@@ -91,15 +91,34 @@ def test_capacity_claims_hold_only_on_a_ladder_step_and_a_paired_interval(
     assert table.count(f"`{out}`") == len(rows) == 6
 
 
-def test_a_baseline_that_misses_the_first_load_loses_and_a_faster_one_reverses(
+def test_a_baseline_that_misses_the_first_load_is_a_latency_gap_and_a_faster_one_reverses(
         tmp_path: Path) -> None:
+    """Issue 25 item 4: a baseline that misses the SLO unloaded is slower, not saturated."""
     caps = {"edgeshard": (None, None, "slo"), "prism": (80.0, 300.0, "ladder"),
             "hetroute": (40.0, 160.0, "slo")}
     rows = load_rows(_capacity_folder(tmp_path, caps, {"edgeshard": 50.0, "prism": 50.0,
                                                        "hetroute": 50.0}))
     es = _row(rows, "max throughput at the SLO, hetroute vs EdgeShard")
-    assert es.holds.startswith("yes") and "< 10 req/s" in es.measured_text
+    assert es.holds == "latency gap: edgeshard misses the SLO at the first load, unloaded"
+    assert "< 10 req/s" in es.measured_text
     assert _row(rows, "max throughput at the SLO, hetroute vs Prism").holds == "no: reversed"
+
+
+def test_a_burst_or_a_baseline_within_its_capacity_is_a_latency_gap(tmp_path: Path) -> None:
+    """Issue 25 item 4: the 80 req/s rows hold only where the baseline was saturated there,
+    in steady state: not where 80 req/s came as a burst, nor below its capacity."""
+    caps = {"edgeshard": (10.0, 50.0, "slo"), "prism": (80.0, 150.0, "ladder"),
+            "hetroute": (80.0, 160.0, "ladder")}
+    out = _capacity_folder(tmp_path, caps, {"edgeshard": 900.0, "prism": 100.0,
+                                            "hetroute": 60.0})
+    data = json.loads((out / "capacity.json").read_text())
+    data["points"][1]["policies"]["edgeshard"]["burst"] = True
+    (out / "capacity.json").write_text(json.dumps(data))
+    rows = load_rows(out)
+    share = _row(rows, "share within the SLO at 80 req/s, hetroute vs EdgeShard")
+    assert share.holds == "latency gap: edgeshard's 80 req/s was a burst, not a held load"
+    prism = _row(rows, "mean latency at 80 req/s, hetroute vs Prism")
+    assert prism.holds == "latency gap: prism is within its capacity (80) here"
 
 
 def test_slo_passes_agree_with_the_policy_tables() -> None:
