@@ -12,6 +12,19 @@ The tree on one node's egress interface (handles in tc's hex notation):
         │   └── qdisc netem 11: ...
         ...
 
+With an access link (the node's `uplink_mbit`), the peers' classes hang under one parent
+that every send shares:
+
+        ├── class 1:2  rate=ceil=uplink        (the access link)
+        │   ├── class 1:10 rate=uplink/1000, ceil=link rate   ← peer A, as above
+        │   ├── class 1:11 ...
+        ...
+
+A peer's class is assured only a thousandth of the uplink and borrows the rest from the parent
+up to its own link rate (HTB lets a class below its assured rate send whatever its parent has
+left), so together the peers never send more than the uplink, and one alone sends at the
+slower of its link and the uplink.
+
 One slot number per peer address names its class (1:SLOT), its netem leaf (SLOT:) and its u32
 filter priority (SLOT), so one peer can be changed or removed without touching the others, and
 the root stays stable. Changes use `replace` with the full parameter set (a netlink change only
@@ -62,6 +75,8 @@ Action = Literal["add", "replace", "change", "del"]
 
 ROOT = "1:"
 DEFAULT_MINOR = 1
+ACCESS_MINOR = 2  # the access link's class, parent of the peers' when the node has an uplink
+ACCESS_ASSURED = 1000  # a peer's class is assured uplink / this (it borrows the rest)
 FIRST_SLOT = 0x10
 MAX_SLOT = 0xFFFF
 DEFAULT_LINE_RATE_MBIT = 10_000.0
@@ -131,16 +146,21 @@ class HtbClass:
     action: Action
     iface: str
     classid: str
-    rate_bytes: int = 0  # bytes/s; rate = ceil
+    rate_bytes: int = 0  # bytes/s
     quantum: int = 0
     burst: int = 0  # bytes; burst = cburst
     parent: str = ROOT
+    ceil_bytes: int = 0  # bytes/s; 0: the rate (a class that never borrows)
+
+    @property
+    def ceil(self) -> int:
+        return self.ceil_bytes or self.rate_bytes
 
     def describe(self) -> str:
         if self.action == "del":
             return f"tc class del dev {self.iface} classid {self.classid}"
         return (f"tc class {self.action} dev {self.iface} parent {self.parent} classid "
-                f"{self.classid} htb rate {self.rate_bytes * 8}bit ceil {self.rate_bytes * 8}bit "
+                f"{self.classid} htb rate {self.rate_bytes * 8}bit ceil {self.ceil * 8}bit "
                 f"burst {self.burst} cburst {self.burst} quantum {self.quantum}")
 
 
@@ -256,9 +276,22 @@ def _leaf(action: Action, iface: str, slot: int, spec: LinkSpec, loss_pct: float
 
 
 def _class(action: Action, iface: str, slot: int, spec: LinkSpec,
-           burst_ms: float = DEFAULT_BURST_MS) -> HtbClass:
+           burst_ms: float = DEFAULT_BURST_MS, uplink_mbit: float | None = None) -> HtbClass:
+    """A peer's class: rate = ceil = its link rate, or, under an access link, assured a
+    thousandth of the uplink and borrowing up to its link rate (the module docstring)."""
     rate = _bytes_per_s(spec.at(0.0).rate_mbit)
-    return HtbClass(action=action, iface=iface, classid=f"1:{slot:x}", rate_bytes=rate,
+    if uplink_mbit is None:
+        return HtbClass(action=action, iface=iface, classid=f"1:{slot:x}", rate_bytes=rate,
+                        quantum=quantum_for(rate), burst=burst_for(rate, burst_ms))
+    assured = min(rate, max(1, _bytes_per_s(uplink_mbit) // ACCESS_ASSURED))
+    return HtbClass(action=action, iface=iface, classid=f"1:{slot:x}", rate_bytes=assured,
+                    quantum=quantum_for(rate), burst=burst_for(rate, burst_ms),
+                    parent=f"1:{ACCESS_MINOR:x}", ceil_bytes=rate)
+
+
+def _access_class(iface: str, uplink_mbit: float, burst_ms: float) -> HtbClass:
+    rate = _bytes_per_s(uplink_mbit)
+    return HtbClass(action="add", iface=iface, classid=f"1:{ACCESS_MINOR:x}", rate_bytes=rate,
                     quantum=quantum_for(rate), burst=burst_for(rate, burst_ms))
 
 
@@ -274,10 +307,10 @@ def _check_links(links: Mapping[str, LinkSpec]) -> dict[str, LinkSpec]:
     return out
 
 
-def _add_peer(iface: str, address: str, slot: int, spec: LinkSpec, burst_ms: float
-              ) -> list[TcOp]:
+def _add_peer(iface: str, address: str, slot: int, spec: LinkSpec, burst_ms: float,
+              uplink_mbit: float | None = None) -> list[TcOp]:
     return [
-        _class("add", iface, slot, spec, burst_ms),
+        _class("add", iface, slot, spec, burst_ms, uplink_mbit),
         _leaf("add", iface, slot, spec),
         U32Dst("add", iface, prio=slot, dst=address, flowid=f"1:{slot:x}"),
     ]
@@ -290,8 +323,10 @@ def plan_tree(
     line_rate_mbit: float = DEFAULT_LINE_RATE_MBIT,
     slots: Mapping[str, int] | None = None,
     burst_ms: float = DEFAULT_BURST_MS,
+    uplink_mbit: float | None = None,
 ) -> Plan:
-    """The whole tree from scratch. The root is `replace`d, which drops whatever was there."""
+    """The whole tree from scratch. The root is `replace`d, which drops whatever was there.
+    `uplink_mbit`: the node's access link, parent of every peer's class."""
     iface = _check_iface(iface)
     links = _check_links(links)
     new_slots = assign_slots(list(links), slots)
@@ -300,8 +335,11 @@ def plan_tree(
         HtbRoot("replace", iface),
         _class("add", iface, DEFAULT_MINOR, line),
     ]
+    if uplink_mbit is not None:
+        ops.append(_access_class(iface, uplink_mbit, burst_ms))
     for address in sorted(links, key=lambda a: new_slots[a]):
-        ops += _add_peer(iface, address, new_slots[address], links[address], burst_ms)
+        ops += _add_peer(iface, address, new_slots[address], links[address], burst_ms,
+                         uplink_mbit)
     return Plan(ops, new_slots)
 
 
@@ -313,11 +351,13 @@ def plan_change(
     *,
     down: frozenset[str] = frozenset(),
     burst_ms: float = DEFAULT_BURST_MS,
+    uplink_mbit: float | None = None,
 ) -> Plan:
     """From the applied `old` links (with their `slots`) to `new`: remove, replace, add.
 
     Peers whose spec is unchanged and which are not in `down` (applied down, to be restored)
-    get no operation, so re-applying the same links does nothing.
+    get no operation, so re-applying the same links does nothing. `uplink_mbit` is the access
+    link the tree already has (a new one means a new tree: `plan_tree`).
     """
     iface = _check_iface(iface)
     old = _check_links(old)
@@ -334,25 +374,25 @@ def plan_change(
     for address in sorted(new, key=lambda a: new_slots[a]):
         slot, spec = new_slots[address], new[address]
         if address not in old:
-            ops += _add_peer(iface, address, slot, spec, burst_ms)
+            ops += _add_peer(iface, address, slot, spec, burst_ms, uplink_mbit)
             continue
         was = old[address]
         if was.at(0.0).rate_mbit != spec.at(0.0).rate_mbit:
-            ops.append(_class("replace", iface, slot, spec, burst_ms))
+            ops.append(_class("replace", iface, slot, spec, burst_ms, uplink_mbit))
         if was != spec or address in down:
             ops.append(_leaf("replace", iface, slot, spec, was=was))
     return Plan(ops, new_slots)
 
 
 def plan_step(iface: str, slot: int, link: LinkSpec, before: LinkSpec, after: LinkSpec,
-              burst_ms: float = DEFAULT_BURST_MS) -> Plan:
+              burst_ms: float = DEFAULT_BURST_MS, uplink_mbit: float | None = None) -> Plan:
     """One schedule step of `link`: from its values `before` to `after` (both `link.at(t)`),
     `change` of the class (when the rate moves) and of the leaf (when anything else does).
     The leaf's limit stays the one sized for the whole schedule."""
     iface = _check_iface(iface)
     ops: list[TcOp] = []
     if before.rate_mbit != after.rate_mbit:
-        ops.append(_class("change", iface, slot, after, burst_ms))
+        ops.append(_class("change", iface, slot, after, burst_ms, uplink_mbit))
     if (before.delay_ms, before.loss_pct, before.loss_model) != (
             after.delay_ms, after.loss_pct, after.loss_model):
         ops.append(_leaf("change", iface, slot, after, limit_of=link))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import math
 import os
 import threading
 import time
@@ -104,7 +105,7 @@ async def _send(ipr: AsyncIPRoute, index: int, op: TcOp) -> None:
                          parent=handle(op.parent))
         else:
             await ipr.tc(f"{op.action}-class", "htb", index=index, handle=handle(op.classid),
-                         parent=handle(op.parent), rate=op.rate_bytes, ceil=op.rate_bytes,
+                         parent=handle(op.parent), rate=op.rate_bytes, ceil=op.ceil,
                          burst=op.burst, cburst=op.burst, quantum=op.quantum)
     elif isinstance(op, NetemLeaf):
         await send_netem(ipr, index, handle(op.handle), handle(op.parent), op)
@@ -200,6 +201,7 @@ class TcShaper:
         self._slots: dict[str, int] = {}  # address -> slot
         self._down: set[str] = set()  # peers
         self._installed = False
+        self._uplink: float | None = None  # the access link as applied (dilated), Mbit/s
         self._followers: dict[str, asyncio.Task[None]] = {}  # peer -> its schedule's task
         self._origin: dict[str, float] = {}  # peer -> `now()` when its schedule started
         # per peer: (wall time, step index) of its first step, the latest STEP_LOG_KEEP
@@ -254,9 +256,11 @@ class TcShaper:
         self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
         *, uplink_mbit: float | None = None,
     ) -> None:
-        if uplink_mbit is not None:
-            raise BadLinkInput("uplink_mbit (a shared access link) is emulated by the app "
-                               "shaper only so far; use `shaper: app`, or drop uplink_mbit")
+        if uplink_mbit is not None and not (isinstance(uplink_mbit, int | float)
+                                            and not isinstance(uplink_mbit, bool)
+                                            and math.isfinite(uplink_mbit) and uplink_mbit > 0):
+            raise BadLinkInput(f"uplink_mbit must be a rate > 0, got {uplink_mbit!r}")
+        uplink = None if uplink_mbit is None else uplink_mbit / self.time_dilation
         links = check_links(links)
         addresses = dict(addresses or {})
         missing = sorted(p for p in links if p not in addresses)
@@ -273,15 +277,16 @@ class TcShaper:
             if not links and not self._installed:
                 return
             index = await self._nl(self._resolve_iface(list(new)))
-            if self._installed:
+            if self._installed and uplink == self._uplink:
                 down_addr = frozenset(self._addresses[p] for p in self._down)
                 plan = plan_change(self.iface, self._applied(), new, self._slots, down=down_addr,
-                                   burst_ms=self.burst_ms)
-            else:
+                                   burst_ms=self.burst_ms, uplink_mbit=uplink)
+            else:  # a new access link is a new tree (the peers' classes change parent)
                 plan = plan_tree(self.iface, new, line_rate_mbit=self.line_rate_mbit,
-                                 burst_ms=self.burst_ms)
+                                 burst_ms=self.burst_ms, uplink_mbit=uplink)
             await self._nl(self._run(index, plan))
             self._installed = True
+            self._uplink = uplink
             old = self._links
             self._links, self._addresses, self._slots = links, wanted, plan.slots
             self._down.clear()
@@ -298,7 +303,7 @@ class TcShaper:
             new[address] = spec.dilated(self.time_dilation)
             down = frozenset({address}) if peer in self._down else frozenset()
             plan = plan_change(self.iface, self._applied(), new, self._slots, down=down,
-                               burst_ms=self.burst_ms)
+                               burst_ms=self.burst_ms, uplink_mbit=self._uplink)
             await self._nl(self._run(self._index, plan))
             self._links[peer] = spec
             self._down.discard(peer)
@@ -330,6 +335,7 @@ class TcShaper:
             if self._installed and self._index is not None:
                 await self._nl(self._k_teardown())
             self._installed = False
+            self._uplink = None
             self._links, self._addresses, self._slots = {}, {}, {}
             self._down.clear()
 
@@ -360,6 +366,8 @@ class TcShaper:
             "time_dilation": self.time_dilation,
             "netns": self.netns,
             "iface": self.iface,
+            **({"uplink_mbit": self._uplink * self.time_dilation}
+               if self._uplink is not None else {}),
             "links": {
                 peer: {**spec.to_json(), "address": self._addresses[peer],
                        "down": peer in self._down, "slot": self._slots[self._addresses[peer]],
@@ -428,7 +436,8 @@ class TcShaper:
                 asked = time.time()
                 if peer not in self._down:  # a down link stays down; link_up takes the step
                     slot = self._slots[self._addresses[peer]]
-                    plan = plan_step(self.iface, slot, link, before, after, self.burst_ms)
+                    plan = plan_step(self.iface, slot, link, before, after, self.burst_ms,
+                                     self._uplink)
                     await self._nl(self._run(self._index, plan))
                 self._step_log[peer].append((asked, link.schedule.index_at(rel)))
                 self._steps_taken[peer] += 1
@@ -448,6 +457,7 @@ class TcShaper:
                     await execute(ipr, index, plan_teardown(self.iface))
             finally:
                 self._installed = False
+                self._uplink = None
                 self._links, self._addresses, self._slots = {}, {}, {}
                 self._down.clear()
             raise

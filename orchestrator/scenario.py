@@ -334,9 +334,6 @@ class Scenario:
         if self.runtime == "local" and self.shaper == "tc":
             raise ValueError("shaper: tc needs the netns or docker runtime (local nodes share "
                              "127.0.0.1: use shaper app or auto)")
-        if self.shaper == "tc" and any(n.uplink_mbit for n in self.topology.nodes):
-            raise ValueError("shaper: tc does not emulate the nodes' uplink_mbit (a shared "
-                             "access link) yet: use shaper app or auto")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
         if self.clock == "virtual" and (why := self.virtual_blocker()):

@@ -249,3 +249,30 @@ async def test_a_looping_schedule_s_step_log_stays_bounded(monkeypatch) -> None:
     assert len(log) == 1 + 8 and log[0][1] == 0  # the origin, then the latest 8
     assert [i for _, i in log[1:]] == [(taken - 8 + k) % 2 for k in range(8)]
     assert all(a[0] <= b[0] for a, b in itertools.pairwise(log))
+
+
+def test_an_access_link_is_the_parent_of_every_peer_class() -> None:
+    """Issue 25 item 1: with an uplink, one HTB class at its rate holds the peers' classes,
+    each assured a thousandth of it and borrowing up to its own link rate; filters still
+    classify at the root. A rate change or a schedule step keeps the parent."""
+    plan = plan_tree("eth0", {B: TEN, A: FORTY}, uplink_mbit=8)
+    lines = plan.describe()
+    assert lines[2] == ("tc class add dev eth0 parent 1: classid 1:2 htb rate 8000000bit "
+                        "ceil 8000000bit burst 2600 cburst 2600 quantum 100000")
+    assert lines[3] == ("tc class add dev eth0 parent 1:2 classid 1:10 htb rate 8000bit "
+                        "ceil 10000000bit burst 2850 cburst 2850 quantum 125000")
+    assert lines[5].endswith("match ip dst 10.0.0.2/32 flowid 1:10")
+    assert "parent 1: " in lines[5]
+    peers = [op for op in plan.ops if isinstance(op, HtbClass) and op.parent == "1:2"]
+    assert [(op.parent, op.rate_bytes, op.ceil) for op in peers] == [
+        ("1:2", 1000, 1_250_000), ("1:2", 1000, 12_500_000)]
+    faster = plan_change("eth0", {A: FORTY}, {A: TEN}, {A: 0x10}, uplink_mbit=8)
+    (cls,) = [op for op in faster.ops if isinstance(op, HtbClass)]
+    assert (cls.action, cls.parent, cls.rate_bytes, cls.ceil) == ("replace", "1:2", 1000,
+                                                                  12_500_000)
+    step = plan_step("eth0", 0x10, TEN, TEN, FORTY, uplink_mbit=8)
+    (cls,) = [op for op in step.ops if isinstance(op, HtbClass)]
+    assert (cls.parent, cls.ceil) == ("1:2", 1_250_000)
+    # without one, the tree is as before: no class 1:2, peers under the root at rate = ceil
+    plain = plan_tree("eth0", {A: FORTY})
+    assert not any(isinstance(op, HtbClass) and op.classid == "1:2" for op in plain.ops)
