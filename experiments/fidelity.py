@@ -20,8 +20,18 @@ Two measurements per pair of nodes {a, b}, both in scenario time (wall / time di
 
 Configured, for the same pair: delay = the mean of a→b's and b→a's `delay_ms`; rate = the
 rate that the probe's bytes would see over the round trip, `8·ΔB / (Δout·8/r_ab +
-Δin·8/r_ba)` (= r for a symmetric pair). A pair is **off** when a measured delay differs by
-more than max(`DELAY_ABS_MS`, `DELAY_REL`·configured) or the goodput by more than `RATE_REL`.
+Δin·8/r_ba)` (= r for a symmetric pair), where r_ab is the slower of the link and a's access
+link (`uplink_mbit`): a message alone crosses both in tandem. A pair is **off** when a
+measured delay differs by more than max(`DELAY_ABS_MS`, `DELAY_REL`·configured) or the
+goodput by more than `RATE_REL`. With access links the pairs are probed one at a time (two
+pairs with a node in common would share its uplink).
+
+**Access links** (nodes with `uplink_mbit` and at least two peers): the node sends one large
+message (about `LARGE_MS` at its uplink's rate) to each of up to `UPLINK_PEERS` peers alone,
+then to all of them at once (`POST /v1/probe` with `peers`, router.probe.probe_together).
+Sent together they queue on the uplink, so the last is late against its lone round trip by
+what the other k−1 put through it first: uplink = 8·(k−1)·B / the largest lateness (B: one
+message's bytes). Off when it differs from the configured uplink by more than `RATE_REL`.
 """
 
 from __future__ import annotations
@@ -38,7 +48,8 @@ from orchestrator.topology import Topology
 from services.wire import MAX_ROWS
 
 __all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "base_rows", "combine", "link_samples",
-           "pair_rows", "passive", "probe_base", "probe_mesh", "summary_of"]
+           "pair_rows", "passive", "probe_base", "probe_mesh", "probe_uplinks", "summary_of",
+           "uplink_fit", "uplink_rows"]
 
 SMALL = 20  # one-row messages per pair
 LARGE = 4  # large messages per pair
@@ -49,6 +60,7 @@ DELAY_REL = 0.02
 RATE_REL = 0.03
 PARALLEL = 4  # pairs probed at once
 LOCAL_LINK_MS = 0.01  # a layer's link time at most this (wall ms): its critical branch was home
+UPLINK_PEERS = 4  # peers a node's access-link probe sends to at once
 
 
 def pairs_of(topology: Topology) -> list[tuple[str, str]]:
@@ -61,12 +73,20 @@ def _specs(topology: Topology) -> dict[tuple[str, str], Any]:
     return {(link.src, link.dst): link.spec for link in topology.links}
 
 
+def _rate(topology: Topology, src: str, spec: Any) -> float:
+    """What one message alone gets from src over `spec`: the link and src's access link in
+    tandem, so the slower of the two."""
+    uplink = topology.node(src).uplink_mbit
+    return spec.rate_mbit if uplink is None else min(spec.rate_mbit, uplink)
+
+
 def configured(topology: Topology, a: str, b: str) -> dict[str, float]:
-    """The pair's configured one-way values: the mean of both directions' delay, each rate."""
+    """The pair's configured one-way values: the mean of both directions' delay, each rate
+    (its access link's included)."""
     specs = _specs(topology)
     ab, ba = specs[(a, b)], specs[(b, a)]
-    return {"delay_ms": (ab.delay_ms + ba.delay_ms) / 2, "rate_ab_mbit": ab.rate_mbit,
-            "rate_ba_mbit": ba.rate_mbit, "jitter_ms": max(ab.jitter_ms, ba.jitter_ms),
+    return {"delay_ms": (ab.delay_ms + ba.delay_ms) / 2, "rate_ab_mbit": _rate(topology, a, ab),
+            "rate_ba_mbit": _rate(topology, b, ba), "jitter_ms": max(ab.jitter_ms, ba.jitter_ms),
             "loss_pct": max(ab.loss_pct, ba.loss_pct)}
 
 
@@ -119,6 +139,8 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
     if not token:
         return {f"{a}-{b}": {"error": "the mesh target gives no control token"}
                 for a, b in pairs_of(topology)}
+    if any(n.uplink_mbit for n in topology.nodes):
+        parallel = 1  # pairs with a node in common would share its access link
     limit = asyncio.Semaphore(parallel)
 
     async def one(session: aiohttp.ClientSession, a: str, b: str) -> None:
@@ -139,6 +161,71 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
         for a, b in pairs_of(topology):
             tg.create_task(one(session, a, b))
     return {k: out[k] for k in sorted(out)}
+
+
+def uplink_fit(data: Mapping[str, Any], tdf: float) -> dict[str, Any]:
+    """The access link's rate from a `probe_together` answer (the module docstring)."""
+    def link(s: Mapping[str, Any]) -> float:
+        return (s["rtt_ms"] - s["queue_ms"] - s["load_ms"] - s["compute_ms"]) / tdf
+
+    alone = {s["peer"]: link(s) for s in data["alone"]}
+    late = [link(s) - alone[s["peer"]] for s in data["together"]]
+    nbytes = statistics.median(s["bytes_out"] for s in data["together"])
+    worst = max(late)
+    k = len(late)
+    rate = 8 * (k - 1) * nbytes / (worst * 1e3) if worst > 0 else math.nan
+    return {"rate_mbit": rate, "peers": list(data["peers"]), "bytes": nbytes,
+            "late_ms": [round(x, 6) for x in late]}
+
+
+async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: int
+                        ) -> dict[str, dict[str, Any]]:
+    """Every node with an access link and two peers or more: node → the fit (`uplink_fit`)
+    beside its configured rate, or {"error": why}. One node at a time."""
+    token = getattr(mesh, "token", None)
+    out: dict[str, dict[str, Any]] = {}
+    names = sorted(n.name for n in topology.nodes)
+    async with aiohttp.ClientSession() as session:
+        for node in topology.nodes:
+            if node.uplink_mbit is None or len(names) < 3:
+                continue
+            peers = [p for p in names if p != node.name][:UPLINK_PEERS]
+            conf = {"configured_mbit": node.uplink_mbit}
+            if not token:
+                out[node.name] = {**conf, "error": "the mesh target gives no control token"}
+                continue
+            rows = _large_rows(node.uplink_mbit, row_bytes)
+            body = {"peers": peers, "rows": rows, "timeout_s": 30.0 * tdf}
+            try:
+                async with asyncio.timeout(120.0 * tdf), session.post(
+                        mesh.urls[node.name] + "/v1/probe", json=body,
+                        headers={"Authorization": f"Bearer {token}"}) as resp:
+                    data = await resp.json(content_type=None)
+                    if resp.status >= 400:
+                        raise RuntimeError(f"{node.name}: {resp.status} {data}")
+                out[node.name] = {**conf, **uplink_fit(data, tdf)}
+            except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
+                    statistics.StatisticsError) as exc:
+                out[node.name] = {**conf, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return out
+
+
+def uplink_rows(fidelity: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per probed access link: configured and measured rate, error, whether off."""
+    rows = []
+    for node, fit in sorted(((fidelity or {}).get("uplinks") or {}).items()):
+        row = {"node": node, "configured_mbit": fit["configured_mbit"],
+               "error": fit.get("error"), "peers": len(fit.get("peers", ()))}
+        rate = fit.get("rate_mbit")
+        if row["error"] is None and isinstance(rate, float | int) and math.isfinite(rate):
+            row["measured_mbit"] = rate
+            row["rate_error_pct"] = 100 * (rate / fit["configured_mbit"] - 1)
+            row["off"] = abs(row["rate_error_pct"]) > 100 * RATE_REL
+        else:
+            row["error"] = row["error"] or "no fit (the messages sent together were not late)"
+            row["off"] = True
+        rows.append(row)
+    return rows
 
 
 async def probe_base(mesh: Any, topology: Topology, row_bytes: int
@@ -222,7 +309,8 @@ def passive(samples: Iterable[tuple[str, str, float, int, int]], topology: Topol
         go, back = specs.get((home, peer)), specs.get((peer, home))
         if go is None or back is None:
             continue
-        prop = link_ms - go.serialisation_ms(out_b) - back.serialisation_ms(in_b)
+        prop = (link_ms - 8 * out_b / (_rate(topology, home, go) * 1e3)
+                - 8 * in_b / (_rate(topology, peer, back) * 1e3))
         a, b = sorted((home, peer))
         per.setdefault(f"{a}-{b}", []).append(prop / 2)
     return {k: {"delay_ms": statistics.median(v), "n": len(v)} for k, v in sorted(per.items())}
@@ -278,6 +366,10 @@ def summary_of(fidelity: Mapping[str, Any] | None) -> dict[str, Any] | None:
     clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else
                   round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
              for r in rows]
+    uplinks = uplink_rows(fidelity)
     return {"limits": {"delay_ms": DELAY_ABS_MS, "delay_rel": DELAY_REL, "rate_rel": RATE_REL},
-            "within_limits": not any(r["off"] for r in rows),
-            "off": [r["pair"] for r in rows if r["off"]], "pairs": clean}
+            "within_limits": not any(r["off"] for r in rows + uplinks),
+            "off": [r["pair"] for r in rows if r["off"]]
+            + [f"{r['node']} uplink" for r in uplinks if r["off"]], "pairs": clean,
+            **({"uplinks": [{k: (round(v, 4) if isinstance(v, float) else v)
+                             for k, v in r.items()} for r in uplinks]} if uplinks else {})}

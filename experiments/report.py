@@ -31,9 +31,11 @@ from .fidelity import (
     LARGE,
     RATE_REL,
     SMALL,
+    UPLINK_PEERS,
     base_rows,
     pair_rows,
     summary_of,
+    uplink_rows,
 )
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
 from .paired import METRICS, failed_charge, paired_compare
@@ -396,6 +398,24 @@ def _fidelity_lines(meta: RunMeta) -> list[str]:
                    else f"All {len(rows)} pairs within the limits.")]
     if any(meta.faults.values()):
         lines[-1] += " The run delay includes the fault windows (a degraded link shows there)."
+    return [*lines, "", *_uplink_lines(meta)]
+
+
+def _uplink_lines(meta: RunMeta) -> list[str]:
+    """The access links' shared rate under concurrent sends (experiments.fidelity)."""
+    rows = uplink_rows(meta.fidelity)
+    if not rows:
+        return []
+    lines = ["### Access links", "",
+             f"Each node with an access link sent one large message to each of up to "
+             f"{UPLINK_PEERS} peers alone, then to all of them at once: sent together they "
+             f"queue on its uplink, and the last one's lateness gives the shared rate. "
+             f"**off**: more than {100 * RATE_REL:g}% from the configured uplink.", ""]
+    table = [[r["node"], _f(r["configured_mbit"], 4), r["error"] or _f(r.get("measured_mbit"), 4),
+              _signed(r.get("rate_error_pct"), "%", 2), str(r["peers"]),
+              "**off**" if r["off"] else "ok"] for r in rows]
+    lines += _table(["node", "configured uplink Mbit/s", "measured", "error", "peers at once",
+                     "verdict"], table)
     return [*lines, ""]
 
 

@@ -41,7 +41,15 @@ from router.policies import MESH_POLICIES
 
 from .clock import clock_meta
 from .driver import DriveLimits, Driver, DriveResult, first_error
-from .fidelity import combine, configured, pairs_of, passive, probe_base, probe_mesh
+from .fidelity import (
+    combine,
+    configured,
+    pairs_of,
+    passive,
+    probe_base,
+    probe_mesh,
+    probe_uplinks,
+)
 from .looplag import arm_lag
 from .outdir import claim_out, finish_out
 from .parts import OVERHEAD, PartStream, RunFolder
@@ -457,6 +465,7 @@ class _Run:
             "configured": {f"{a}-{b}": configured(topo, a, b) for a, b in pairs_of(topo)},
             "base": base, "combine": combine(mesh.shaper),
             "probe": await probe_mesh(mesh, topo, self.tdf, _row_bytes(self.scenario)),
+            "uplinks": await probe_uplinks(mesh, topo, self.tdf, _row_bytes(self.scenario)),
             "passive": {}}
         self._time("probe_s", t)
 

@@ -11,6 +11,7 @@ this node's milliseconds (time dilation included).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from netem.timing import now
 
 from .errors import BadRouterInput
 
-__all__ = ["MAX_PROBES", "probe_peer"]
+__all__ = ["MAX_PROBES", "probe_peer", "probe_together"]
 
 MAX_PROBES = 200  # messages per call
 MAX_ROWS = 65_536
@@ -54,32 +55,68 @@ def _rows(data: dict[str, Any]) -> list[int]:
 
 
 async def probe_peer(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
-    """`{"peer": NAME, "rows": [int, ...], "timeout_s"?: float}` → the samples (see above)."""
+    """`{"peer": NAME, "rows": [int, ...], "timeout_s"?: float}` → the samples (see above);
+    `{"peers": [NAME, ...], "rows": int, ...}` → `probe_together`."""
+    if "peers" in data:
+        return await probe_together(svc, data)
     peer = data.get("peer")
     if not isinstance(peer, str):
         raise BadRouterInput("peer must be a node name")
     rows_list = _rows(data)
+    timeout_s = _timeout(data)
+    layer, expert, variant = _target(svc, peer)
+    samples = [await _sample(svc, peer, (layer, expert, variant), rows, f"probe-{peer}-{i}",
+                             timeout_s)
+               for i, rows in enumerate(rows_list)]
+    return {"home": svc.home, "peer": peer, "layer": layer, "expert": expert,
+            "variant": variant, "samples": samples}
+
+
+async def probe_together(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """`{"peers": [NAME, ...], "rows": int, "timeout_s"?: float}`: one message of `rows` rows
+    to each peer alone, one after another, then one to every peer at the same instant. The
+    messages sent together share this node's access link (its uplink), so the last of them is
+    late by what the others put through it first (experiments.fidelity.uplink_fit)."""
+    peers = data.get("peers")
+    if (not isinstance(peers, list) or len(peers) < 2 or len(set(peers)) != len(peers)
+            or not all(isinstance(p, str) for p in peers)):
+        raise BadRouterInput("peers must be a list of at least two distinct node names")
+    rows = data.get("rows")
+    if not is_number(rows, integer=True) or not 1 <= rows <= MAX_ROWS:
+        raise BadRouterInput(f"rows must be an integer 1..{MAX_ROWS} (one message's size)")
+    timeout_s = _timeout(data)
+    targets = {p: _target(svc, p) for p in peers}
+    alone = [await _sample(svc, p, targets[p], rows, f"probe-{p}-alone", timeout_s)
+             for p in peers]
+    sent = now()
+    together = await asyncio.gather(*(
+        _sample(svc, p, targets[p], rows, f"probe-{p}-together", timeout_s, sent)
+        for p in peers))
+    return {"home": svc.home, "peers": peers, "alone": alone, "together": list(together)}
+
+
+def _timeout(data: dict[str, Any]) -> float:
     timeout_s = data.get("timeout_s", 30.0)
     if not is_number(timeout_s, finite=False) or timeout_s <= 0:
         raise BadRouterInput(f"timeout_s must be > 0, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+async def _sample(svc: Any, peer: str, target: tuple[int, int, str], rows: int, req: str,
+                  timeout_s: float, sent: float | None = None) -> dict[str, Any]:
+    """One message of `rows` zero rows to `peer`, timed (see the module docstring)."""
     from services.wire import expert_group  # the per-node wire format (groups)
 
-    layer, expert, variant = _target(svc, peer)
+    layer, expert, variant = target
     dispatcher = svc.dispatcher
-    dtype = dispatcher.settings.wire_dtype
-    samples = []
-    for i, rows in enumerate(rows_list):
-        group = expert_group(layer, expert, torch.zeros(rows, svc.shape.d_model), variant,
-                             dtype)
-        sent = now()
-        res = await dispatcher.transport.forward(peer, [group], f"probe-{peer}-{i}",
-                                                 float(timeout_s), sent)
-        back = now() if res.arrived is None else res.arrived
-        t = res.timing
-        samples.append({"rows": rows, "bytes_out": res.body_bytes[0],
-                        "bytes_in": res.body_bytes[1], "rtt_ms": round((back - sent) * 1e3, 6),
-                        "wall_ms": round((now() - sent) * 1e3, 6),  # the real round trip
-                        "queue_ms": t.queue_ms, "load_ms": t.load_ms,
-                        "compute_ms": t.compute_ms, "late_ms": t.late_ms})
-    return {"home": svc.home, "peer": peer, "layer": layer, "expert": expert,
-            "variant": variant, "samples": samples}
+    group = expert_group(layer, expert, torch.zeros(rows, svc.shape.d_model), variant,
+                         dispatcher.settings.wire_dtype)
+    sent = now() if sent is None else sent
+    res = await dispatcher.transport.forward(peer, [group], req, timeout_s, sent)
+    back = now() if res.arrived is None else res.arrived
+    t = res.timing
+    return {"peer": peer, "rows": rows, "bytes_out": res.body_bytes[0],
+            "bytes_in": res.body_bytes[1], "rtt_ms": round((back - sent) * 1e3, 6),
+            "wall_ms": round((now() - sent) * 1e3, 6),  # the real round trip
+            "queue_ms": t.queue_ms, "load_ms": t.load_ms,
+            "compute_ms": t.compute_ms, "late_ms": t.late_ms}

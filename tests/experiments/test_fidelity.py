@@ -129,6 +129,53 @@ async def _probe_two_nodes() -> None:
     assert math.isfinite(fit["link_small_ms"])
 
 
+def test_an_access_link_probe_measures_the_shared_uplink_over_the_app_shaper() -> None:
+    """Issue 25 item 1: h sends through a 20 Mbit/s uplink to three peers over 100 Mbit/s
+    links. Alone each message crosses both in tandem; sent to all three at once they queue on
+    the uplink, and the fit recovers its rate within 3% (`RATE_REL`). The fidelity rows and
+    summary carry it; a rate off by more shows as off."""
+    import asyncio
+
+    from experiments.fidelity import RATE_REL, uplink_fit, uplink_rows
+
+    data = asyncio.run(_probe_together())
+    fit = uplink_fit(data, tdf=1.0)
+    assert fit["rate_mbit"] == pytest.approx(20.0, rel=RATE_REL)
+    assert sorted(fit["peers"]) == ["p", "q", "r"] and max(fit["late_ms"]) > 0
+    fidelity = {"uplinks": {"h": {"configured_mbit": 20.0, **fit}},
+                "configured": {}, "probe": {}}
+    (row,) = uplink_rows(fidelity)
+    assert row["node"] == "h" and not row["off"] and row["peers"] == 3
+    (row,) = uplink_rows({"uplinks": {"h": {"configured_mbit": 25.0, **fit}}})
+    assert row["off"] and row["rate_error_pct"] == pytest.approx(-20, abs=3)
+
+
+async def _probe_together() -> dict:
+    from moe.profiles import ModelProfile
+    from services import DeviceProfile
+    from tests.router.conftest import TOKEN, experts
+    from tests.router.modeled_nodes import modeled_nodes
+
+    mini = ModelProfile("mini", layers=2, experts=4, top_k=2, d_model=64, d_ff=128, heads=4,
+                        kv_heads=4, head_dim=16, vocab_size=1000)
+    dev = DeviceProfile("dev", gpu_tflops=1.0, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d_gbps=10.0)
+    spec = {"delay_ms": 3.0, "rate_mbit": 100.0}
+    names = ("h", "p", "q", "r")
+    placement = {n: experts(2, range(4)) for n in names}
+    links = {(a, b): spec for a in names for b in names if a != b}
+    async with modeled_nodes(mini, placement, links, device=dev,
+                             uplinks={"h": 20.0}) as (urls, session):
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        body = {"peers": ["p", "q", "r"], "rows": 40}
+        async with session.post(urls["h"] + "/v1/probe", json=body, headers=auth) as resp:
+            data = await resp.json()
+            assert resp.status == 200, data
+        bad = {"peers": ["p"], "rows": 40}
+        async with session.post(urls["h"] + "/v1/probe", json=bad, headers=auth) as resp:
+            assert resp.status == 400 and "at least two" in (await resp.json())["detail"]
+    return data
+
+
 def test_a_base_probe_that_did_not_fit_is_shown_as_such_not_a_crash() -> None:
     """run.json keeps a failed fit (NaN) as null: the redrawn report must say so."""
     from experiments.fidelity import base_rows

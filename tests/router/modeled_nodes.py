@@ -23,11 +23,14 @@ DEV = DeviceProfile("dev", gpu_tflops=0.001, gpu_mem_gb=1.0, cpu_mem_gb=1.0, h2d
 @contextlib.asynccontextmanager
 async def modeled_nodes(profile: ModelProfile, placement: Mapping[str, list[dict]],
                         links: Mapping[tuple[str, str], Mapping[str, Any]], home: str = "h",
-                        device: DeviceProfile = DEV, tell_profile: bool = False
+                        device: DeviceProfile = DEV, tell_profile: bool = False,
+                        uplinks: Mapping[str, float] | None = None,
                         ) -> AsyncIterator[tuple[dict[str, str], aiohttp.ClientSession]]:
     """Nodes named by `placement`, each shaping its one-way `links` (a, b) → spec with the app
-    shaper; the home's router knows the mesh (and, with `tell_profile`, the nodes' device;
-    else its priors are the default profile's). Yields the URLs and a client session."""
+    shaper (behind its access link, `uplinks[name]` Mbit/s, if given); the home's router knows
+    the mesh (and, with `tell_profile`, the nodes' device; else its priors are the default
+    profile's). Yields the URLs and a client session."""
+    uplinks = dict(uplinks or {})
     async with AsyncExitStack() as stack:
         nodes = {}
         for name in placement:
@@ -38,7 +41,8 @@ async def modeled_nodes(profile: ModelProfile, placement: Mapping[str, list[dict
             await stack.enter_async_context(node)
             node.set_placement(parse_placement({"experts": placement[name]}, node.shape))
             await node.set_links({"backend": "app", "links": {
-                b: dict(spec) for (a, b), spec in links.items() if a == name}})
+                b: dict(spec) for (a, b), spec in links.items() if a == name},
+                **({"uplink_mbit": uplinks[name]} if name in uplinks else {})})
             nodes[name] = node
         urls = {n: node.url for n, node in nodes.items()}
         mesh_links: dict[str, dict] = {}
