@@ -76,6 +76,19 @@ def test_link_delay_follows_an_ewma_of_observed_transfers() -> None:
     assert snap.scales.tx == 1.0  # folded into the links
 
 
+def test_an_access_links_time_is_not_learned_as_the_links_delay() -> None:
+    """Issue 25 item 1: h's 0.8 Mbit/s uplink puts 1 ms on each 100-byte request and a's
+    0.4 Mbit/s uplink 2 ms on its answer. A transfer that took exactly the configured
+    10 ms + 3 ms of access links leaves the delays at their configured 5 ms each way."""
+    nodes = {"h": NodeEstimate(1e9, 1e9, uplink_mbit=0.8), "a": NodeEstimate(1e9, 1e9,
+                                                                                uplink_mbit=0.4)}
+    est = Estimators("h", nodes, LINKS)
+    t = est.sent("a", predicted(), at_ms=0.0)
+    est.answered("a", t, predicted(), 14.0, timing(compute=1.0), None, at_ms=14.0)
+    assert est.link("h", "a").delay_ms == pytest.approx(5.0, abs=1e-3)
+    assert est.link("a", "h").delay_ms == pytest.approx(5.0, abs=1e-3)
+
+
 def test_scale_factors_learn_measured_over_predicted() -> None:
     est = Estimators("h", NODES, LINKS)
     for i in range(30):
