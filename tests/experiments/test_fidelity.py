@@ -185,3 +185,20 @@ def test_a_base_probe_that_did_not_fit_is_shown_as_such_not_a_crash() -> None:
     (row,) = base_rows(fidelity, tdf=4.0)
     assert row["pair"] == "a-b" and row["configured_rtt_ms"] == 4.0
     assert "no fit" in row["error"] and "base_rtt_ms" not in row
+
+
+def test_a_pair_behind_an_access_link_is_rated_at_the_uplink_and_not_judged_on_run_delay(
+        ) -> None:
+    """Issue 25 item 1: a's 20 Mbit/s uplink is what a message to b alone gets (its link is
+    100), and the run's transfers through it also waited behind other tokens' (shown, not
+    judged)."""
+    dev = builtin_profiles()["tiny-edge"]
+    t = Topology.build([Node("a", dev, 1.0, 20.0), Node("b", dev, 1.0), Node("c", dev, 0.0)],
+                       default=LinkSpec(delay_ms=4.0, rate_mbit=100.0), name="t")
+    conf = configured(t, "a", "b")
+    assert (conf["rate_ab_mbit"], conf["rate_ba_mbit"], conf["shared"]) == (20.0, 100.0, True)
+    assert "shared" not in configured(topo(), "a", "b")
+    fidelity = {"configured": {"a-b": conf}, "probe": {"a-b": {"error": "skip"}},
+                "passive": {"a-b": {"delay_ms": 5.0, "n": 10}}}
+    (row,) = pair_rows(fidelity)
+    assert row["passive_error_ms"] == pytest.approx(1.0) and "run delay" not in row["off"]
