@@ -50,7 +50,7 @@ from netem.dist import CorrelatedRandom, draw_delay_ms
 from netem.errors import BadLinkInput, LinkDownError
 from netem.gemodel import GeChain
 from netem.mahimahi import DeliveryTrace, OpportunityQueue
-from netem.spec import LinkSpec, check_links
+from netem.spec import LinkSpec, check_links, check_uplink
 from netem.timing import now, sleep_until
 
 __all__ = ["AppShaper"]
@@ -97,13 +97,10 @@ class AppShaper:
         self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
         *, uplink_mbit: float | None = None,
     ) -> None:
-        if uplink_mbit is not None and not (isinstance(uplink_mbit, int | float)
-                                            and not isinstance(uplink_mbit, bool)
-                                            and math.isfinite(uplink_mbit) and uplink_mbit > 0):
-            raise BadLinkInput(f"uplink_mbit must be a rate > 0, got {uplink_mbit!r}")
+        uplink = check_uplink(uplink_mbit)
         new = check_links(links)
-        if uplink_mbit != self.uplink_mbit:
-            self.uplink_mbit = None if uplink_mbit is None else float(uplink_mbit)
+        if uplink != self.uplink_mbit:
+            self.uplink_mbit = uplink
             self._uplink_free_at = 0.0
         old = self._links
         self._links = new

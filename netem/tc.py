@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import math
 import os
 import threading
 import time
@@ -52,7 +51,7 @@ from netem.plan import (
     plan_tree,
     plan_up,
 )
-from netem.spec import LinkSpec, check_links
+from netem.spec import LinkSpec, check_links, check_uplink
 from netem.timing import now, sleep_until
 
 __all__ = ["NetlinkThread", "TcShaper", "execute", "handle", "open_netlink"]
@@ -256,11 +255,9 @@ class TcShaper:
         self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
         *, uplink_mbit: float | None = None,
     ) -> None:
-        if uplink_mbit is not None and not (isinstance(uplink_mbit, int | float)
-                                            and not isinstance(uplink_mbit, bool)
-                                            and math.isfinite(uplink_mbit) and uplink_mbit > 0):
-            raise BadLinkInput(f"uplink_mbit must be a rate > 0, got {uplink_mbit!r}")
-        uplink = None if uplink_mbit is None else uplink_mbit / self.time_dilation
+        uplink = check_uplink(uplink_mbit)
+        if uplink is not None:
+            uplink /= self.time_dilation
         links = check_links(links)
         addresses = dict(addresses or {})
         missing = sorted(p for p in links if p not in addresses)
