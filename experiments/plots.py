@@ -206,6 +206,29 @@ def sweep_plot(param: str, points: Sequence[float], series: Mapping[str, Sequenc
     return _save(fig, path)
 
 
+def paired_plot(param: str, points: Sequence[float],
+                by_metric: Mapping[str, Mapping[str, Sequence[tuple[float, float, float]]]],
+                against: str, path: Path, *, title: str = "") -> Path:
+    """One panel per metric: each policy's paired change against `against` (%) over a swept
+    parameter, with its 95% CI as error bars (nan where the point has none)."""
+    fig, axes = plt.subplots(1, len(by_metric), figsize=(6.5 * len(by_metric), 4),
+                             squeeze=False)
+    for ax, (metric, series) in zip(axes[0], by_metric.items(), strict=True):
+        for i, (name, cells) in enumerate(series.items()):
+            mid = [c[0] for c in cells]
+            low = [c[0] - c[1] if math.isfinite(c[1]) else 0.0 for c in cells]
+            high = [c[2] - c[0] if math.isfinite(c[2]) else 0.0 for c in cells]
+            ax.errorbar(points, mid, yerr=[low, high], marker="o", capsize=3,
+                        color=f"C{(i + 1) % 10}", label=name)
+        ax.axhline(0.0, color="0.4", lw=1)
+        ax.set_xlabel(param)
+        ax.set_ylabel(f"{metric.replace('_', ' ')} vs {against} (%, paired 95% CI)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or f"Paired change against {against} vs {param}", fontsize=10)
+    return _save(fig, path)
+
+
 def load_curves(xlabel: str, by_policy: Mapping[str, Sequence[Any]], target: float,
                 slo_ms: float, path: Path, *, title: str = "") -> Path:
     """SLO attainment, mean and p99 token latency against the offered load, one line per

@@ -13,7 +13,9 @@ Every point is a full run in `OUT/<knob>=<value>/`; the sweep writes `sweep.json
 and policy: mean and p99 latency, traffic per token, throughput, SLO attainment, quality
 change, and the run's paired comparisons against its first policy), `sweep.md` (with the
 crossing table: per policy and point, the paired change of mean latency and traffic and
-whether its 95% CI excludes zero) and `sweep_<knob>.png`. Faults are left out of sweeps
+whether its 95% CI excludes zero), `sweep_<knob>.png` and, where policies were compared,
+`sweep_<knob>_paired.png` (each policy's paired change against the first, with its CI, per
+metric of the crossing table). Faults are left out of sweeps
 (they measure steady state). A load sweep (`rate`, `concurrency`) runs each point at a time
 dilation scaled with the load, as `moemesh run --capacity` does (experiments.capacity: the
 host keeps the scenario's wall-clock load, the emulated mesh takes the scenario-time load),
@@ -174,6 +176,33 @@ def _load_plot(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any
                              title=f"SLO attainment and latency vs {KNOBS[knob]}")
 
 
+def _paired_plot(out: Path, knob: str, rows: Sequence[dict[str, Any]],
+                 values: Sequence[float]) -> Path | None:
+    """sweep_<knob>_paired.png: each policy's paired change against the run's first one,
+    per metric of the crossing table, with its CI; None when nothing was compared."""
+    from . import plots
+
+    compared = [r for r in rows if r.get("paired")]
+    if not compared:
+        return None
+    against = next(iter(compared[0]["paired"].values()))["against"]
+    nan = (math.nan, math.nan, math.nan)
+
+    def cell(r: dict[str, Any] | None, metric: str) -> tuple[float, float, float]:
+        e = (r or {}).get("paired", {}).get(metric)
+        if not e or e["change_pct"] is None:
+            return nan
+        lo, hi = e["ci95_pct"] or (math.nan, math.nan)
+        return (e["change_pct"], math.nan if lo is None else lo, math.nan if hi is None else hi)
+
+    policies = list(dict.fromkeys(r["policy"] for r in compared))
+    by_metric = {m: {p: [cell(next((r for r in compared if r["policy"] == p
+                                    and r["value"] == v), None), m) for v in values]
+                     for p in policies} for m in CROSSING_METRICS}
+    return plots.paired_plot(KNOBS[knob], values, by_metric, against,
+                             out / f"sweep_{knob}_paired.png")
+
+
 def _cell(entry: dict[str, Any] | None) -> str:
     if not entry or entry["change_pct"] is None:
         return "–"
@@ -225,7 +254,8 @@ def crossing_lines(rows: Sequence[dict[str, Any]], knob: str) -> list[str]:
 def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any]]],
                 slo_ms: float = 300.0) -> Path:
     """sweep.json, sweep.md and sweep_<knob>.png in `out` (and, for a load knob,
-    sweep_<knob>_slo.png); returns the first plot's path."""
+    sweep_<knob>_slo.png; with compared policies, sweep_<knob>_paired.png); returns the first
+    plot's path."""
     from . import plots  # matplotlib loads here, not when the CLI is built
 
     rows = sweep_rows(points)
@@ -246,6 +276,9 @@ def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, An
     if knob in LOAD_KNOBS:
         slo = _load_plot(out, knob, points, slo_ms)
         extra = [f"![SLO attainment]({slo.name})"]
+    paired = _paired_plot(out, knob, rows, values)
+    if paired is not None:
+        extra.append(f"![paired]({paired.name})")
     head = ["value", "policy", "mean ms", "p99 ms", "tok/s", "kB/token", "quality Δ %",
             "within SLO", "tokens ok/failed"]
     lines = [f"# Sweep of {KNOBS[knob]}", "", f"![mean]({path.name})",

@@ -118,6 +118,9 @@ def test_the_crossing_table_shows_where_a_policy_wins(tmp_path: Path) -> None:
     md = (tmp_path / "sweep.md").read_text()
     assert "| 0.1 | hetroute | -12.0% [-15.0, -9.0] * | +1.0% [+0.5, +1.5] * |" in md
     assert "- hetroute, mean_latency: 0.1" in md and "- hetroute, traffic: nowhere" in md
+    # the comparison as a plot, with its CIs (a sweep with one policy has none: see below)
+    assert (tmp_path / "sweep_link_rate_paired.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![paired](sweep_link_rate_paired.png)" in md
 
 
 def test_a_load_sweep_draws_attainment_against_the_load(tmp_path: Path) -> None:
@@ -133,6 +136,7 @@ def test_a_load_sweep_draws_attainment_against_the_load(tmp_path: Path) -> None:
     assert (tmp_path / "sweep_rate_slo.png").read_bytes()[:4] == b"\x89PNG"
     md = (tmp_path / "sweep.md").read_text()
     assert "![SLO attainment](sweep_rate_slo.png)" in md and "| 25% | 100/3 |" in md
+    assert not (tmp_path / "sweep_rate_paired.png").exists()  # one policy: nothing compared
 
 
 def test_shipped_paper_topologies_are_what_the_generators_make() -> None:
