@@ -231,6 +231,11 @@ class AppShaper:
         self.sends += 1
         return on_wire + delay_ms / 1e3 + self._loss_stall_s(peer, link, nbytes)
 
+    def uplink_backlog_s(self) -> float:
+        if self.uplink_mbit is None:
+            return 0.0
+        return max(0.0, self._uplink_free_at - now())
+
     def _uplink(self, t: float, nbytes: int) -> tuple[float, float]:
         """(when the message's first bytes leave the access link, when its last do) for a
         message handed over at t; (t, t) without an access link."""

@@ -69,6 +69,12 @@ class Shaper(Protocol):
         """What is applied now: {"backend", "time_dilation", "links": {peer: {...spec, "down"}}}."""
         ...
 
+    def uplink_backlog_s(self) -> float:
+        """How long a send handed over now waits for the access link to drain what is queued
+        on it (seconds, time dilation included; 0 without an access link). app: its FIFO;
+        tc: 0 (the kernel's queue is not read)."""
+        ...
+
     async def transmit(self, peer: str, nbytes: int, *, timeout_s: float | None = None) -> None:
         """Wait as sending nbytes to peer would (app); return at once (tc).
 

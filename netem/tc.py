@@ -357,6 +357,9 @@ class TcShaper:
             self._ipr.close()
             self._ipr = None
 
+    def uplink_backlog_s(self) -> float:
+        return 0.0  # the kernel's qdisc backlog is not read (netem.base.Shaper)
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "backend": self.backend,

@@ -274,10 +274,15 @@ class Dispatcher:
         it. The rows calling each replica so far go along too (`PlanRequest.calls`): a
         replica the batch already reads costs a later row only its extra compute, so a prefill
         batch's rows gather where the first ones read the weights instead of scattering to
-        pay a fresh read elsewhere."""
+        pay a fresh read elsewhere. What the home's access link still has queued (other tokens'
+        rows, this node's answers to other homes) starts every remote branch's batch: the
+        router sees the contention on its uplink, not only its own plan's burst."""
         batches: dict[str, _Batch] = {}
         view = self.view
         batch_ms = [0.0] * len(view.names)
+        backlog = self._uplink_backlog_ms()  # every remote branch leaves after it
+        if backlog > 0:
+            batch_ms = [0.0 if i == view.home_index else backlog for i in range(len(batch_ms))]
         calls: dict[tuple[int, tuple[int, int, str]], int] = {}  # rows per replica so far
         for row, slots in pending.items():
             tok = tokens[row]
@@ -316,6 +321,11 @@ class Dispatcher:
                 batch.rows.setdefault(row, []).append(
                     _Member(row, slots[c.slot], c, cpu_loaded))
         return batches
+
+    def _uplink_backlog_ms(self) -> float:
+        """The home's access-link queue, where the transport can tell (MeshTransport)."""
+        probe = getattr(self.transport, "uplink_backlog_ms", None)
+        return float(probe()) if probe is not None else 0.0
 
     def _replica_at(self, layer: int, expert: int, tried) -> float:
         """When the breakers let a replica of `expert` serve next: a full-precision one, or
@@ -376,17 +386,18 @@ class Dispatcher:
         each result is (an answer or an exception, when it was back or failed)."""
         results: dict[str, tuple[ForwardResponse | BaseException, float]] = {}
         remote = sum(1 for node in batches if node != self.home)  # turns on the home's uplink
+        queued = self._uplink_backlog_ms() if remote else 0.0  # before this layer's sends
         try:
             async with asyncio.TaskGroup() as tg:
                 for batch in batches.values():
                     tg.create_task(self._send(layer, x, batch, layer_deadline, ready, results,
-                                              remote))
+                                              remote, queued))
         except* PeerBug as group:  # the peer's own message, not "a TaskGroup failed"
             raise group.exceptions[0] from None
         return results
 
     async def _send(self, layer, x, batch: _Batch, layer_deadline: float, ready: float,
-                    results, remote: int = 1) -> None:
+                    results, remote: int = 1, queued: float = 0.0) -> None:
         s = self.settings
         node = batch.node
         group = self._group(layer, x, batch)
@@ -399,8 +410,8 @@ class Dispatcher:
         elif self._nowhere_else(layer, batch):  # a tight limit could only cut off a busy node
             own = s.request_ms
         else:
-            expected = (predicted.scaled(self._snapshot.scales).total_ms
-                        + self.view.access * group.rows * remote)  # the uplink's burst
+            expected = (predicted.scaled(self._snapshot.scales).total_ms + queued
+                        + self.view.access * group.rows * remote)  # the uplink's queue, burst
             own = min(s.request_ms, max(s.min_request_ms, s.timeout_factor * expected)
                       + self.late_ms + 4 * self.late_dev_ms)
         # counted from when the items left on the emulated timeline, not from now

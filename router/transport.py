@@ -90,6 +90,12 @@ class MeshTransport:
         self.client = client
         self.local = local
 
+    def uplink_backlog_ms(self) -> float:
+        """What the home's access link still has queued (its own answers to other homes'
+        tokens included), ms: every send through it starts after that (0 without one)."""
+        links = self.client.links
+        return 0.0 if links is None else links.uplink_backlog_s() * 1e3
+
     async def forward(
         self, node: str, groups: Sequence[Group], req: str, timeout_s: float,
         ready: float | None = None,

@@ -133,6 +133,11 @@ class Links:
         wire_s = nbytes * 8 / (rate_mbit * 1e6) if math.isfinite(rate_mbit) else 0.0
         return (delay_ms / 1000 + wire_s + ARRIVE_SLACK_S) * self.time_dilation
 
+    def uplink_backlog_s(self) -> float:
+        """What the node's access link still has to send (`netem.base.Shaper`); 0 without
+        a shaper."""
+        return self.shaper.uplink_backlog_s() if self.shaper is not None else 0.0
+
     def snapshot(self) -> dict[str, Any]:
         applied = self.shaper.snapshot() if self.shaper is not None else None
         return {"accepted": self.accepted, "applied": applied}

@@ -353,3 +353,28 @@ def test_which_answers_are_bugs() -> None:
     assert not is_bug(NodeRefused("u", 200, "bad_answer", "2 outputs"))
     assert not is_bug(NodeTimeout("slow", "u")) and not is_bug(Unavailable("busy"))
     assert classify(NodeRefused("u", 503, "overloaded", "")) == "busy"
+
+
+async def test_the_home_uplinks_queue_starts_every_remote_plan(stack, router_compute) -> None:
+    """Issue 25 item 1: what the home's access link still has queued (here 200 ms of bytes on
+    a 1 Mbit/s uplink) is in the plan of every token that goes remote, and in its request
+    limits, so contention on the uplink is seen before it shows up as slow answers."""
+    mesh = await start_inproc_mesh(stack, router_compute, PLACEMENT, DELAYS)
+    h = mesh.nodes["h"]
+    await h.set_links({**links_body("h", DELAYS), "uplink_mbit": 1.0})
+    engine = mesh.router.engine()
+    transport = engine.dispatcher.transport
+    assert transport.uplink_backlog_ms() == 0.0
+    await h.links.schedule("a", 25_000)  # 200 ms at 1 Mbit/s, queued now
+    queued = transport.uplink_backlog_ms()
+    assert 150.0 < queued <= 200.0
+    res = await engine.score(tokens(2), make_policy("greedy", engine.dispatcher.settings))
+    assert res.failed == 0
+    remote = [layer for r in res.records for layer in r.layers
+              if set(layer.nodes) - {"h"}]
+    assert remote, "a token of this placement needs experts 4-7, which only a and b hold"
+    first = remote[0]
+    # planned when the queue still held ~200 ms: the prediction carries it, and the layer
+    # really waited for it (without it the prediction was the links' 1-2 ms)
+    assert first.predicted_ms == pytest.approx(queued, abs=10.0)
+    assert first.emulated_ms >= first.predicted_ms
