@@ -282,9 +282,10 @@ class PlanView:
         `before`: rows of the same batched request that already call this replica there (the
         batch reads its weights once and loads it once: only the extra rows' compute)."""
         n = c.node
-        v = self.compute_ms(n, c.replica.variant, before + rows)
         if before:
-            return v - self.compute_ms(n, c.replica.variant, before)
+            return (self.compute_ms(n, c.replica.variant, before + rows)
+                    - self.compute_ms(n, c.replica.variant, before))
+        v = self.compute_ms(n, c.replica.variant, rows)
         if c.load_bytes and c.replica.key not in self.resident[n]:
             v += c.load_bytes * self.load_per_byte[n]
         return v

@@ -75,8 +75,10 @@ def _option(
 ) -> Option:
     pen = weight * c.penalty
     calls = req.calls
-    before = calls.get((c.node, c.replica.key), 0) if calls else 0  # the batch reads it
-    var = view.var_ms(c, req.rows, before)
+    if calls:  # rows of this batch already call it there: it reads its weights once
+        var = view.var_ms(c, req.rows, calls.get((c.node, c.replica.key), 0))
+    else:
+        var = view.var_ms(c, req.rows)
     # tuple.__new__ skips the NamedTuple's Python-level __new__ (2x faster: the hot path)
     return _new_tuple(Option, (c.node, var, pen, lam * pen + extra, c, kind))
 
@@ -239,7 +241,8 @@ def build_plan(view: PlanView, req: PlanRequest, picks: Sequence[Option],
     burst on the home's access link (`PlanView.access_ms`), whichever policy made it."""
     j, lat, pen = evaluate(view.base(req.rows, req.batch) if base is None else base, picks,
                            once)
-    lat += view.access_ms(req.rows, [o.node for o in picks])
+    if view.access:
+        lat += view.access_ms(req.rows, [o.node for o in picks])
     experts, weights = req.experts, req.weights
     choices = tuple([
         Choice(slot, experts[slot], weights[slot], o.payload.replica, o.kind, o.penalty)
