@@ -25,6 +25,7 @@ from orchestrator.runtimes.netns import NetnsRuntime
 from tests.helpers.lab import PORT, SERVE, measure_nodes
 
 pytestmark = pytest.mark.lab
+TRIES = 3  # measurements a rate test makes before it judges with the last one
 
 
 
@@ -52,7 +53,9 @@ async def test_three_node_mesh_has_its_own_delay_per_destination(mesh: dict) -> 
     n1, n2, n3 = mesh["n1"], mesh["n2"], mesh["n3"]
     s1, s2 = TcShaper(netns=n1.netns, iface="eth0"), TcShaper(netns=n2.netns, iface="eth0")
     try:
-        base = await rtt_p10(n2, n3)  # an unshaped pair: the path's own round trip
+        # an unshaped pair: the path's own round trip, the lower of two tries (a stall of the
+        # guest during one inflates it, and every figure below is relative to it)
+        base = min([await rtt_p10(n2, n3), await rtt_p10(n2, n3)])
         await s1.apply({"n2": LinkSpec(delay_ms=10), "n3": LinkSpec(delay_ms=40)},
                        addresses(mesh, "n2", "n3"))
         await s2.apply({"n1": LinkSpec(delay_ms=5)}, addresses(mesh, "n1"))
@@ -75,7 +78,10 @@ async def test_rate_limit_is_met(mesh: dict) -> None:
     try:
         await shaper.apply({"n2": LinkSpec(delay_ms=2, rate_mbit=10, queue_pkts=4000)},
                            addresses(mesh, "n2"))
-        udp = await measure.udp_rate(n1.netns, n2.address, PORT, 10, seconds=2.0)
+        for _ in range(TRIES):  # a guest too slow to offer the load measures the guest
+            udp = await measure.udp_rate(n1.netns, n2.address, PORT, 10, seconds=2.0)
+            if udp["offered_mbit"] > 10.5:
+                break
         tcp = await measure.goodput(n1.netns, n2.address, PORT, 2_500_000, streams=4)
     finally:
         await shaper.close()
@@ -97,9 +103,12 @@ async def test_an_access_link_caps_what_the_peers_receive_together(mesh: dict) -
         await shaper.apply({"n2": link, "n3": link}, addresses(mesh, "n2", "n3"),
                            uplink_mbit=10)
         assert shaper.snapshot()["uplink_mbit"] == 10
-        to2, to3 = await asyncio.gather(
-            measure.udp_rate(n1.netns, n2.address, PORT, 10, seconds=2.0),
-            measure.udp_rate(n1.netns, n3.address, PORT, 10, seconds=2.0))
+        for _ in range(TRIES):  # a guest too slow to offer the load measures the guest
+            to2, to3 = await asyncio.gather(
+                measure.udp_rate(n1.netns, n2.address, PORT, 10, seconds=2.0),
+                measure.udp_rate(n1.netns, n3.address, PORT, 10, seconds=2.0))
+            if to2["offered_mbit"] + to3["offered_mbit"] > 20:
+                break
     finally:
         await shaper.close()
     assert to2["offered_mbit"] + to3["offered_mbit"] > 20  # the sender kept both busy
