@@ -129,6 +129,8 @@ class Dispatcher:
         self.shape = shape
         self.home = mesh.home
         self.transport = transport
+        # looked up once, off the per-layer path: only MeshTransport can tell its uplink queue
+        self._backlog_probe = getattr(transport, "uplink_backlog_ms", None)
         self.view = PlanView(mesh.placement, shape, quality, mesh.home, nodes=list(mesh.nodes))
         self.estimators = Estimators(
             mesh.home, {n: info.prior for n, info in mesh.nodes.items()}, mesh.links
@@ -324,7 +326,7 @@ class Dispatcher:
 
     def _uplink_backlog_ms(self) -> float:
         """The home's access-link queue, where the transport can tell (MeshTransport)."""
-        probe = getattr(self.transport, "uplink_backlog_ms", None)
+        probe = self._backlog_probe
         return float(probe()) if probe is not None else 0.0
 
     def _replica_at(self, layer: int, expert: int, tried) -> float:
