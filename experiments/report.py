@@ -419,6 +419,48 @@ def _uplink_lines(meta: RunMeta) -> list[str]:
     return [*lines, ""]
 
 
+def _dense_lines(meta: RunMeta) -> list[str]:
+    """Where each arm's dense part ran and where its KV cache lived (router.pipeline)."""
+    dense = meta.dense
+    if not dense:
+        return []
+    piped = {k: v for k, v in dense.items() if v.get("mode") == "pipeline"}
+    home = [k for k, v in dense.items() if v.get("mode") != "pipeline"]
+    any_rec = next(iter(dense.values()))
+    at_home = any_rec.get("kv_bytes_per_token_at_home")
+    lines = ["## Where the dense part runs", ""]
+    if home:
+        lines.append(f"At each request's home node (attention, gate, head; the KV cache there, "
+                     f"{_f(at_home, 0)} bytes per context token): {', '.join(home)}.")
+    if piped:
+        lines += ["", "Pipelined (EdgeShard's stages: a layer's dense part and experts on its "
+                  "stage, the activations hop stage to stage and back home for the head; each "
+                  "request takes the pipeline quickest from its home). A stage holds the KV "
+                  "cache of its layers:", ""]
+        table = []
+        for label, rec in piped.items():
+            for i, (stages, kv) in enumerate(zip(rec.get("pipelines", []),
+                                                 rec.get("kv_bytes_per_token", []),
+                                                 strict=False)):
+                table.append([label, str(i), " → ".join(_runs(stages)),
+                              ", ".join(f"{n} {b}" for n, b in kv.items())])
+        lines += _table(["arm", "pipeline", "stages (layers)", "KV bytes per context token"],
+                        table)
+    return [*lines, ""]
+
+
+def _runs(stages: Sequence[str]) -> list[str]:
+    """edge5 edge5 edge7 → ["edge5 (0-1)", "edge7 (2)"]."""
+    out: list[str] = []
+    start = 0
+    for i in range(1, len(stages) + 1):
+        if i == len(stages) or stages[i] != stages[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            out.append(f"{stages[start]} ({span})")
+            start = i
+    return out
+
+
 def _base_lines(meta: RunMeta) -> list[str]:
     """The real network under the emulated links, per pair (experiments.fidelity.probe_base)."""
     tdf = meta.time_dilation
@@ -571,6 +613,7 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
     lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
     lines += _fidelity_lines(meta)
     lines += _base_lines(meta)
+    lines += _dense_lines(meta)
     lines += _results_lines(meta, stats, qset)
     lines += ["", *_split_lines(stats)]
     lines += _repeat_lines(meta, stats)
@@ -619,6 +662,8 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
     fidelity = summary_of(meta.fidelity)
     if fidelity is not None:
         summary["fidelity"] = fidelity
+    if meta.dense:
+        summary["dense"] = meta.dense
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     images: dict[str, str] = {}
     if plots_too and tokens:

@@ -36,7 +36,7 @@ import numpy as np
 
 from .metrics import BOOTSTRAP
 from .paired import paired_compare
-from .reproduce import ReproRow, Select, find_arm, plain, verdict, with_placement
+from .reproduce import ReproRow, Select, edgeshard, find_arm, plain, verdict, with_placement
 from .rows import RequestRow, TokenRow, read_rows
 
 __all__ = ["LoadClaim", "load_claims", "load_rows", "paired_slo", "slo_passes"]
@@ -55,11 +55,10 @@ class LoadClaim:
 
 
 def load_claims() -> tuple[LoadClaim, ...]:
-    het, es, prism = plain("hetroute"), with_placement("layer-shard"), \
-        with_placement("prism", "greedy")
+    het, es, prism = plain("hetroute"), edgeshard, with_placement("prism", "greedy")
     out = []
     for name, base, tput, share, mean in (
-            ("EdgeShard (layer-shard placement)", es, 2.13, 21.0, 612.0),
+            ("EdgeShard (pipelined stages)", es, 2.13, 21.0, 612.0),
             ("Prism (prism + greedy)", prism, 1.35, 51.0, 359.0)):
         out += [
             LoadClaim(f"max throughput at the SLO, hetroute vs {name}", "capacity", base, het,

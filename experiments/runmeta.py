@@ -48,6 +48,7 @@ class RunMeta:
     placements: dict[str, Any] = field(default_factory=dict)
     repeats: dict[str, Any] = field(default_factory=dict)  # n, orders
     loop_lag: dict[str, Any] = field(default_factory=dict)
+    dense: dict[str, Any] = field(default_factory=dict)  # label → where its dense part runs
     overhead: dict[str, Any] | None = None  # the zero-delay run: arm, requests, links
     trace: dict[str, Any] | None = None  # the --trace file
     fidelity: dict[str, Any] | None = None  # experiments.fidelity

@@ -37,6 +37,7 @@ from orchestrator.arms import Arm
 from orchestrator.faults import FaultTimeline
 from orchestrator.scenario import Scenario, scenario_to_data
 from orchestrator.supervisor import runtime_notes, supervise
+from router.pipeline import kv_bytes_per_token
 from router.policies import MESH_POLICIES
 
 from .clock import clock_meta
@@ -375,13 +376,38 @@ class _Run:
                 self.placements[key], self.meta["placements"][name] = _placement(
                     self.scenario, arm)
                 self._time(f"placement:{name}", t)
+        self.meta["dense"] = {arm.label: self._dense_record(arm) for arm in self.arms}
         return self.placements[self.arms[0].placement_key(self.scenario)]
 
+    def _dense_record(self, arm: Arm) -> dict[str, Any]:
+        """run.json's `dense` of an arm: where its dense part runs and the KV cache bytes one
+        context token holds on each node (router.pipeline; at home: all of it at the home)."""
+        from orchestrator.placement.problem import model_profile
+
+        profile = model_profile(self.scenario.model)
+        per_layer = profile.kv_bytes_per_token()
+        out: dict[str, Any] = {"mode": arm.dense, "kv_bytes_per_layer_token": per_layer,
+                               "kv_bytes_per_token_at_home": per_layer * profile.layers}
+        if arm.dense == "pipeline":
+            pipes = self.dense_of(arm)["pipelines"]
+            out["pipelines"] = pipes
+            out["kv_bytes_per_token"] = [kv_bytes_per_token(p, per_layer) for p in pipes]
+        return out
+
     async def use(self, mesh: MeshTarget, arm: Arm) -> None:
-        want = (arm.placement_key(self.scenario), arm.settings)
+        want = (arm.placement_key(self.scenario), arm.settings, arm.dense)
         if want != self.current:
-            await mesh.use_placement(self.placements[want[0]], arm.router_settings())
+            await mesh.use_placement(self.placements[want[0]], arm.router_settings(),
+                                     self.dense_of(arm))
             self.current = want
+
+    def dense_of(self, arm: Arm) -> dict[str, Any] | None:
+        """PUT /v1/mesh's `dense` for the arm: its placement's pipelines (`dense: pipeline`,
+        orchestrator.placement.edgeshard), None at home."""
+        if arm.dense == "home":
+            return None
+        info = self.meta["placements"][_placement_name(arm.placement_key(self.scenario))]
+        return {"pipelines": info["notes"]["pipelines"]}
 
     def _sections(self) -> dict[str, set[str]]:
         return {sec: set(self.meta.get(sec) or {}) for sec in _PART_SECTIONS}

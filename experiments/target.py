@@ -31,9 +31,11 @@ class MeshTarget(Protocol):
         ...
 
     async def use_placement(self, by_node: Mapping[str, Sequence[Mapping[str, Any]]],
-                            router_settings: Mapping[str, Any] | None = None) -> None:
+                            router_settings: Mapping[str, Any] | None = None,
+                            dense: Mapping[str, Any] | None = None) -> None:
         """Hold exactly these experts (node → PUT /v1/placement entries); the home nodes'
-        routers learn it too, with these `router.Settings` overrides (PUT /v1/mesh)."""
+        routers learn it too, with these `router.Settings` overrides and where the dense part
+        runs (`dense`: {"pipelines": [[node per layer]]}, None: at home) (PUT /v1/mesh)."""
         ...
 
     async def use_links(self, links: Mapping[tuple[str, str], LinkSpec] | None) -> None:

@@ -117,6 +117,16 @@ class ModelProfile:
         kv = self.kv_heads or self.heads
         return self.d_model * hd * (2 * self.heads + 2 * kv)
 
+    def kv_bytes_per_token(self, dtype: str = "f16") -> int:
+        """KV cache one context token holds in ONE attention layer: its keys and values over
+        the KV heads (d_model wide when the profile gives no heads). It lives where that
+        layer's dense part runs (router.pipeline)."""
+        if self.heads:
+            width = (self.kv_heads or self.heads) * (self.head_dim or self.d_model // self.heads)
+        else:
+            width = self.d_model
+        return 2 * width * ACTIVATION_BYTES[dtype]
+
     def dense_params(self) -> int:
         """Parameters outside the routed experts: attention, gates, shared and dense FFNs,
         embedding (tied with the head when `tied_embeddings`, as in T5/Switch)."""

@@ -11,11 +11,14 @@ ablations (no redundancy, no lookahead, another quality budget). An entry of a s
       - greedy@layer-shard                # ROUTER@PLACEMENT: the placement overrides the scenario's
       - {policy: ordermoe, label: ordermoe-no-lookahead, settings: {lookahead: 0}}
       - {policy: hetroute, redundancy: 1.0, budget_pct: 0.5, placement: hetroute}
+      - {policy: greedy, placement: edgeshard, dense: pipeline, label: edgeshard}
 
 Mapping keys: `policy` (required), `label` (default: built from the rest), `placement`,
 `redundancy` (the placement's memory ratio), `budget_pct` (the per-token quality budget sent
 with every request), `settings` (router `Settings` overrides put with the mesh, e.g.
-`lookahead`, `beam_width`).
+`lookahead`, `beam_width`), `dense` (where the dense part runs: `home`, the default, every
+layer at the request's home node; `pipeline`, EdgeShard's stages, which needs `placement:
+edgeshard`: the token's activations go from stage to stage, router.pipeline).
 
 `load_experiment(path)` reads a scenario whose list uses these forms (`load_scenario`, here
 too, goes through it, so every command reads the same files): the plain router names are handed to
@@ -40,9 +43,11 @@ from orchestrator.scenario import (
 from orchestrator.yamlio import Loc, describe, load_yaml
 from router.policies import POLICIES as ROUTERS
 
-__all__ = ["Arm", "arms_of", "load_experiment", "load_scenario", "parse_arm"]
+__all__ = ["DENSE_MODES", "Arm", "arms_of", "load_experiment", "load_scenario", "parse_arm"]
 
-_KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings")
+_KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings", "dense")
+DENSE_MODES = ("home", "pipeline")  # where the dense part runs (router.pipeline)
+PIPELINE_PLACEMENT = "edgeshard"  # the one placement that cuts the model into stages
 
 
 def _settings_fields() -> set[str]:
@@ -61,6 +66,7 @@ class Arm:
     redundancy: float | None = None
     budget_pct: float | None = None
     settings: tuple[tuple[str, Any], ...] = ()
+    dense: str = "home"
 
     def placement_of(self, scenario: Scenario) -> str:
         return self.placement or scenario.placement.policy
@@ -96,7 +102,7 @@ class Arm:
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "policy": self.policy, "placement": self.placement,
                 "redundancy": self.redundancy, "budget_pct": self.budget_pct,
-                "settings": dict(self.settings)}
+                "settings": dict(self.settings), "dense": self.dense}
 
 
 def _label(policy: str, placement: str | None, redundancy: float | None,
@@ -160,10 +166,19 @@ def parse_arm(item: Any) -> Arm:
         raise ValueError(f"settings: unknown router setting(s) {', '.join(map(str, bad))} "
                          f"(known: {', '.join(sorted(known))})")
     settings = {str(k): v for k, v in settings.items()}
+    dense = data.get("dense", "home")
+    if dense not in DENSE_MODES:
+        raise ValueError(f"dense: must be one of {', '.join(DENSE_MODES)}, got {describe(dense)}")
+    if dense == "pipeline" and placement != PIPELINE_PLACEMENT:
+        raise ValueError(f"dense: pipeline needs placement: {PIPELINE_PLACEMENT} (the one that "
+                         f"cuts the model into stages), got placement {placement!r}")
     label = data.get("label") or _label(policy, placement, redundancy, budget, settings)
+    if dense != "home" and not data.get("label"):
+        label += f" [dense={dense}]"
     if not isinstance(label, str):
         raise ValueError(f"label: must be text, got {describe(label)}")
-    return Arm(label, policy, placement, redundancy, budget, tuple(sorted(settings.items())))
+    return Arm(label, policy, placement, redundancy, budget, tuple(sorted(settings.items())),
+               dense)
 
 
 def arms_of(scenario: Scenario, items: list[Any] | tuple[Any, ...] | None = None

@@ -125,6 +125,7 @@ class LiveMesh:
         self.runtime = runtime.name  # what experiments record (MeshTarget.runtime)
         self.placement = _placement_by_node(placement, scenario.topology.names)
         self.router_settings: dict[str, Any] = {}
+        self.dense: dict[str, Any] | None = None  # PUT /v1/mesh's `dense` (router.pipeline)
         self.token = token
         shaper = shaper or scenario.shaper
         if runtime.name == "local":
@@ -245,7 +246,8 @@ class LiveMesh:
         return {"nodes": nodes, "links": links, "placement": self.placement or {},
                 "time_dilation": self.scenario.time_dilation,
                 "settings": {"budget": self.scenario.quality_budget_pct / 100.0,
-                             **self.router_settings}}
+                             **self.router_settings},
+                **({"dense": self.dense} if self.dense else {})}
 
     async def _push_router_mesh(self, names: Sequence[str] | None = None) -> None:
         """PUT /v1/mesh on `names` (default: every node that is up)."""
@@ -332,10 +334,13 @@ class LiveMesh:
         return {name: ep.url for name, ep in self.endpoints.items()}
 
     async def use_placement(self, by_node: Mapping[str, Sequence[Mapping[str, Any]]],
-                            router_settings: Mapping[str, Any] | None = None) -> None:
-        """Hold exactly these experts from now on; routers learn it (with these settings)."""
+                            router_settings: Mapping[str, Any] | None = None,
+                            dense: Mapping[str, Any] | None = None) -> None:
+        """Hold exactly these experts from now on; routers learn it (with these settings, and
+        `dense`: where the dense part runs, router.pipeline; None: at home)."""
         self.placement = _placement_by_node(by_node, self.scenario.topology.names)
         self.router_settings = dict(router_settings or {})
+        self.dense = dict(dense) if dense else None
         await together(*(self._push_placement(n) for n in self.endpoints
                                if n not in self.down))
         await self._push_router_mesh()

@@ -41,6 +41,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -124,6 +125,7 @@ class Dispatcher:
         model: MoEModel | None = None,
     ) -> None:
         self.mesh = mesh
+        self.pipeline: Any = None  # router.pipeline, made by the first engine that needs it
         self.model = model
         self.settings = mesh.settings
         self.shape = shape

@@ -46,8 +46,10 @@ from netem.timing import now, sleep_until
 
 from .dispatch import Dispatcher, Timeline, now_ms
 from .errors import BadRouterInput
+from .pipeline import Pipeline
 from .policies import Policy
-from .records import TokenRecord
+from .records import Failure, TokenRecord
+from .transport import RETRYABLE
 
 # The host's own time (dense_host_ms): never the emulated clock, which stands still in virtual time.
 host_clock = time.perf_counter
@@ -292,34 +294,55 @@ class Engine:
         self.shape = shape
         self.home_flops_per_s = home_flops_per_s
         self.model = model
+        # the dense part on EdgeShard's stages, when the mesh says so (router.pipeline)
+        self.pipeline: Pipeline | None = None
+        if getattr(dispatcher.mesh, "pipelines", ()):  # one per dispatcher (its tier index)
+            if getattr(dispatcher, "pipeline", None) is None:
+                dispatcher.pipeline = Pipeline(dispatcher, self.dense_flops)
+            self.pipeline = dispatcher.pipeline
+
+    def dense_flops(self, rows: int, context: int) -> float:
+        """FLOPs of one layer's share of the dense part for `rows` seeing `context` tokens."""
+        return rows * self.shape.dense_flops_per_token(context) / self.shape.layers
 
     def dense_s(self, rows: int, context: int) -> float:
         """Emulated seconds (real time) of one layer's share of the dense part for `rows`."""
-        flops = rows * self.shape.dense_flops_per_token(context) / self.shape.layers
-        return flops / self.home_flops_per_s
+        return self.dense_flops(rows, context) / self.home_flops_per_s
 
     async def _group(self, steps: Steps, recs: list[TokenRecord], policy: Policy,
-                     clock: Timeline, deadline_ms: float, tap: RoutingTap | None = None
-                     ) -> int | None:
+                     clock: Timeline, deadline_ms: float, tap: RoutingTap | None = None,
+                     stages: tuple[str, ...] | None = None) -> int | None:
         """One token group through every layer; returns `steps.finish()`. The clock ends at
-        the group's emulated end; host time of the dense part goes to recs[-1]."""
+        the group's emulated end; host time of the dense part goes to recs[-1]. `stages`:
+        the pipeline the group runs on (router.pipeline), None: the dense part at home."""
         host = 0.0
         dense = 0.0
         rows, context = steps.rows, steps.context
+        where = self.dispatcher.home
         for layer in range(self.shape.layers):
             t = host_clock()
             x, idx, w = steps.layer_input(layer)
             if tap is not None:
                 tap.add(idx, w)
             host += host_clock() - t
-            d = self.dense_s(rows, context)
-            clock.at += d
+            if stages is None:
+                d = self.dense_s(rows, context)
+                clock.at += d
+                y = await self.dispatcher.run_layer(layer, x, idx, w, recs, policy,
+                                                    deadline_ms, clock)
+            else:
+                assert self.pipeline is not None
+                y, d = await self.pipeline.run_layer(layer, stages[layer], where, x, idx, w,
+                                                     recs, clock, context)
+                where = stages[layer]
             dense += d
-            y = await self.dispatcher.run_layer(layer, x, idx, w, recs, policy, deadline_ms,
-                                                clock)
             t = host_clock()
             steps.layer_output(layer, y)
             host += host_clock() - t
+            if stages is not None and recs[-1].done:
+                break  # a stage failed: the whole group failed with it
+        if stages is not None and not recs[-1].done:  # the rows back home, to the head
+            await self._home(where, rows, recs, clock)
         t = host_clock()
         nxt = steps.finish()
         if tap is not None:
@@ -329,6 +352,16 @@ class Engine:
         rec.dense_ms += dense * 1e3
         rec.dense_host_ms += host * 1e3
         return nxt
+
+    async def _home(self, where: str, rows: int, recs: list[TokenRecord], clock: Timeline
+                    ) -> None:
+        assert self.pipeline is not None
+        try:
+            clock.at = await self.pipeline.hop(where, self.dispatcher.home, rows, recs, clock.at)
+        except RETRYABLE as exc:
+            for rec in recs:
+                rec.fail_unreachable(Failure(self.shape.layers - 1, -1, (where,), (),
+                                             f"pipeline back home from {where}: {exc}"))
 
     # -- score ------------------------------------------------------------------------------------
     async def score(
@@ -400,10 +433,11 @@ class Engine:
         ttft = 0.0
         t_prev = e_prev = start
         tap = RoutingTap() if routing else None
+        stages = self.pipeline.choose() if self.pipeline is not None else None
         for i in range(max_tokens):
             recs = [TokenRecord(i, budget) for _ in range(steps.rows)]
             nxt = await self._group(steps, recs, policy, clock, now_ms() + settings.token_ms,
-                                    tap)
+                                    tap, stages)
             rec = recs[-1]
             rec.index = i
             bad = next((r for r in recs[:-1] if r.status == "failed"), None)

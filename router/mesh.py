@@ -8,7 +8,8 @@ node's own `PUT /v1/links` and `PUT /v1/placement` only tell it about itself):
      "links": {A: {B: {"delay_ms", "jitter_ms", "rate_mbit", "loss_pct"}}},   # ONE-WAY, A→B
      "placement": {NAME: [{"layer", "expert", "variant", "tier"}, ...]},
      "time_dilation": 1.0,
-     "settings": {...router settings overrides...}}
+     "settings": {...router settings overrides...},
+     "dense": {"pipelines": [[NAME per MoE layer], ...]}}     # optional (router.pipeline)
 
 Links not listed are unshaped (loopback). Profiles are `services.device` profiles; the
 router turns them into priors (`node_prior`: FLOP/s, device memory and host-to-device bytes/s,
@@ -65,6 +66,9 @@ class Mesh:
     placement: Placement
     time_dilation: float = 1.0
     settings: Settings = field(default_factory=Settings)
+    # Where the dense part runs: () at the home node; else EdgeShard's pipelines, each one
+    # stage node per MoE layer (router.pipeline)
+    pipelines: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.home not in self.nodes:
@@ -87,11 +91,12 @@ class Mesh:
 
         if not isinstance(data, Mapping):
             raise BadRouterInput("mesh must be a JSON object with nodes, links, placement")
-        unknown = sorted(set(data) - {"nodes", "links", "placement", "time_dilation", "settings"})
+        unknown = sorted(set(data) - {"nodes", "links", "placement", "time_dilation", "settings",
+                                      "dense"})
         if unknown:
             raise BadRouterInput(
                 f"unknown mesh field(s) {', '.join(unknown)}; known: nodes, links, "
-                "placement, time_dilation, settings"
+                "placement, time_dilation, settings, dense"
             )
         tdf = data.get("time_dilation", 1.0)
         if not is_number(tdf, finite=False) or not tdf > 0:
@@ -138,4 +143,27 @@ class Mesh:
                 links[(a, b)] = LinkEstimate.from_spec(parsed, tdf)
         placement = Placement.from_json(data.get("placement", {}))
         settings = Settings.from_json(data.get("settings"), base).dilated(tdf)
-        return cls(home, nodes, links, placement, float(tdf), settings)
+        pipelines = _pipelines(data.get("dense"), nodes)
+        return cls(home, nodes, links, placement, float(tdf), settings, pipelines)
+
+
+def _pipelines(dense: Any, nodes: Mapping[str, NodeInfo]) -> tuple[tuple[str, ...], ...]:
+    """mesh.dense: absent or null (the dense part at home) or {"pipelines": [[NAME per MoE
+    layer], ...]} of known nodes, every pipeline as long as the others."""
+    if dense is None:
+        return ()
+    if not isinstance(dense, Mapping) or set(dense) != {"pipelines"}:
+        raise BadRouterInput('mesh.dense must be {"pipelines": [[node per MoE layer], ...]}')
+    raw = dense["pipelines"]
+    if not isinstance(raw, list) or not raw:
+        raise BadRouterInput("mesh.dense.pipelines must be a non-empty list of node lists")
+    out = []
+    for i, stages in enumerate(raw):
+        if not isinstance(stages, list) or not stages or \
+                not all(isinstance(s, str) and s in nodes for s in stages):
+            raise BadRouterInput(f"mesh.dense.pipelines[{i}] must list known nodes, one per "
+                                 f"MoE layer, got {str(stages)[:80]}")
+        out.append(tuple(stages))
+    if len({len(x) for x in out}) != 1:
+        raise BadRouterInput("mesh.dense.pipelines must all have one stage per MoE layer")
+    return tuple(out)

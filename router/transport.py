@@ -96,6 +96,22 @@ class MeshTransport:
         links = self.client.links
         return 0.0 if links is None else links.uplink_backlog_s() * 1e3
 
+    async def hop(self, src: str, dst: str, nbytes: int, at: float, timeout_s: float) -> float:
+        """When `nbytes` src sends to dst at `at` arrive (emulated): src's own shaper, this
+        node's in-process, another's by `POST /v1/hop` (router.pipeline). The app shaper only."""
+        if src != self.home:
+            return await self.client.hop(self.urls[src], dst, nbytes, at, timeout_s)
+        links = self.client.links
+        shaper = getattr(links, "shaper", None)
+        if shaper is not None and shaper.backend != "app":
+            raise NodeRefused(src, 409, "hop_needs_app_shaper",
+                              f"{src}'s links are shaped by {shaper.backend}, which computes no "
+                              "arrival time: a pipelined dense part needs the app shaper")
+        if links is None:
+            return at
+        arrive = await links.schedule(dst, nbytes, at=at, timeout_s=timeout_s)
+        return at if arrive is None else arrive
+
     async def forward(
         self, node: str, groups: Sequence[Group], req: str, timeout_s: float,
         ready: float | None = None,

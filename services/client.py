@@ -28,6 +28,7 @@ from .wire import (
     ARRIVE_HEADER,
     CONTENT_TYPE,
     FORWARD_PATH,
+    HOP_PATH,
     SELF_HEADER,
     ForwardResponse,
     Group,
@@ -158,6 +159,36 @@ class NodeClient:
         try:
             return unpack_response(data, arrived=now() if back is None else back,
                                    body_bytes=(len(body), len(data)))
+        except ValueError as exc:
+            raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
+
+    async def hop(self, url: str, to: str, nbytes: int, at: float,
+                  timeout_s: float | None = None) -> float:
+        """When `nbytes` the node at url sends to its peer `to` at `at` arrive there, through
+        that node's own shaper (`POST /v1/hop`; router.pipeline). The call itself is not
+        shaped: it asks, it carries nothing."""
+        body = json.dumps({"to": to, "bytes": int(nbytes), "at": at}).encode()
+        data, _, _ = await self._call("POST", url, HOP_PATH, body=body,
+                                      headers={"Content-Type": "application/json"},
+                                      limit_s=timeout_s or self.settings.forward_s)
+        try:
+            return float(json.loads(data)["arrive"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise NodeRefused(url, 200, "bad_answer", f"hop answer: {exc}") from None
+
+    async def forward_at(self, url: str, groups: Sequence[Group], arrival: float, *,
+                         req: str = "", timeout_s: float | None = None) -> ForwardResponse:
+        """Groups that are already at the node at url by `arrival` (emulated): not shaped on
+        the way there, and the answer is not shaped back (no `X-Moemesh-From`). A pipeline
+        stage runs its own layer's experts so (router.pipeline): the rows reached it by a hop,
+        and its result stays there for the next one."""
+        body = pack_request(groups, req, False)
+        headers = {"Content-Type": CONTENT_TYPE, ARRIVE_HEADER: repr(arrival)}
+        data, _, _ = await self._call("POST", url, FORWARD_PATH, body=body, headers=headers,
+                                      limit_s=timeout_s or self.settings.forward_s,
+                                      data_plane=True)
+        try:
+            return unpack_response(data, arrived=now(), body_bytes=(len(body), len(data)))
         except ValueError as exc:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
 

@@ -1,6 +1,8 @@
 """HTTP endpoints of an edge node: the data plane, the control plane, and the error middleware.
 
-Data plane (no token): `POST /v1/forward`, msgpack in and out (services.wire). Control plane
+Data plane (no token): `POST /v1/forward`, msgpack in and out (services.wire), and
+`POST /v1/hop` (JSON: a pipelined dense part's activations leave this node for the next
+stage on this node's own link, router.pipeline). Control plane
 (`Authorization: Bearer $MOEMESH_TOKEN`): `PUT /v1/placement`, `PUT /v1/links`,
 `POST /v1/faults`, `GET /v1/health`, `GET /v1/stats`, `GET /v1/looplag`, `GET /metrics`.
 Every failure becomes `{"error": code, "detail": text}` (msgpack on the data plane, JSON
@@ -23,7 +25,7 @@ from aiohttp import web
 from netem import LinkDownError
 
 from .clock import now, sleep_until
-from .errors import BadRequest, ServiceError, TooLarge, Unauthorized, Unavailable
+from .errors import BadRequest, DoesNotFit, ServiceError, TooLarge, Unauthorized, Unavailable
 from .links import ARRIVE_SLACK_S
 from .metrics import CONTENT_TYPE_LATEST
 from .tiers import parse_placement
@@ -31,6 +33,7 @@ from .wire import (
     ARRIVE_HEADER,
     CONTENT_TYPE,
     FORWARD_PATH,
+    HOP_PATH,
     MAX_ROWS,
     SELF_HEADER,
     max_request_bytes,
@@ -135,6 +138,39 @@ async def forward(request: web.Request) -> web.Response:
             headers[ARRIVE_HEADER] = repr(back)
     m.bytes_out.inc(len(out))
     return web.Response(body=out, content_type=CONTENT_TYPE, headers=headers)
+
+
+async def hop(request: web.Request) -> web.Response:
+    """`{"to": PEER, "bytes": N, "at": T}` -> `{"arrive": T'}`: when N bytes this node sends
+    to PEER at T (emulated, `netem.timing` clock) arrive there, through this node's shaper as
+    any message it sends: its uplink and the pair's FIFO are taken, so hops contend with the
+    node's other traffic. The bytes themselves are not copied (the home computed them): only
+    their time on the link. The app shaper only: tc delays bytes in the kernel and computes
+    no arrival, so a hop there is a 409 that says so."""
+    node = request.app[NODE_KEY]
+    data = await _json_body(request, node)
+    if not isinstance(data, dict) or set(data) != {"to", "bytes", "at"}:
+        raise BadRequest('a hop is {"to": peer name, "bytes": int, "at": emulated time}, got '
+                         f"{str(data)[:80]}")
+    to, nbytes, at = data["to"], data["bytes"], data["at"]
+    if not isinstance(to, str) or not to:
+        raise BadRequest(f"hop.to must be a peer name, got {to!r}")
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 <= nbytes <= 1 << 30:
+        raise BadRequest(f"hop.bytes must be an integer in 0..2**30, got {nbytes!r}")
+    if not isinstance(at, int | float) or isinstance(at, bool) or not math.isfinite(at):
+        raise BadRequest(f"hop.at must be a finite time, got {at!r}")
+    shaper = node.links.shaper
+    if shaper is not None and shaper.backend != "app":
+        raise DoesNotFit(f"this node's links are shaped by {shaper.backend}, which computes no "
+                         "arrival time: a pipelined dense part needs the app shaper",
+                         code="hop_needs_app_shaper")
+    if node.draining:
+        raise Unavailable("node is shutting down", code="shutting_down")
+    try:
+        arrive = await node.links.schedule(to, nbytes, at=float(at))
+    except LinkDownError as exc:
+        raise Unavailable(str(exc), code="link_down") from None
+    return web.json_response({"arrive": float(at) if arrive is None else arrive})
 
 
 def arrival_time(raw: str | None, horizon_s: float = math.inf) -> float | None:
@@ -251,6 +287,7 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post(FORWARD_PATH, forward)
+    app.router.add_post(HOP_PATH, hop)
     app.router.add_put("/v1/placement", put_placement)
     app.router.add_put("/v1/links", put_links)
     app.router.add_post("/v1/faults", post_faults)

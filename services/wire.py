@@ -64,6 +64,7 @@ __all__ = [
 WIRE_VERSION = 2
 CONTENT_TYPE = "application/msgpack"
 FORWARD_PATH = "/v1/forward"
+HOP_PATH = "/v1/hop"  # JSON: a pipeline stage's activations on the sender's link (routes.hop)
 SELF_HEADER = "X-Moemesh-From"  # the requester names itself; the answer is shaped toward it
 # The emulated arrival of this request at the node, or of this answer back at the requester
 # (a `netem.timing.now()` value, repr of a float): the receiver waits until then, so the host's

@@ -1,11 +1,11 @@
 """Offline placement: which node holds which experts, in which precision and memory tier.
 
 Offers the policies (one module each: `hetroute`, `ordermoe`, `prism`, `popularity`, `random`,
-`layer-shard`), all keeping every node's memory and at least one full-precision replica of every
-expert; `place(problem, policy)` runs one, checks it and measures it with the router's cost
-model and by its local group coverage (`coverage`); `problem_from_scenario` builds the problem
-of a scenario; `ilp.solve` is the exact ILP of the separable objective for small instances
-(the greedy's optimality gap).
+`layer-shard`, `edgeshard`), all keeping every node's memory and at least one full-precision
+replica of every expert; `place(problem, policy)` runs one, checks it and measures it with the
+router's cost model and by its local group coverage (`coverage`); `problem_from_scenario`
+builds the problem of a scenario; `ilp.solve` is the exact ILP of the separable objective for
+small instances (the greedy's optimality gap).
 
     problem = problem_from_scenario(load_scenario("experiments/scenarios/quickstart.yaml"))
     result = place(problem, "hetroute")
@@ -18,6 +18,7 @@ import random
 
 from .base import Ledger, PlacementResult, Policy, check
 from .coverage import local_group_coverage
+from .edgeshard import EdgeShardPlacement
 from .evaluate import DEFAULT_ROUTER, Simulation, separable_cost, simulate
 from .hetroute import HetRoutePlacement
 from .layer_shard import LayerShardPlacement
@@ -47,7 +48,7 @@ __all__ = [
 _CLASSES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (HetRoutePlacement, OrderMoEPlacement, PrismPlacement, PopularityPlacement,
-                RandomPlacement, LayerShardPlacement)
+                RandomPlacement, LayerShardPlacement, EdgeShardPlacement)
 }
 POLICIES = tuple(_CLASSES)
 

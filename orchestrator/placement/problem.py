@@ -81,6 +81,9 @@ class PlacementProblem:
     seed: int = 0
     settings: Settings = field(default_factory=Settings)
     model: str = "model"
+    # FLOPs per token and MoE layer outside the routed experts (attention, gate, shared
+    # experts): the part that runs where the dense part is (EdgeShard's stages)
+    dense_flops: float = 0.0
     traffic_source: str = "given"
     quality_source: str = "given"
 
@@ -294,6 +297,7 @@ def problem_from_scenario(scenario: Any, *, tokens: int | None = None,
         homes=homes, token_experts=experts, token_weights=weights,
         redundancy=spec.redundancy, variants=tuple(spec.variants), seed=seed,
         settings=settings, model=scenario.model.name,
+        dense_flops=profile.dense_flops_per_token() / profile.layers,
         traffic_source=traffic_source, quality_source=quality_source,
     )
 

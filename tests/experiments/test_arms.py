@@ -47,6 +47,16 @@ def test_bad_arms_name_the_problem(item: object, message: str) -> None:
         parse_arm(item)
 
 
+def test_a_pipelined_dense_part_needs_the_edgeshard_placement() -> None:
+    arm = parse_arm({"policy": "greedy", "placement": "edgeshard", "dense": "pipeline"})
+    assert arm.dense == "pipeline" and arm.label == "greedy@edgeshard [dense=pipeline]"
+    assert arm.to_json()["dense"] == "pipeline" and parse_arm("greedy").dense == "home"
+    with pytest.raises(ValueError, match="dense: pipeline needs placement: edgeshard"):
+        parse_arm({"policy": "greedy", "placement": "prism", "dense": "pipeline"})
+    with pytest.raises(ValueError, match="dense: must be one of home, pipeline"):
+        parse_arm({"policy": "greedy", "dense": "aggregate"})
+
+
 def test_a_label_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="listed twice"):
         arms_of(small_scenario(), ["hetroute", "hetroute"])
@@ -56,7 +66,8 @@ def test_shipped_paper_scenarios_load_with_their_arms() -> None:
     _, arms = load_experiment(SCENARIOS / "hetroute-paper.yaml")
     labels = [a.label for a in arms]
     assert labels[:2] == ["edgeshard", "prism"] and "exact" in labels
-    assert {a.placement for a in arms} >= {"layer-shard", "prism", None}
+    assert {a.placement for a in arms} >= {"edgeshard", "prism", None}
+    assert arms[0].dense == "pipeline" and {a.dense for a in arms[1:]} == {"home"}
     scenario, arms = load_experiment(SCENARIOS / "ordermoe-paper.yaml")
     assert scenario.placement.policy == "ordermoe"
     no_la = next(a for a in arms if a.label == "no-lookahead")

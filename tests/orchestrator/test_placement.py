@@ -99,6 +99,13 @@ def room(problem: PlacementProblem) -> int:
                for g, c in zip(problem.gpu_bytes, problem.cpu_bytes, strict=True))
 
 
+def whole_layers(problem: PlacementProblem) -> int:
+    """Whole layers (every expert, fp16) the nodes can hold together, each node on its own."""
+    b = problem.bytes_of("fp16")
+    return sum((0 if g < b else g // b if c < b else (g - b) // b + c // b) // problem.experts
+               for g, c in zip(problem.gpu_bytes, problem.cpu_bytes, strict=True))
+
+
 @st.composite
 def problems(draw: st.DrawFn) -> PlacementProblem:
     n = draw(st.integers(1, 5))
@@ -148,7 +155,12 @@ def test_every_policy_keeps_memory_and_a_full_precision_replica(problem: Placeme
             with pytest.raises(PlacementError, match="one fp16 copy of every expert needs"):
                 make_policy(policy).place(problem, random.Random(0))
             continue
-        ledger = make_policy(policy).place(problem, random.Random(0))
+        try:
+            ledger = make_policy(policy).place(problem, random.Random(0))
+        except PlacementError as exc:  # EdgeShard's stages hold whole layers, or nothing
+            assert policy == "edgeshard" and "whole layers" in str(exc), (policy, exc)
+            assert whole_layers(problem) < problem.layers
+            continue
         replicas = ledger.replicas()
         check(problem, replicas)  # memory per tier, CPU-tier room on the GPU, budget, fp16
         node_accepts(problem, replicas)
@@ -342,3 +354,61 @@ def test_simulated_traffic_counts_one_row_per_remote_node_not_per_expert() -> No
     per_expert = sum(where[e] != "h" for e in p.token_experts.flatten())
     assert remote < per_expert  # some token-layers use both of a's experts
     assert sim.traffic_bytes == pytest.approx(2 * p.shape.row_bytes * remote / p.tokens)
+
+
+def _edge_topology(links: dict[tuple[str, str], float], gpu: dict[str, int],
+                   tflops: dict[str, float] | None = None) -> Topology:
+    nodes = [Node(n, DeviceProfile("d", (tflops or {}).get(n, 1.0), g * B16 / 1e9 + 1e-9,
+                                   0.5 * B16 / 1e9, 1), 1.0 if n == "a" else 0.0)
+             for n, g in gpu.items()]
+    return Topology.build(nodes, symmetric={k: LinkSpec(delay_ms=d) for k, d in links.items()})
+
+
+def test_edgeshard_cuts_the_model_into_stages_along_fast_links() -> None:
+    """Issue 25 item 3: the stages follow the links and the devices, not the GPU sizes. The
+    only home is a; c has the largest GPU but sits behind 30 ms, b is 1 ms away: a's and b's
+    memory (2 layers each) hold the model, so the pipeline is a, a, b, b (one hop a → b, back
+    b → a), never c."""
+    topo = _edge_topology({("a", "b"): 1.0, ("a", "c"): 30.0, ("b", "c"): 30.0},
+                          {"a": 8, "b": 8, "c": 40})
+    p = make_problem(topo, layers=4, experts=4, top_k=2, redundancy=1.0)
+    result = place(p, "edgeshard")
+    assert result.notes["pipelines"] == [["a", "a", "b", "b"]]
+    owners = {r.layer: r.node for r in result.replicas}
+    assert [owners[layer] for layer in range(4)] == ["a", "a", "b", "b"]
+    assert len(result.replicas) == 16 and all(r.variant == "fp16" for r in result.replicas)
+    # the old layer-shard fills by GPU size: c first, whatever its links
+    assert {r.node for r in place(p, "layer-shard").replicas if r.layer == 0} == {"c"}
+
+
+def test_edgeshard_spends_the_redundancy_on_whole_pipelines() -> None:
+    """At redundancy 2.0 EdgeShard holds two copies (the memory HetRoute gets), each its own
+    pipeline; a node never holds one layer twice."""
+    topo = _edge_topology({("a", "b"): 1.0, ("a", "c"): 2.0, ("b", "c"): 1.0},
+                          {"a": 8, "b": 8, "c": 8})
+    p = make_problem(topo, layers=3, experts=4, top_k=2, redundancy=2.0)
+    result = place(p, "edgeshard")
+    pipes = result.notes["pipelines"]
+    assert len(pipes) == 2 and all(len(x) == 3 for x in pipes)
+    assert all(x != y for x, y in zip(*pipes, strict=True))  # layer l on two nodes
+    assert sum(p.bytes_of(r.variant) for r in result.replicas) == p.budget_bytes
+    for k, stages in enumerate(pipes):  # each stage holds every expert of its layer
+        for layer, node in enumerate(stages):
+            held = {r.expert for r in result.replicas if r.layer == layer and r.node == node}
+            assert held == set(range(4)), (k, layer, node)
+
+
+def test_a_pipeline_path_keeps_each_nodes_memory_and_never_returns() -> None:
+    from orchestrator.placement.edgeshard import StageCosts, pipeline_path
+
+    topo = _edge_topology({("a", "b"): 1.0, ("a", "c"): 1.0, ("b", "c"): 1.0},
+                          {"a": 8, "b": 8, "c": 8}, tflops={"a": 10.0, "b": 1.0, "c": 5.0})
+    p = make_problem(topo, layers=5, experts=4, top_k=2)
+    costs = StageCosts(replace(p, dense_flops=1e9))
+    path, ms = pipeline_path(costs, 5, [2, 5, 2], [2, 5, 2])
+    assert path.count(0) <= 2 and path.count(2) <= 2 and path[:2] == [0, 0]  # fastest first
+    runs = [n for i, n in enumerate(path) if i == 0 or path[i - 1] != n]
+    assert len(runs) == len(set(runs))  # no node entered twice
+    assert ms > 0
+    with pytest.raises(PlacementError, match="whole layers"):
+        pipeline_path(costs, 5, [1, 1, 2], [1, 1, 2])
