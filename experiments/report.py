@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.placement.edgeshard import stage_runs
 from router.records import MIX_KEYS
 
 from . import plots
@@ -442,23 +443,11 @@ def _dense_lines(meta: RunMeta) -> list[str]:
             for i, (stages, kv) in enumerate(zip(rec.get("pipelines", []),
                                                  rec.get("kv_bytes_per_token", []),
                                                  strict=False)):
-                table.append([label, str(i), " → ".join(_runs(stages)),
+                table.append([label, str(i), " → ".join(stage_runs(stages)),
                               ", ".join(f"{n} {b}" for n, b in kv.items())])
         lines += _table(["arm", "pipeline", "stages (layers)", "KV bytes per context token"],
                         table)
     return [*lines, ""]
-
-
-def _runs(stages: Sequence[str]) -> list[str]:
-    """edge5 edge5 edge7 → ["edge5 (0-1)", "edge7 (2)"]."""
-    out: list[str] = []
-    start = 0
-    for i in range(1, len(stages) + 1):
-        if i == len(stages) or stages[i] != stages[start]:
-            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
-            out.append(f"{stages[start]} ({span})")
-            start = i
-    return out
 
 
 def _base_lines(meta: RunMeta) -> list[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,19 @@ from moe.vocab import FULL_PRECISION
 from .base import Ledger, Policy, retier_by_popularity
 from .problem import PlacementError, PlacementProblem
 
-__all__ = ["EdgeShardPlacement", "StageCosts", "pipeline_path"]
+__all__ = ["EdgeShardPlacement", "StageCosts", "pipeline_path", "stage_runs"]
+
+
+def stage_runs(stages: Sequence[str]) -> list[str]:
+    """A pipeline in words: edge5 edge5 edge7 → ["edge5 (0-1)", "edge7 (2)"]."""
+    out: list[str] = []
+    start = 0
+    for i in range(1, len(stages) + 1):
+        if i == len(stages) or stages[i] != stages[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            out.append(f"{stages[start]} ({span})")
+            start = i
+    return out
 
 
 class StageCosts:

@@ -9,6 +9,7 @@ from typing import Any
 from moe.vocab import TIER_MARK, VARIANT_SPECS
 
 from .base import PlacementResult
+from .edgeshard import stage_runs
 
 __all__ = ["render"]
 
@@ -46,6 +47,10 @@ def render(result: PlacementResult, scenario: str = "", ilp: Any = None,
            f"{_size(notes.get('traffic_bytes_per_token', 0.0))} per token",
            f"  separable cost (each expert alone at its cheapest replica): "
            f"{result.separable_cost_ms:.4g} ms per token"]
+    for i, (stages, ms) in enumerate(zip(notes.get("pipelines", ()),
+                                         notes.get("pipeline_predicted_ms", ()), strict=False)):
+        out.append(f"  pipeline {i} (dense: pipeline; {ms:.4g} ms per decode token from the "
+                   f"homes and back): {' → '.join(stage_runs(stages))}")
     extra = {k: v for k, v in notes.items() if k in ("local_group_coverage", "groups",
                                                       "dropped", "quantized_replicas")}
     if "local_group_coverage" in extra:

@@ -151,3 +151,25 @@ def test_run_json_is_read_as_a_typed_record_old_runs_included(tmp_path: Path) ->
                       ({k: v for k, v in data.items() if k != "arms"}, "'arms' is missing")):
         with pytest.raises(ValueError, match=says):
             RunMeta.from_json(bad)
+
+
+def test_the_report_says_where_each_arms_dense_part_and_kv_cache_were(tmp_path: Path) -> None:
+    """Issue 25 item 3: home-gathering arms are named as such, a pipelined arm's stages and
+    the KV cache bytes each of them holds per context token are listed."""
+    es_t, es_r = make_rows("edgeshard", 30.0, seed=1)
+    hr_t, hr_r = make_rows("hetroute", 20.0, seed=3)
+    dense = {"edgeshard": {"mode": "pipeline", "kv_bytes_per_layer_token": 512,
+                           "kv_bytes_per_token_at_home": 2048,
+                           "pipelines": [["a", "a", "b", "c"]],
+                           "kv_bytes_per_token": [{"a": 1024, "b": 512, "c": 512}]},
+             "hetroute": {"mode": "home", "kv_bytes_per_layer_token": 512,
+                          "kv_bytes_per_token_at_home": 2048}}
+    folder = write_run(tmp_path / "run", [arm("edgeshard", "greedy", placement="edgeshard",
+                                              dense="pipeline"), arm("hetroute")],
+                       es_t + hr_t, es_r + hr_r, dense=dense)
+    summary = build_report(folder, plots_too=False)
+    assert summary["dense"] == dense
+    text = (folder / "report.md").read_text()
+    assert "## Where the dense part runs" in text
+    assert "the KV cache there, 2048 bytes per context token): hetroute." in text
+    assert "| edgeshard | 0 | a (0-1) → b (2) → c (3) | a 1024, b 512, c 512 |" in text

@@ -202,3 +202,18 @@ def test_arms_that_routed_alike_are_inert_not_a_test_of_the_claim(tmp_path: Path
     budget = _row(rows, "budget 0.5% → 3.0%")
     assert budget.holds == "mechanism inert (100% of tokens routed alike)"
     assert _row(rows, "mean latency, hetroute vs EdgeShard").holds == "yes"
+
+
+def test_edgeshard_is_the_pipelined_arm_and_layer_shard_only_in_older_runs() -> None:
+    """Issue 25 item 3: the EdgeShard rows compare against the pipelined arm; a run recorded
+    before it existed (no arm with `dense: pipeline`) still reads its layer-shard arm."""
+    from experiments.reproduce import edgeshard, find_arm
+
+    piped = {"label": "edgeshard", "policy": "greedy", "placement": "edgeshard",
+             "dense": "pipeline"}
+    old = {"label": "layer-shard", "policy": "greedy", "placement": "layer-shard"}
+    both = [old, piped]
+    assert find_arm(edgeshard, both, {"arms": both}) == "edgeshard"
+    assert find_arm(edgeshard, [old], {"arms": [old]}) == "layer-shard"
+    at_home = {**piped, "dense": "home"}  # the stages gathered at home are not EdgeShard's
+    assert find_arm(edgeshard, [at_home], {"arms": [at_home]}) is None
