@@ -293,7 +293,9 @@ class Driver:
         self.result.tokens.extend(tokens)
         self.result.requests.append(row)
         if answer is not None:
-            self.result.links += link_samples(req.home, answer.get("records") or (), self.tdf)
+            if self.arm.dense == "home":  # a pipelined layer's link is a one-way hop
+                self.result.links += link_samples(req.home, answer.get("records") or (),
+                                                  self.tdf)
             if answer.get("routing"):
                 self.result.routing.append(routing_line(self.arm.label, 0, req.id, req.home,
                                                         answer["routing"]))

@@ -17,9 +17,11 @@ load (`rate=LOAD/`); `load_rows` reads them:
 
 A load claim is about saturation, so a row says "yes" only where the baseline was saturated:
 it passed a lower load (its capacity is below the load that decides the row) and that load
-was held in steady state (not a burst, `capacity.Figure.burst`). A baseline that misses the
-SLO at the first load misses it unloaded, and a burst never held the load: either way the gap
-is the policies' unloaded latency gap, and the row says "latency gap" with the reason.
+was held in steady state (not a burst, `capacity.Figure.burst`). A burst never held the load
+and a baseline within its capacity is not saturated: the gap is the policies' latency gap, and
+the row says "latency gap" with the reason. A baseline that misses the SLO already at the
+first load may be saturated there or slower unloaded: the ladder cannot tell, and the row says
+"not tested" with the first load.
 """
 
 from __future__ import annotations
@@ -119,7 +121,9 @@ def unsaturated(data: Mapping[str, Any], policy: str, load: float) -> str | None
     None when it was: a lower load passed and `load` was held in steady state."""
     cap = data["capacity"][policy]
     if cap["load"] is None:
-        return f"latency gap: {policy} misses the SLO at the first load, unloaded"
+        first = data["points"][0]["load"]
+        return (f"not tested: {policy} misses the SLO at the first load ({first:g} req/s), "
+                f"saturated there or slower unloaded (a lower first load tells which)")
     if cap["load"] >= load:
         return f"latency gap: {policy} is within its capacity ({cap['load']:g}) here"
     fig = _figure_at(data, load, policy)

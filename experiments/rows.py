@@ -49,7 +49,7 @@ class TokenRow:
     substitute: int
     fallback: int
     quantized: int
-    local: int  # expert executions on the home node (any kind)
+    local: int  # expert executions on the home node (pipelined: the layer's stage; any kind)
     predicted_ms: float  # sum over layers of the plan's predicted bottleneck
     # The token's latency split (docs/measurement.md): what the mesh enforced as emulated time
     # on the token's critical path, by component, and the host's overhead (the rest). nan when

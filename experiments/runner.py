@@ -366,7 +366,8 @@ class _Run:
                    key=cost)
 
     def place_all(self) -> dict[str, list[dict]]:
-        """Every arm's placement, computed before any node starts; returns the first."""
+        """Every arm's placement, computed before any node starts; returns the one the mesh
+        starts with."""
         for arm in self.arms:
             key = arm.placement_key(self.scenario)
             if key not in self.placements:
@@ -377,7 +378,11 @@ class _Run:
                     self.scenario, arm)
                 self._time(f"placement:{name}", t)
         self.meta["dense"] = {arm.label: self._dense_record(arm) for arm in self.arms}
-        return self.placements[self.arms[0].placement_key(self.scenario)]
+        # the mesh starts (and its links are probed) on the placement that leaves the fewest
+        # nodes empty: the probe sends experts' work to every node (EdgeShard's stages leave
+        # some with none); each arm puts its own placement before it runs
+        return max((self.placements[a.placement_key(self.scenario)] for a in self.arms),
+                   key=lambda by_node: sum(1 for held in by_node.values() if held))
 
     def _dense_record(self, arm: Arm) -> dict[str, Any]:
         """run.json's `dense` of an arm: where its dense part runs and the KV cache bytes one
