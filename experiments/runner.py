@@ -648,6 +648,12 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             t0 = time.monotonic()
             async with open_mesh(scenario, first) as mesh:
                 run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
+                piped = [a.label for a in arms if a.dense == "pipeline"]
+                if piped and mesh.shaper != "app":
+                    raise ValueError(
+                        f"{', '.join(piped)}: dense: pipeline needs the app shaper (a stage's "
+                        f"hop is timed by its shaper), and this mesh's links are {mesh.shaper}"
+                        f"-shaped: run with --shaper app, or leave these arms out")
                 run._time("mesh_start_s", t0)
                 if options.link_probe and not run.meta.get("fidelity"):
                     await run.probe_links(mesh)

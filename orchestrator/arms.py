@@ -218,6 +218,12 @@ def load_experiment(path: str | Path) -> tuple[Scenario, tuple[Arm, ...]]:
         copy["policies"] = plain or [ROUTER_POLICIES[0]]
         data = copy
     scenario = scenario_from_data(data, Loc(str(path)), path.parent, default_name=path.stem)
+    if arms is not None and scenario.shaper == "tc":
+        for i, arm in enumerate(arms):
+            if arm.dense == "pipeline":
+                raise plist.item(raw, i).error(
+                    "dense: pipeline needs the app shaper (a stage's hop is timed by its "
+                    "shaper; tc computes no arrival), and this scenario says shaper: tc")
     return scenario, arms if arms is not None else arms_of(scenario)
 
 

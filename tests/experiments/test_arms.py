@@ -88,3 +88,22 @@ def test_a_bad_arm_in_a_file_gives_file_and_line(tmp_path: Path) -> None:
         load_experiment(path)
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "greedy@nowhere" in t)
     assert str(err.value).startswith(f"{path}:{line}: policies[1]: unknown placement 'nowhere'")
+
+
+def test_a_pipelined_arm_on_a_tc_scenario_is_refused_at_its_line(tmp_path: Path) -> None:
+    text = (SCENARIOS / "quickstart.yaml").read_text()
+    for old, new in (("policies: [local-first, greedy, hetroute, hetroute+ordermoe]",
+                      "policies:\n  - hetroute\n  - {policy: greedy, placement: edgeshard, "
+                      "dense: pipeline}\n"),
+                     ("shaper: app", "shaper: tc"), ("clock: virtual", "clock: realtime"),
+                     ("runtime: local", "runtime: netns"),
+                     ("topologies/edge5.yaml", str(SCENARIOS / "topologies" / "edge5.yaml"))):
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "tc.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as err:
+        load_experiment(path)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "dense: pipeline" in t)
+    assert str(err.value).startswith(f"{path}:{line}: policies[1]: dense: pipeline needs the "
+                                     "app shaper")
