@@ -148,20 +148,25 @@ class HtbClass:
     classid: str
     rate_bytes: int = 0  # bytes/s
     quantum: int = 0
-    burst: int = 0  # bytes; burst = cburst
+    burst: int = 0  # bytes: the rate's bucket
     parent: str = ROOT
     ceil_bytes: int = 0  # bytes/s; 0: the rate (a class that never borrows)
+    cburst_bytes: int = 0  # bytes: the ceil's bucket; 0: the same as burst
 
     @property
     def ceil(self) -> int:
         return self.ceil_bytes or self.rate_bytes
+
+    @property
+    def cburst(self) -> int:
+        return self.cburst_bytes or self.burst
 
     def describe(self) -> str:
         if self.action == "del":
             return f"tc class del dev {self.iface} classid {self.classid}"
         return (f"tc class {self.action} dev {self.iface} parent {self.parent} classid "
                 f"{self.classid} htb rate {self.rate_bytes * 8}bit ceil {self.ceil * 8}bit "
-                f"burst {self.burst} cburst {self.burst} quantum {self.quantum}")
+                f"burst {self.burst} cburst {self.cburst} quantum {self.quantum}")
 
 
 @dataclass(frozen=True)
@@ -284,9 +289,13 @@ def _class(action: Action, iface: str, slot: int, spec: LinkSpec,
         return HtbClass(action=action, iface=iface, classid=f"1:{slot:x}", rate_bytes=rate,
                         quantum=quantum_for(rate), burst=burst_for(rate, burst_ms))
     assured = min(rate, max(1, _bytes_per_s(uplink_mbit) // ACCESS_ASSURED))
+    # each bucket sized for its own rate: the kernel keeps a bucket as the time it takes to
+    # fill at that rate (32 bits of ticks), so a ceil-sized burst at the assured thousandth
+    # overflows on fast links (the probe's 100 Gbit/s "unlimited" links did)
     return HtbClass(action=action, iface=iface, classid=f"1:{slot:x}", rate_bytes=assured,
-                    quantum=quantum_for(rate), burst=burst_for(rate, burst_ms),
-                    parent=f"1:{ACCESS_MINOR:x}", ceil_bytes=rate)
+                    quantum=quantum_for(rate), burst=burst_for(assured, burst_ms),
+                    parent=f"1:{ACCESS_MINOR:x}", ceil_bytes=rate,
+                    cburst_bytes=burst_for(rate, burst_ms))
 
 
 def _access_class(iface: str, uplink_mbit: float, burst_ms: float) -> HtbClass:

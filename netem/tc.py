@@ -105,7 +105,7 @@ async def _send(ipr: AsyncIPRoute, index: int, op: TcOp) -> None:
         else:
             await ipr.tc(f"{op.action}-class", "htb", index=index, handle=handle(op.classid),
                          parent=handle(op.parent), rate=op.rate_bytes, ceil=op.ceil,
-                         burst=op.burst, cburst=op.burst, quantum=op.quantum)
+                         burst=op.burst, cburst=op.cburst, quantum=op.quantum)
     elif isinstance(op, NetemLeaf):
         await send_netem(ipr, index, handle(op.handle), handle(op.parent), op)
     elif isinstance(op, U32Dst):

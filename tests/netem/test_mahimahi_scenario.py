@@ -27,8 +27,14 @@ LONG_START = ("import sys; import orchestrator.runtimes.netns as netns; "
 
 
 def run_scenario(out: Path, *flags: str, timeout_s: float, slow_start: bool = False) -> dict:
+    return run_scenario_file(SCENARIO, out, *flags, timeout_s=timeout_s, slow_start=slow_start)
+
+
+def run_scenario_file(path: Path, out: Path, *flags: str, timeout_s: float,
+                      slow_start: bool = False) -> dict:
+    """`moemesh run PATH --out OUT --quiet FLAGS` in a child; its summary and run.json."""
     cli = ["-c", LONG_START] if slow_start else ["-m", "orchestrator.cli"]
-    proc = subprocess.run([sys.executable, *cli, "run", str(SCENARIO),
+    proc = subprocess.run([sys.executable, *cli, "run", str(path),
                            "--out", str(out), "--quiet", *flags], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -251,6 +251,21 @@ async def test_a_looping_schedule_s_step_log_stays_bounded(monkeypatch) -> None:
     assert all(a[0] <= b[0] for a, b in itertools.pairwise(log))
 
 
+def test_a_peer_class_under_an_access_link_fits_the_kernels_buckets() -> None:
+    """The kernel keeps an HTB bucket as the ticks it takes to fill at its rate, in 32 bits
+    (pyroute2 packs it as 'I'). A peer class under an uplink is assured a thousandth of it; a
+    burst sized for the link's ceil at that rate overflowed on the probe's 100 Gbit/s links
+    ("'I' format requires 0 <= number <= 4294967295", found in the kernel lab). Each bucket is
+    now sized for its own rate: at most a few seconds of ticks however fast the link."""
+    from pyroute2.netlink.rtnl.tcmsg.common import calc_xmittime
+
+    plan = plan_tree("eth0", {A: LinkSpec(delay_ms=0, rate_mbit=100_000)}, uplink_mbit=8)
+    (peer,) = [op for op in plan.ops if isinstance(op, HtbClass) and op.parent == "1:2"]
+    assert calc_xmittime(peer.rate_bytes, peer.burst) < 1 << 32
+    assert calc_xmittime(peer.ceil, peer.cburst) < 1 << 32
+    assert peer.cburst == burst_for(peer.ceil) and peer.burst == burst_for(peer.rate_bytes)
+
+
 def test_an_access_link_is_the_parent_of_every_peer_class() -> None:
     """Issue 25 item 1: with an uplink, one HTB class at its rate holds the peers' classes,
     each assured a thousandth of it and borrowing up to its own link rate; filters still
@@ -260,7 +275,7 @@ def test_an_access_link_is_the_parent_of_every_peer_class() -> None:
     assert lines[2] == ("tc class add dev eth0 parent 1: classid 1:2 htb rate 8000000bit "
                         "ceil 8000000bit burst 2600 cburst 2600 quantum 100000")
     assert lines[3] == ("tc class add dev eth0 parent 1:2 classid 1:10 htb rate 8000bit "
-                        "ceil 10000000bit burst 2850 cburst 2850 quantum 125000")
+                        "ceil 10000000bit burst 1601 cburst 2850 quantum 125000")
     assert lines[5].endswith("match ip dst 10.0.0.2/32 flowid 1:10")
     assert "parent 1: " in lines[5]
     peers = [op for op in plan.ops if isinstance(op, HtbClass) and op.parent == "1:2"]
