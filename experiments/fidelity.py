@@ -336,7 +336,12 @@ def pair_rows(fidelity: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"pair": key, "configured_delay_ms": conf["delay_ms"],
                                "probe_error": probe.get("error")}
         off = []
-        if "error" not in probe:
+        fitted = all(isinstance(probe.get(k), int | float) and math.isfinite(probe[k])
+                     for k in ("delay_ms", "rate_mbit"))
+        if "error" not in probe and not fitted:  # run.json keeps a failed fit as null
+            row["probe_error"] = "no fit (large messages no slower than small ones)"
+            off.append("no fit")
+        elif "error" not in probe:
             d_out, d_in = probe["d_out"], probe["d_in"]
             ser = (d_out * 8 / (conf["rate_ab_mbit"] * 1e3)
                    + d_in * 8 / (conf["rate_ba_mbit"] * 1e3))

@@ -72,6 +72,10 @@ def test_pairs_off_by_more_than_the_limits_are_flagged() -> None:
     assert summary is not None and not summary["within_limits"]
     assert summary["off"] == ["a-c", "b-c"]
     assert summary_of(None) is None
+    # a failed fit is kept in run.json as nulls: the pair is off with the reason, not a crash
+    probe["b-c"] = {**probe["a-b"], "delay_ms": None, "rate_mbit": None}
+    rows = {r["pair"]: r for r in pair_rows(_fidelity(probe))}
+    assert rows["b-c"]["off"] == ["no fit"] and "no fit" in rows["b-c"]["probe_error"]
 
 
 def test_the_runs_transfers_give_each_pairs_delay() -> None:
