@@ -296,8 +296,8 @@ class Engine:
         self.model = model
         # the dense part on EdgeShard's stages, when the mesh says so (router.pipeline)
         self.pipeline: Pipeline | None = None
-        if getattr(dispatcher.mesh, "pipelines", ()):  # one per dispatcher (its tier index)
-            if getattr(dispatcher, "pipeline", None) is None:
+        if dispatcher.mesh.pipelines:  # one per dispatcher (its tier index)
+            if dispatcher.pipeline is None:
                 dispatcher.pipeline = Pipeline(dispatcher, self.dense_flops)
             self.pipeline = dispatcher.pipeline
 

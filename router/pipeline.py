@@ -10,8 +10,8 @@ On the emulated timeline, per layer:
    shaper): the pair's FIFO and the sender's uplink, as any message it sends;
 2. **dense**: the layer's share of the dense FLOPs on s_l's device (not the home's);
 3. **experts**: one `forward` to s_l that arrives when 1 and 2 say and whose answer is not
-   shaped back (the result stays on s_l for the next layer: `NodeClient.forward_at`), or the
-   home's own in-process path when s_l is the home; the stage's queue, loads and compute are
+   shaped back (the result stays on s_l for the next layer: `MeshTransport.forward_at`), or
+   the home's own in-process path when s_l is the home; the stage's queue, loads and compute are
    the node's own.
 
 After the last layer the rows hop back home, where the head picks the next token (the
@@ -26,7 +26,7 @@ arrival for a hop (the node answers 409).
 
 from __future__ import annotations
 
-import asyncio
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,17 +53,13 @@ __all__ = ["Pipeline", "kv_bytes_per_token"]
 def kv_bytes_per_token(stages: Sequence[str], per_layer: int) -> dict[str, int]:
     """KV cache bytes one context token holds on each node of a pipeline (per_layer bytes for
     every layer whose stage it is)."""
-    out: dict[str, int] = {}
-    for node in stages:
-        out[node] = out.get(node, 0) + per_layer
-    return out
+    return {node: layers * per_layer for node, layers in Counter(stages).items()}
 
 
 class Pipeline:
     """Runs MoE layers on their stages (module docstring); one per dispatcher."""
 
     def __init__(self, dispatcher: Any, dense_flops_per_layer: Any) -> None:
-        self.d = dispatcher
         self.mesh = dispatcher.mesh
         self.transport: MeshTransport = dispatcher.transport
         self.home = dispatcher.home
@@ -71,24 +67,20 @@ class Pipeline:
         self.dtype = dispatcher.settings.wire_dtype
         self.row_bytes = dispatcher.shape.d_model * ACTIVATION_BYTES[self.dtype]
         self.timeout_s = dispatcher.settings.token_ms / 1e3
-        tiers = {(r.layer, r.expert, r.node): r.tier for r in self.mesh.placement.replicas
-                 if r.variant == FULL_PRECISION}
-        self.tiers = tiers
-
-    @property
-    def active(self) -> bool:
-        return bool(self.mesh.pipelines)
+        self.tiers = {(r.layer, r.expert, r.node): r.tier for r in self.mesh.placement.replicas
+                      if r.variant == FULL_PRECISION}
 
     def choose(self) -> tuple[str, ...]:
         """The pipeline quickest from this home by the mesh's priors: one decode token's hops
         (one row) and dense FLOPs on each stage (the stage's queues are not known ahead)."""
+        flops = self.dense_flops(1, 1)
+
         def cost(stages: tuple[str, ...]) -> float:
             ms, where = 0.0, self.home
             for stage in (*stages, self.home):
                 if stage != where:
                     ms += self.mesh.link(where, stage).tx_ms(self.row_bytes)
                 where = stage
-            flops = self.dense_flops(1, 1)
             return ms + sum(1e3 * flops / self.mesh.nodes[s].prior.flops_per_s for s in stages)
 
         return min(self.mesh.pipelines, key=lambda p: (cost(p), p))
@@ -158,12 +150,10 @@ class Pipeline:
                               for e, g in zip(experts, weights, strict=True)))
         return tuple(work), cpu
 
-    async def _forward(self, stage: str, layer: int, x: Tensor, work, ready: float):
-        if stage == self.home and self.transport.local is not None:
-            group = Group(layer, self.dtype, x.to(DTYPES[self.dtype]), work)
-            async with asyncio.timeout(self.timeout_s):
-                outs, timing, done, state = await self.transport.local.forward([group], ready)
-            return ForwardResponse(tuple(y for y, _ in outs), timing, state, done)
-        group = Group(layer, self.dtype, encode_tensor(x, self.dtype), work)
-        return await self.transport.client.forward_at(self.transport.urls[stage], [group],
-                                                      ready, timeout_s=self.timeout_s)
+    async def _forward(self, stage: str, layer: int, x: Tensor, work, ready: float
+                       ) -> ForwardResponse:
+        """The layer's work on its stage, arrived at `ready`: the home's rows travel as a
+        tensor in-process, another stage's as the wire's bytes (as the dispatcher's groups)."""
+        rows = x.to(DTYPES[self.dtype]) if stage == self.home else encode_tensor(x, self.dtype)
+        return await self.transport.forward_at(stage, [Group(layer, self.dtype, rows, work)],
+                                               ready, self.timeout_s)

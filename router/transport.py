@@ -112,6 +112,16 @@ class MeshTransport:
         arrive = await links.schedule(dst, nbytes, at=at, timeout_s=timeout_s)
         return at if arrive is None else arrive
 
+    async def forward_at(self, node: str, groups: Sequence[Group], arrival: float,
+                         timeout_s: float) -> ForwardResponse:
+        """Groups already at `node` by `arrival` (emulated), its answer staying there: a
+        pipeline stage's own layer (router.pipeline). The home node's in-process path is that
+        already; another node's forward is sent with that arrival and answered unshaped."""
+        if node == self.home and self.local is not None:
+            return await self.forward(node, groups, "", timeout_s, arrival)
+        return await self.client.forward(self.urls[node], groups, timeout_s=timeout_s,
+                                         arrive=arrival)
+
     async def forward(
         self, node: str, groups: Sequence[Group], req: str, timeout_s: float,
         ready: float | None = None,

@@ -144,13 +144,22 @@ class NodeClient:
     # -- data plane -----------------------------------------------------------------------
     async def forward(self, url: str, groups: Sequence[Group], *, req: str = "",
                       peer: str | None = None, timeout_s: float | None = None,
-                      ready: float | None = None, parts: bool = False) -> ForwardResponse:
+                      ready: float | None = None, parts: bool = False,
+                      arrive: float | None = None) -> ForwardResponse:
         """Send groups to the node at url (base URL); `peer` is its name, for link shaping,
         and `ready` when they left this node on the emulated timeline (default now); `parts`
-        asks for the per-expert outputs too. The answer carries both bodies' sizes."""
+        asks for the per-expert outputs too. The answer carries both bodies' sizes.
+
+        `arrive`: the groups are already at the node by then (emulated): not shaped on the way
+        there, and the answer is not shaped back (no `X-Moemesh-From`). A pipeline stage runs
+        its own layer so (router.pipeline): the rows reached it by a hop, and its result stays
+        there for the next one."""
         body = pack_request(groups, req, parts)
         headers = {"Content-Type": CONTENT_TYPE}
-        if self.settings.name:
+        if arrive is not None:
+            headers[ARRIVE_HEADER] = repr(arrive)
+            peer = None
+        elif self.settings.name:
             headers[SELF_HEADER] = self.settings.name
         data, _, back = await self._call("POST", url, FORWARD_PATH, body=body, headers=headers,
                                          peer=peer, ready=ready,
@@ -175,22 +184,6 @@ class NodeClient:
             return float(json.loads(data)["arrive"])
         except (ValueError, KeyError, TypeError) as exc:
             raise NodeRefused(url, 200, "bad_answer", f"hop answer: {exc}") from None
-
-    async def forward_at(self, url: str, groups: Sequence[Group], arrival: float, *,
-                         req: str = "", timeout_s: float | None = None) -> ForwardResponse:
-        """Groups that are already at the node at url by `arrival` (emulated): not shaped on
-        the way there, and the answer is not shaped back (no `X-Moemesh-From`). A pipeline
-        stage runs its own layer's experts so (router.pipeline): the rows reached it by a hop,
-        and its result stays there for the next one."""
-        body = pack_request(groups, req, False)
-        headers = {"Content-Type": CONTENT_TYPE, ARRIVE_HEADER: repr(arrival)}
-        data, _, _ = await self._call("POST", url, FORWARD_PATH, body=body, headers=headers,
-                                      limit_s=timeout_s or self.settings.forward_s,
-                                      data_plane=True)
-        try:
-            return unpack_response(data, arrived=now(), body_bytes=(len(body), len(data)))
-        except ValueError as exc:
-            raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
 
     # -- control plane --------------------------------------------------------------------
     async def _control(self, method: str, url: str, path: str, payload: Any = None) -> Any:

@@ -155,3 +155,19 @@ async def test_hop_on_a_tc_shaped_node_is_a_409_that_says_why(stack, router_comp
             assert "app shaper" in (await r.json())["detail"]
     finally:
         node.links.shaper = real
+
+
+async def test_the_home_as_a_stage_runs_its_layer_in_process(stack, router_compute) -> None:
+    """Stage 0 is the home itself: no hop, its layer through its own request path; the values
+    are still the model's."""
+    placement = {"h": PLACEMENT["a"], "a": [], "b": PLACEMENT["b"]}
+    mesh = await start_inproc_mesh(stack, router_compute, placement, DELAYS)
+    body = {**mesh_body(mesh.urls, placement, DELAYS), "dense": {"pipelines": [["h", "b"]]}}
+    mesh.router.configure(Mesh.from_json(body, "h"))
+    got = await mesh.router.engine().generate(prompt(6), 4, make_policy("greedy"), budget=0.0)
+    assert got.failed is None
+    first, second = got.records[-1].layers
+    assert first.nodes == ("h",) and first.link_ms == 0.0 and second.link_ms > 11.0
+    ref = await start_inproc_mesh(stack, router_compute, PLACEMENT, DELAYS)
+    want = await ref.router.engine().generate(prompt(6), 4, make_policy("exact"))
+    assert got.tokens == want.tokens
