@@ -92,28 +92,29 @@ async def test_rate_limit_is_met(mesh: dict) -> None:
 
 
 async def test_an_access_link_caps_what_the_peers_receive_together(mesh: dict) -> None:
-    """Issue 25 item 1: n1's two 10 Mbit/s links sit under one 10 Mbit/s uplink (an HTB
-    parent). UDP offered to both at once at 1.25x each: together they get the uplink's 10
+    """Issue 25 item 1: n1's two 4 Mbit/s links sit under one 4 Mbit/s uplink (an HTB
+    parent). UDP offered to both at once at 1.25x each: together they get the uplink's 4
     Mbit/s (within 3%, the issue's bound for the shared rate), each about half; each alone
-    would get 10."""
+    would get 4. (At 10 Mbit/s the one-CPU guest could not always offer the 25 Mbit/s this
+    needs: 9.6 in one CI run, three tries in a row.)"""
     n1, n2, n3 = mesh["n1"], mesh["n2"], mesh["n3"]
     shaper = TcShaper(netns=n1.netns, iface="eth0", burst_ms=20)
-    link = LinkSpec(delay_ms=2, rate_mbit=10, queue_pkts=4000)
+    link = LinkSpec(delay_ms=2, rate_mbit=4, queue_pkts=4000)
     try:
         await shaper.apply({"n2": link, "n3": link}, addresses(mesh, "n2", "n3"),
-                           uplink_mbit=10)
-        assert shaper.snapshot()["uplink_mbit"] == 10
+                           uplink_mbit=4)
+        assert shaper.snapshot()["uplink_mbit"] == 4
         for _ in range(TRIES):  # a guest too slow to offer the load measures the guest
             to2, to3 = await asyncio.gather(
-                measure.udp_rate(n1.netns, n2.address, PORT, 10, seconds=2.0),
-                measure.udp_rate(n1.netns, n3.address, PORT, 10, seconds=2.0))
-            if to2["offered_mbit"] + to3["offered_mbit"] > 20:
+                measure.udp_rate(n1.netns, n2.address, PORT, 4, seconds=2.0),
+                measure.udp_rate(n1.netns, n3.address, PORT, 4, seconds=2.0))
+            if to2["offered_mbit"] + to3["offered_mbit"] > 8:
                 break
     finally:
         await shaper.close()
-    assert to2["offered_mbit"] + to3["offered_mbit"] > 20  # the sender kept both busy
-    assert to2["rate_mbit"] + to3["rate_mbit"] == pytest.approx(10, rel=0.03)
-    assert to2["rate_mbit"] == pytest.approx(5, rel=0.25)
+    assert to2["offered_mbit"] + to3["offered_mbit"] > 8  # the sender kept both busy
+    assert to2["rate_mbit"] + to3["rate_mbit"] == pytest.approx(4, rel=0.03)
+    assert to2["rate_mbit"] == pytest.approx(2, rel=0.25)
 
 
 async def test_loss_is_near_the_configured_rate(mesh: dict) -> None:
