@@ -143,9 +143,10 @@ def test_an_access_link_probe_measures_the_shared_uplink_over_the_app_shaper() -
     from experiments.fidelity import RATE_REL, uplink_fit, uplink_rows
 
     data = asyncio.run(_probe_together())
-    fit = uplink_fit(data, tdf=1.0)
+    fit = uplink_fit([data, data], tdf=1.0)
     assert fit["rate_mbit"] == pytest.approx(20.0, rel=RATE_REL)
-    assert sorted(fit["peers"]) == ["p", "q", "r"] and max(fit["late_ms"]) > 0
+    assert sorted(fit["peers"]) == ["p", "q", "r"] and max(fit["late_ms"][0]) > 0
+    assert fit["rounds_mbit"][0] == fit["rounds_mbit"][1]
     fidelity = {"uplinks": {"h": {"configured_mbit": 20.0, **fit}},
                 "configured": {}, "probe": {}}
     (row,) = uplink_rows(fidelity)
@@ -206,3 +207,22 @@ def test_a_pair_behind_an_access_link_is_rated_at_the_uplink_and_not_judged_on_r
                 "passive": {"a-b": {"delay_ms": 5.0, "n": 10}}}
     (row,) = pair_rows(fidelity)
     assert row["passive_error_ms"] == pytest.approx(1.0) and "run delay" not in row["off"]
+
+
+def test_under_tc_a_message_counts_its_frames_and_head() -> None:
+    """tc's HTB counts frames, the app shaper bodies (`wire_bytes`): a 10,000-byte body is
+    10,250 sent bytes in 8 segments of 1,448, 66 bytes of headers each; the uplink fit from
+    the same samples then reads the rate higher by that ratio."""
+    from experiments.fidelity import uplink_fit, wire_bytes
+
+    assert wire_bytes(10_000, framed=False) == 10_000
+    assert wire_bytes(10_000, framed=True) == 10_250 + 8 * 66
+    sample = {"queue_ms": 0.0, "load_ms": 0.0, "compute_ms": 0.0, "bytes_out": 10_000}
+    data = {"peers": ["p", "q"],
+            "alone": [{**sample, "peer": p, "rtt_ms": 50.0} for p in "pq"],
+            "together": [{**sample, "peer": "p", "rtt_ms": 90.0},
+                         {**sample, "peer": "q", "rtt_ms": 70.0}]}
+    body = uplink_fit([data], tdf=1.0)
+    framed = uplink_fit([data], tdf=1.0, framed=True)
+    assert body["rate_mbit"] == pytest.approx(8 * 10_000 / 40e3)  # one message per 40 ms
+    assert framed["rate_mbit"] / body["rate_mbit"] == pytest.approx(10_778 / 10_000)
