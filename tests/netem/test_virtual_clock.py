@@ -150,10 +150,13 @@ def test_a_closed_reader_and_a_reused_address_pair_do_not_hold_the_clock() -> No
         x.idle(start + 9.0, [*xs, 1, 100, 0, 1])
         srv.idle(start + 5.0, [*ss, 2, 900, 100, 0])
         assert srv.woken() and authority.clock.now() == start + 5.0
-        # the server saw the end and closed; then y got the same address pair: its request
-        # (40 B) is in flight to the server's new socket, which has not read it
-        srv.idle(start + 6.0, [*ss, 2, 900, 100, 1], [*ss, 4, 0, 0, 0])
+        # y got the same address pair: its request (40 B) is in flight to the server's new
+        # socket, which has not read it; then the server, which saw the end, reports the old
+        # one closed. y's report goes first and is given time to land: the two come on two
+        # sockets, and the server's alone (everyone idle, nothing unread) would move the clock
         y.idle(start + 7.0, [*xs, 3, 40, 0, 0])
+        time.sleep(0.2)
+        srv.idle(start + 6.0, [*ss, 2, 900, 100, 1], [*ss, 4, 0, 0, 0])
         assert not srv.woken(0.3) and authority.clock.now() == start + 5.0
         assert "+40 / +0 bytes unread" in authority.describe_stall()
         # it reads them (and answers 10 B, which y reads): balanced, the clock moves on
