@@ -34,11 +34,11 @@ then to all of them at once (`POST /v1/probe` with `peers`, router.probe.probe_t
 Sent together they queue on the uplink, so the last is late against its lone round trip by
 what the other k−1 put through it first: uplink = 8·(k−1)·B / the largest lateness (B: one
 message's bytes). `UPLINK_ROUNDS` rounds after `UPLINK_WARMUP` not counted, the median
-rate. Off when it differs from the
-configured uplink by more than `RATE_REL`. The messages are long (`UPLINK_MS`, ten times
-`LARGE_MS`) and the rounds several because under tc the host's own time per message (its
-CPU turning bytes into packets and back) hides partly behind the serialisation and is not
-subtracted: the longer the serialisation beside it, the smaller the error.
+rate. Off when it differs from the configured uplink by more than `RATE_REL`. The messages
+are long (`UPLINK_MS`, ten times `LARGE_MS`) and the rounds several because under tc the
+host's own time per message (its CPU turning bytes into packets and back) hides partly behind
+the serialisation and is not subtracted: the longer the serialisation beside it, the smaller
+the error.
 
 **What a rate counts.** The app shaper serialises a message's body; tc's HTB counts every
 frame on the wire: the body, the HTTP head (about `HTTP_HEAD_BYTES`) and `FRAME_BYTES` of
@@ -89,6 +89,11 @@ def wire_bytes(body: float, framed: bool) -> float:
         return body
     sent = body + HTTP_HEAD_BYTES
     return sent + math.ceil(sent / MSS_BYTES) * FRAME_BYTES
+
+
+def _framed(mesh: Any) -> bool:
+    """Whether the mesh's links count frames (tc) rather than message bodies (app)."""
+    return getattr(mesh, "shaper", "app") == "tc"
 
 
 def pairs_of(topology: Topology) -> list[tuple[str, str]]:
@@ -169,7 +174,7 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
     if not token:
         return {f"{a}-{b}": {"error": "the mesh target gives no control token"}
                 for a, b in pairs_of(topology)}
-    framed = clock == "rtt_ms" and getattr(mesh, "shaper", "app") == "tc"
+    framed = clock == "rtt_ms" and _framed(mesh)
     if any(n.uplink_mbit for n in topology.nodes):
         parallel = 1  # pairs with a node in common would share its access link
     limit = asyncio.Semaphore(parallel)
@@ -246,7 +251,7 @@ async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: in
                             raise RuntimeError(f"{node.name}: {resp.status} {data}")
                     rounds.append(data)
                 out[node.name] = {**conf, **uplink_fit(
-                    rounds[UPLINK_WARMUP:], tdf, framed=getattr(mesh, "shaper", "app") == "tc")}
+                    rounds[UPLINK_WARMUP:], tdf, framed=_framed(mesh))}
             except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
                     statistics.StatisticsError) as exc:
                 out[node.name] = {**conf, "error": f"{type(exc).__name__}: {exc}"[:300]}
