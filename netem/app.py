@@ -50,7 +50,7 @@ from netem.dist import CorrelatedRandom, draw_delay_ms
 from netem.errors import BadLinkInput, LinkDownError
 from netem.gemodel import GeChain
 from netem.mahimahi import DeliveryTrace, OpportunityQueue
-from netem.spec import LinkSpec, check_links, check_uplink
+from netem.spec import LinkSpec, check_access, check_links
 from netem.timing import now, sleep_until
 
 __all__ = ["AppShaper"]
@@ -97,7 +97,7 @@ class AppShaper:
         self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
         *, uplink_mbit: float | None = None,
     ) -> None:
-        uplink = check_uplink(uplink_mbit)
+        uplink = check_access(uplink_mbit)
         new = check_links(links)
         if uplink != self.uplink_mbit:
             self.uplink_mbit = uplink

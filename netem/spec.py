@@ -24,7 +24,7 @@ from netem.errors import BadLinkInput
 from netem.gemodel import GeLoss
 from netem.schedule import Schedule, Step
 
-__all__ = ["JSON_FIELDS", "LinkSpec", "check_links", "check_uplink"]
+__all__ = ["JSON_FIELDS", "LinkSpec", "check_access", "check_links"]
 
 # The per-peer keys of PUT /v1/links that become a LinkSpec; "address" is the node's business.
 JSON_FIELDS = ("delay_ms", "jitter_ms", "rate_mbit", "loss_pct", "queue_pkts", "jitter_dist",
@@ -227,11 +227,12 @@ def check_links(links: Mapping[str, LinkSpec]) -> dict[str, LinkSpec]:
     return out
 
 
-def check_uplink(uplink_mbit: object) -> float | None:
-    """A node's access-link rate in Mbit/s (None: none), validated (shared by both backends)."""
-    if uplink_mbit is None:
+def check_access(rate_mbit: object, field: str = "uplink_mbit") -> float | None:
+    """One of a node's access-link rates in Mbit/s (`field`: uplink_mbit or downlink_mbit;
+    None: none), validated (shared by both backends)."""
+    if rate_mbit is None:
         return None
-    if (isinstance(uplink_mbit, bool) or not isinstance(uplink_mbit, int | float)
-            or not math.isfinite(uplink_mbit) or not uplink_mbit > 0):
-        raise BadLinkInput(f"uplink_mbit must be a rate > 0, got {uplink_mbit!r}")
-    return float(uplink_mbit)
+    if (isinstance(rate_mbit, bool) or not isinstance(rate_mbit, int | float)
+            or not math.isfinite(rate_mbit) or not rate_mbit > 0):
+        raise BadLinkInput(f"{field} must be a rate > 0, got {rate_mbit!r}")
+    return float(rate_mbit)

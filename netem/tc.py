@@ -51,7 +51,7 @@ from netem.plan import (
     plan_tree,
     plan_up,
 )
-from netem.spec import LinkSpec, check_links, check_uplink
+from netem.spec import LinkSpec, check_access, check_links
 from netem.timing import now, sleep_until
 
 __all__ = ["NetlinkThread", "TcShaper", "execute", "handle", "open_netlink"]
@@ -255,7 +255,7 @@ class TcShaper:
         self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
         *, uplink_mbit: float | None = None,
     ) -> None:
-        uplink = check_uplink(uplink_mbit)
+        uplink = check_access(uplink_mbit)
         if uplink is not None:
             uplink /= self.time_dilation
         links = check_links(links)
