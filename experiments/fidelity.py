@@ -18,27 +18,29 @@ Two measurements per pair of nodes {a, b}, both in scenario time (wall / time di
   is the pair's one-way delay as the real transfers saw it. (A token's record does not carry
   its batch's bytes, so goodput is measured by the probe alone.)
 
-Configured, for the same pair: delay = the mean of a→b's and b→a's `delay_ms`; rate = the
-rate that the probe's bytes would see over the round trip, `8·ΔB / (Δout·8/r_ab +
-Δin·8/r_ba)` (= r for a symmetric pair), where r_ab is the slower of the link and a's access
-link (`uplink_mbit`): a message alone crosses both in tandem. A pair is **off** when a
-measured delay differs by more than max(`DELAY_ABS_MS`, `DELAY_REL`·configured) or the
+Configured, for the same pair: delay = the mean of a→b's and b→a's `delay_ms`; rate = the rate
+that the probe's bytes would see over the round trip, `8·ΔB / (Δout·8/r_ab + Δin·8/r_ba)` (= r
+for a symmetric pair), where r_ab is the slowest of the link, a's uplink and b's downlink
+(`uplink_mbit`, `downlink_mbit`): a message alone crosses them in tandem. A pair is **off**
+when a measured delay differs by more than max(`DELAY_ABS_MS`, `DELAY_REL`·configured) or the
 goodput by more than `RATE_REL`. With access links the pairs are probed one at a time (two
 pairs with a node in common would share its uplink), and a pair with an access link at either
-end is not judged on its run delay, which includes waits behind other tokens' transfers on
-the shared uplink (contention the run had).
+end is not judged on its run delay, which includes waits behind other tokens' transfers on the
+shared uplink (contention the run had).
 
-**Access links** (nodes with `uplink_mbit` and at least two peers): the node sends one large
-message (about `UPLINK_MS` at its uplink's rate) to each of up to `UPLINK_PEERS` peers alone,
-then to all of them at once (`POST /v1/probe` with `peers`, router.probe.probe_together).
-Sent together they queue on the uplink, so the last is late against its lone round trip by
-what the other k−1 put through it first: uplink = 8·(k−1)·B / the largest lateness (B: one
-message's bytes). `UPLINK_ROUNDS` rounds after `UPLINK_WARMUP` not counted, the median
-rate. Off when it differs from the configured uplink by more than `RATE_REL`. The messages
-are long (`UPLINK_MS`, ten times `LARGE_MS`) and the rounds several because under tc the
-host's own time per message (its CPU turning bytes into packets and back) hides partly behind
-the serialisation and is not subtracted: the longer the serialisation beside it, the smaller
-the error.
+**Access links** (nodes with `uplink_mbit` or `downlink_mbit` and at least two peers): the node
+sends one large message (about `UPLINK_MS` at its access link's rate) to each of up to
+`UPLINK_PEERS` peers alone, then to all of them at once (`POST /v1/probe` with `peers`,
+router.probe.probe_together). Sent together they queue on the uplink, and their answers (as
+large) on the downlink, so the last is late against its lone round trip by what the other k−1
+put through the slower of the two first: rate = 8·(k−1)·B / the largest lateness (B: one
+message's bytes, the requests' for an uplink, the answers' for a downlink). The row checks that
+slower one (`way`): a node with both is checked at its bottleneck. `UPLINK_ROUNDS` rounds after
+`UPLINK_WARMUP` not counted, the median rate. Off when it differs from its configured rate by
+more than `RATE_REL`. The messages are long (`UPLINK_MS`, ten times `LARGE_MS`) and the rounds
+several because under tc the host's own time per message (its CPU turning bytes into packets
+and back) hides partly behind the serialisation and is not subtracted: the longer the
+serialisation beside it, the smaller the error.
 
 **What a rate counts.** The app shaper serialises a message's body; tc's HTB counts every
 frame on the wire: the body, the HTTP head (about `HTTP_HEAD_BYTES`) and `FRAME_BYTES` of
@@ -106,11 +108,21 @@ def _specs(topology: Topology) -> dict[tuple[str, str], Any]:
     return {(link.src, link.dst): link.spec for link in topology.links}
 
 
-def _rate(topology: Topology, src: str, spec: Any) -> float:
-    """What one message alone gets from src over `spec`: the link and src's access link in
-    tandem, so the slower of the two."""
-    uplink = topology.node(src).uplink_mbit
-    return spec.rate_mbit if uplink is None else min(spec.rate_mbit, uplink)
+def _rate(topology: Topology, src: str, dst: str, spec: Any) -> float:
+    """What one message alone gets from src to dst over `spec`: the link, src's uplink and
+    dst's downlink in tandem, so the slowest of them."""
+    access = (topology.node(src).uplink_mbit, topology.node(dst).downlink_mbit)
+    return min([spec.rate_mbit, *(r for r in access if r is not None)])
+
+
+def _bottleneck(node: Any) -> tuple[str, float] | None:
+    """("uplink" | "downlink", its rate): the slower of the node's access links, or None."""
+    ways = [(rate, way) for way, rate in (("uplink", node.uplink_mbit),
+                                          ("downlink", node.downlink_mbit)) if rate is not None]
+    if not ways:
+        return None
+    rate, way = min(ways)
+    return way, rate
 
 
 def configured(topology: Topology, a: str, b: str) -> dict[str, float]:
@@ -118,9 +130,10 @@ def configured(topology: Topology, a: str, b: str) -> dict[str, float]:
     (its access link's included)."""
     specs = _specs(topology)
     ab, ba = specs[(a, b)], specs[(b, a)]
-    shared = any(topology.node(n).uplink_mbit is not None for n in (a, b))
-    return {"delay_ms": (ab.delay_ms + ba.delay_ms) / 2, "rate_ab_mbit": _rate(topology, a, ab),
-            "rate_ba_mbit": _rate(topology, b, ba), "jitter_ms": max(ab.jitter_ms, ba.jitter_ms),
+    shared = any(topology.node(n).access for n in (a, b))
+    return {"delay_ms": (ab.delay_ms + ba.delay_ms) / 2,
+            "rate_ab_mbit": _rate(topology, a, b, ab), "rate_ba_mbit": _rate(topology, b, a, ba),
+            "jitter_ms": max(ab.jitter_ms, ba.jitter_ms),
             "loss_pct": max(ab.loss_pct, ba.loss_pct), **({"shared": True} if shared else {})}
 
 
@@ -175,7 +188,7 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
         return {f"{a}-{b}": {"error": "the mesh target gives no control token"}
                 for a, b in pairs_of(topology)}
     framed = clock == "rtt_ms" and _framed(mesh)
-    if any(n.uplink_mbit for n in topology.nodes):
+    if any(n.access for n in topology.nodes):
         parallel = 1  # pairs with a node in common would share its access link
     limit = asyncio.Semaphore(parallel)
 
@@ -199,11 +212,13 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
     return {k: out[k] for k in sorted(out)}
 
 
-def uplink_fit(rounds: Sequence[Mapping[str, Any]], tdf: float, framed: bool = False
-               ) -> dict[str, Any]:
+def uplink_fit(rounds: Sequence[Mapping[str, Any]], tdf: float, framed: bool = False,
+               way: str = "uplink") -> dict[str, Any]:
     """The access link's rate from `probe_together` answers, one per round: each round's rate
     (the module docstring), their median; `late_ms` per round; `framed`: bytes as tc counts
-    them (`wire_bytes`)."""
+    them (`wire_bytes`); `way`: the link measured, "uplink" (the requests' bytes) or
+    "downlink" (the answers')."""
+    side = "bytes_out" if way == "uplink" else "bytes_in"
     def link(s: Mapping[str, Any]) -> float:
         return (s["rtt_ms"] - s["queue_ms"] - s["load_ms"] - s["compute_ms"]) / tdf
 
@@ -211,34 +226,36 @@ def uplink_fit(rounds: Sequence[Mapping[str, Any]], tdf: float, framed: bool = F
     for data in rounds:
         alone = {s["peer"]: link(s) for s in data["alone"]}
         late = [link(s) - alone[s["peer"]] for s in data["together"]]
-        nbytes = wire_bytes(statistics.median(s["bytes_out"] for s in data["together"]),
-                            framed)
+        nbytes = wire_bytes(statistics.median(s[side] for s in data["together"]), framed)
         worst = max(late)
         rates.append(8 * (len(late) - 1) * nbytes / (worst * 1e3) if worst > 0 else math.nan)
         lates.append([round(x, 6) for x in late])
     finite = [r for r in rates if math.isfinite(r)]
     return {"rate_mbit": statistics.median(finite) if finite else math.nan,
             "rounds_mbit": [round(r, 4) for r in rates], "peers": list(rounds[0]["peers"]),
-            "bytes": nbytes, "late_ms": lates}
+            "bytes": nbytes, "late_ms": lates, "way": way}
 
 
 async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: int
                         ) -> dict[str, dict[str, Any]]:
-    """Every node with an access link and two peers or more: node → the fit (`uplink_fit`)
-    beside its configured rate, or {"error": why}. One node at a time."""
+    """Every node with an access link and two peers or more: node → the fit (`uplink_fit`) of
+    its slower access link beside its configured rate, or {"error": why}. One node at a
+    time."""
     token = getattr(mesh, "token", None)
     out: dict[str, dict[str, Any]] = {}
     names = sorted(n.name for n in topology.nodes)
     async with aiohttp.ClientSession() as session:
         for node in topology.nodes:
-            if node.uplink_mbit is None or len(names) < 3:
+            bottleneck = _bottleneck(node)
+            if bottleneck is None or len(names) < 3:
                 continue
+            way, rate = bottleneck
             peers = [p for p in names if p != node.name][:UPLINK_PEERS]
-            conf = {"configured_mbit": node.uplink_mbit}
+            conf = {"configured_mbit": rate, "way": way}
             if not token:
                 out[node.name] = {**conf, "error": "the mesh target gives no control token"}
                 continue
-            rows = _large_rows(node.uplink_mbit, row_bytes, UPLINK_MS)
+            rows = _large_rows(rate, row_bytes, UPLINK_MS)
             body = {"peers": peers, "rows": rows, "timeout_s": 30.0 * tdf}
             try:
                 rounds = []
@@ -251,7 +268,7 @@ async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: in
                             raise RuntimeError(f"{node.name}: {resp.status} {data}")
                     rounds.append(data)
                 out[node.name] = {**conf, **uplink_fit(
-                    rounds[UPLINK_WARMUP:], tdf, framed=_framed(mesh))}
+                    rounds[UPLINK_WARMUP:], tdf, framed=_framed(mesh), way=way)}
             except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
                     statistics.StatisticsError) as exc:
                 out[node.name] = {**conf, "error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -262,7 +279,8 @@ def uplink_rows(fidelity: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """One row per probed access link: configured and measured rate, error, whether off."""
     rows = []
     for node, fit in sorted(((fidelity or {}).get("uplinks") or {}).items()):
-        row = {"node": node, "configured_mbit": fit["configured_mbit"],
+        row = {"node": node, "way": fit.get("way", "uplink"),
+               "configured_mbit": fit["configured_mbit"],
                "error": fit.get("error"), "peers": len(fit.get("peers", ()))}
         rate = fit.get("rate_mbit")
         if row["error"] is None and isinstance(rate, float | int) and math.isfinite(rate):
@@ -357,8 +375,8 @@ def passive(samples: Iterable[tuple[str, str, float, int, int]], topology: Topol
         go, back = specs.get((home, peer)), specs.get((peer, home))
         if go is None or back is None:
             continue
-        prop = (link_ms - 8 * out_b / (_rate(topology, home, go) * 1e3)
-                - 8 * in_b / (_rate(topology, peer, back) * 1e3))
+        prop = (link_ms - 8 * out_b / (_rate(topology, home, peer, go) * 1e3)
+                - 8 * in_b / (_rate(topology, peer, home, back) * 1e3))
         a, b = sorted((home, peer))
         per.setdefault(f"{a}-{b}", []).append(prop / 2)
     return {k: {"delay_ms": statistics.median(v), "n": len(v)} for k, v in sorted(per.items())}
@@ -426,6 +444,6 @@ def summary_of(fidelity: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {"limits": {"delay_ms": DELAY_ABS_MS, "delay_rel": DELAY_REL, "rate_rel": RATE_REL},
             "within_limits": not any(r["off"] for r in rows + uplinks),
             "off": [r["pair"] for r in rows if r["off"]]
-            + [f"{r['node']} uplink" for r in uplinks if r["off"]], "pairs": clean,
+            + [f"{r['node']} {r['way']}" for r in uplinks if r["off"]], "pairs": clean,
             **({"uplinks": [{k: (round(v, 4) if isinstance(v, float) else v)
                              for k, v in r.items()} for r in uplinks]} if uplinks else {})}

@@ -410,12 +410,14 @@ def _uplink_lines(meta: RunMeta) -> list[str]:
     lines = ["### Access links", "",
              f"Each node with an access link sent one large message to each of up to "
              f"{UPLINK_PEERS} peers alone, then to all of them at once: sent together they "
-             f"queue on its uplink, and the last one's lateness gives the shared rate. "
-             f"**off**: more than {100 * RATE_REL:g}% from the configured uplink.", ""]
-    table = [[r["node"], _f(r["configured_mbit"], 4), r["error"] or _f(r.get("measured_mbit"), 4),
+             f"queue on its uplink and their answers on its downlink, and the last one's "
+             f"lateness gives the shared rate of the slower of the two (`way`). "
+             f"**off**: more than {100 * RATE_REL:g}% from its configured rate.", ""]
+    table = [[r["node"], r["way"], _f(r["configured_mbit"], 4),
+              r["error"] or _f(r.get("measured_mbit"), 4),
               _signed(r.get("rate_error_pct"), "%", 2), str(r["peers"]),
               "**off**" if r["off"] else "ok"] for r in rows]
-    lines += _table(["node", "configured uplink Mbit/s", "measured", "error", "peers at once",
+    lines += _table(["node", "way", "configured Mbit/s", "measured", "error", "peers at once",
                      "verdict"], table)
     return [*lines, ""]
 

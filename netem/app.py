@@ -32,6 +32,13 @@ The model of one link (one-way, this node → peer):
   it no earlier than the uplink does (a message is not stored whole between them). Messages
   to unshaped peers do not use it; a Mahimahi trace link takes the uplink's finish time as
   its hand-over;
+- a downlink (`downlink_mbit`, the node's access link for what it receives): one FIFO at its
+  rate that every message from a shaped peer crosses last, after the sender's links. The
+  sender cannot see it (other senders share it), so the receiver books it: the sender says
+  when the message's first and last bytes arrive (`schedule_span`), and the receiver, at the
+  first byte's emulated arrival (so messages take the FIFO in the order their bytes come),
+  calls `receive`: the message starts when its first bytes are in and the downlink is free,
+  and is through no earlier than its last byte arrived (the same fluid tandem as above);
 - down (or loss 100%): a blackhole; sends wait until the link comes back, and raise
   `LinkDownError` after `down_timeout_s` (a caller's own timeout usually fires first).
 Every wait is deadline-based (`netem.timing`). Peers without a link are not shaped.
@@ -89,19 +96,25 @@ class AppShaper:
         self._emulated: dict[str, tuple[LinkSpec, LinkSpec]] = {}  # peer -> (given, dilated)
         self.uplink_mbit: float | None = None  # the node's access link (None: none)
         self._uplink_free_at = 0.0  # `now()` when the access link is free again
+        self.downlink_mbit: float | None = None  # its receiving side (None: none)
+        self._downlink_free_at = 0.0
         self.stalls = 0  # sends that paid at least one retransmission timeout
         self.sends = 0
 
     # -- configuration -------------------------------------------------------------------
     async def apply(
         self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
-        *, uplink_mbit: float | None = None,
+        *, uplink_mbit: float | None = None, downlink_mbit: float | None = None,
     ) -> None:
         uplink = check_access(uplink_mbit)
+        downlink = check_access(downlink_mbit, "downlink_mbit")
         new = check_links(links)
         if uplink != self.uplink_mbit:
             self.uplink_mbit = uplink
             self._uplink_free_at = 0.0
+        if downlink != self.downlink_mbit:
+            self.downlink_mbit = downlink
+            self._downlink_free_at = 0.0
         old = self._links
         self._links = new
         self._down.clear()
@@ -155,8 +168,8 @@ class AppShaper:
         self._down.clear()
         self._free_at.clear()
         self._queues.clear()
-        self.uplink_mbit = None
-        self._uplink_free_at = 0.0
+        self.uplink_mbit = self.downlink_mbit = None
+        self._uplink_free_at = self._downlink_free_at = 0.0
         for peer in peers:
             self._notify(peer)
 
@@ -168,6 +181,8 @@ class AppShaper:
             "backend": self.backend,
             "time_dilation": self.time_dilation,
             **({"uplink_mbit": self.uplink_mbit} if self.uplink_mbit is not None else {}),
+            **({"downlink_mbit": self.downlink_mbit} if self.downlink_mbit is not None
+               else {}),
             "links": {
                 peer: {**spec.to_json(), "down": peer in self._down,
                        **({"not_emulated": ["reorder_pct"]} if spec.reorder_pct else {})}
@@ -193,6 +208,13 @@ class AppShaper:
         The serialiser, jitter and loss are drawn as `transmit` does; a down link is waited
         out first (the bytes leave when it is back). None: peer is not shaped here.
         """
+        span = await self.schedule_span(peer, nbytes, at=at, timeout_s=timeout_s)
+        return None if span is None else span[1]
+
+    async def schedule_span(self, peer: str, nbytes: int, *, at: float | None = None,
+                            timeout_s: float | None = None) -> tuple[float, float] | None:
+        """`schedule`, with when the message's first bytes arrive too: (first, last), what
+        the receiver's downlink needs (`receive`). A loss stall delays the last bytes only."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"nbytes must be an integer >= 0, got {nbytes!r}")
         if peer not in self._links:
@@ -217,7 +239,7 @@ class AppShaper:
             # error before it (it would catch that opportunity, which Mahimahi spends first)
             rel_ms = round((up_done - origin) * 1e3, 6)
             left_ms = self._queue(peer, trace).deliver(rel_ms, nbytes)
-            on_wire = origin + left_ms / 1e3
+            on_wire = origin + left_ms / 1e3  # the first bytes: no later than at `start`
         else:
             start = max(start, self._free_at.get(peer, start))
             on_wire = max(up_done, _wire_done(full, origin, start, nbytes))
@@ -229,7 +251,21 @@ class AppShaper:
             delay_ms = draw_delay_ms(link.delay_ms, link.jitter_ms, link.jitter_dist,
                                      jitter.next())
         self.sends += 1
-        return on_wire + delay_ms / 1e3 + self._loss_stall_s(peer, link, nbytes)
+        last = on_wire + delay_ms / 1e3 + self._loss_stall_s(peer, link, nbytes)
+        return min(start + delay_ms / 1e3, last), last
+
+    async def receive(self, nbytes: int, first: float, last: float) -> float:
+        """When a message from a shaped peer whose first bytes arrive at `first` and last at
+        `last` (the sender's `schedule_span`) has crossed this node's downlink; `last` without
+        one. Waits until `first` before it takes the downlink's FIFO, so messages take it in
+        the order their bytes arrive, not the order the host got them."""
+        if self.downlink_mbit is None:
+            return last
+        await sleep_until(first)
+        begin = max(min(first, last), self._downlink_free_at)
+        done = max(last, begin + nbytes * 8 * self.time_dilation / (self.downlink_mbit * 1e6))
+        self._downlink_free_at = done
+        return done
 
     def uplink_backlog_s(self) -> float:
         if self.uplink_mbit is None:

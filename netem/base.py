@@ -38,14 +38,15 @@ class Shaper(Protocol):
 
     async def apply(
         self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
-        *, uplink_mbit: float | None = None,
+        *, uplink_mbit: float | None = None, downlink_mbit: float | None = None,
     ) -> None:
         """Make `links` (peer name -> spec) the full set; unlisted peers lose their shaping.
 
         Idempotent; every listed link ends up (not down). `addresses` (peer name -> IPv4) is
         required by `tc` for every peer and ignored by `app`. `uplink_mbit`: the node's access
-        link, which every send shares before its per-pair link (None: none). Bad input raises
-        before anything changes.
+        link, which every send shares before its per-pair link; `downlink_mbit`: its
+        receiving side, which every message from a shaped peer shares after the sender's
+        links (None: none). Bad input raises before anything changes.
         """
         ...
 
@@ -90,6 +91,17 @@ class Shaper(Protocol):
         time hides under the emulated delay. None where nothing is shaped in-process (tc, an
         unknown peer). A down link is waited out first, as in `transmit`.
         """
+        ...
+
+    async def schedule_span(self, peer: str, nbytes: int, *, at: float | None = None,
+                            timeout_s: float | None = None) -> tuple[float, float] | None:
+        """`schedule` with the first bytes' arrival too: (first, last) (app); None (tc)."""
+        ...
+
+    async def receive(self, nbytes: int, first: float, last: float) -> float:
+        """When a message from a shaped peer, its bytes arriving from `first` to `last`, is
+        through this node's downlink (app: its FIFO, booked at `first`; tc, or no downlink:
+        `last`, at once)."""
         ...
 
     async def close(self) -> None:

@@ -24,7 +24,7 @@ from netem.errors import BadLinkInput
 from netem.gemodel import GeLoss
 from netem.schedule import Schedule, Step
 
-__all__ = ["JSON_FIELDS", "LinkSpec", "check_access", "check_links"]
+__all__ = ["ACCESS_FIELDS", "JSON_FIELDS", "LinkSpec", "check_access", "check_links"]
 
 # The per-peer keys of PUT /v1/links that become a LinkSpec; "address" is the node's business.
 JSON_FIELDS = ("delay_ms", "jitter_ms", "rate_mbit", "loss_pct", "queue_pkts", "jitter_dist",
@@ -225,6 +225,11 @@ def check_links(links: Mapping[str, LinkSpec]) -> dict[str, LinkSpec]:
             raise BadLinkInput(f"link to {peer!r} must be a LinkSpec, got {spec!r}")
         out[peer] = spec
     return out
+
+
+# A node's access link, each way: the rates (Mbit/s) a topology node, PUT /v1/links and a
+# shaper's `apply` take by these names.
+ACCESS_FIELDS = ("uplink_mbit", "downlink_mbit")
 
 
 def check_access(rate_mbit: object, field: str = "uplink_mbit") -> float | None:

@@ -224,7 +224,7 @@ class LiveMesh:
                 for peer, spec in self.links_of(name).items()}
         answer = await self.client.put_links(
             self.endpoints[name].url, body, self.shaper_asked,
-            self.scenario.topology.node(name).uplink_mbit)
+            self.scenario.topology.node(name).access)
         self.backends[name] = ((answer.get("applied") or {}).get("backend")
                                or (answer.get("accepted") or {}).get("backend",
                                                                      self.shaper_asked))
@@ -239,7 +239,7 @@ class LiveMesh:
             ep = self.endpoints[n.name]
             profile = {k: v for k, v in n.device.to_json().items() if k != "name"}
             nodes[n.name] = {"url": f"http://{ep.address}:{ep.port}", "profile": profile,
-                             **({"uplink_mbit": n.uplink_mbit} if n.uplink_mbit else {})}
+                             **n.access}
         links: dict[str, dict[str, Any]] = {}
         for lk in topo.links:
             links.setdefault(lk.src, {})[lk.dst] = lk.spec.to_json()

@@ -43,8 +43,8 @@ from netem.gemodel import FIELDS as GE_FIELDS
 from netem.gemodel import GeLoss
 from netem.parse import parse_delay_ms, parse_loss_pct, parse_pct, parse_rate_mbit
 from netem.schedule import DEFAULT_BIN_MS, Schedule, read_schedule
+from netem.spec import ACCESS_FIELDS, LinkSpec
 from netem.spec import JSON_FIELDS as LINK_FIELDS
-from netem.spec import LinkSpec
 from orchestrator.units import parse_size_gb
 from orchestrator.yamlio import InputError, Loc, Section, describe, load_yaml
 from services.device import OPTIONAL_FIELDS, DeviceProfile, builtin_profiles
@@ -67,13 +67,15 @@ CUSTOM_DEVICE = "custom"  # the device name of a node given by numbers, not a re
 @dataclass(frozen=True)
 class Node:
     """One edge node: its device, the relative weight of users homed here (>= 0), and its
-    access link's upload rate (`uplink_mbit`, None: no shared access link), which every
-    transfer the node sends shares before its per-pair link (docs/topology.md)."""
+    access link's rates (None: no shared access link that way): `uplink_mbit`, which every
+    transfer the node sends shares before its per-pair link, and `downlink_mbit`, which every
+    transfer it receives from a peer shares after it (docs/topology.md)."""
 
     name: str
     device: DeviceProfile
     users: float = 1.0
     uplink_mbit: float | None = None
+    downlink_mbit: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NODE_NAME.match(self.name):
@@ -86,11 +88,17 @@ class Node:
         if not 0 <= self.users < float("inf"):
             raise ValueError(f"users: must be >= 0, got {self.users!r}")
         object.__setattr__(self, "users", float(self.users))
-        if self.uplink_mbit is not None:
-            if not is_number(self.uplink_mbit) or not self.uplink_mbit > 0:
-                raise ValueError(f"uplink_mbit: must be a rate > 0, got "
-                                 f"{describe(self.uplink_mbit)}")
-            object.__setattr__(self, "uplink_mbit", float(self.uplink_mbit))
+        for name in ACCESS_FIELDS:
+            rate = getattr(self, name)
+            if rate is not None:
+                if not is_number(rate) or not rate > 0:
+                    raise ValueError(f"{name}: must be a rate > 0, got {describe(rate)}")
+                object.__setattr__(self, name, float(rate))
+
+    @property
+    def access(self) -> dict[str, float]:
+        """The access-link rates given, by field name (what PUT /v1/links takes)."""
+        return {f: getattr(self, f) for f in ACCESS_FIELDS if getattr(self, f) is not None}
 
 
 @dataclass(frozen=True)
@@ -286,17 +294,17 @@ def _device_data(device: DeviceProfile) -> dict[str, Any]:
 def _read_node(data: Any, loc: Loc) -> tuple[Node, bool]:
     """A node and whether it gave `users`."""
     sec = Section(data, loc, "a node mapping (name, profile or device numbers, users, "
-                             "uplink_mbit)")
+                             "uplink_mbit, downlink_mbit)")
     name = sec.raw("name")
     gave_users = "users" in sec
     users = sec.raw("users", 1.0)
-    uplink = sec.unit("uplink_mbit", parse_rate_mbit) if "uplink_mbit" in sec else None
+    access = {f: sec.unit(f, parse_rate_mbit) for f in ACCESS_FIELDS if f in sec}
     device = _read_device(sec)
     sec.done()
     try:
-        return Node(name, device, users, uplink), gave_users
+        return Node(name, device, users, **access), gave_users
     except ValueError as exc:
-        raise _reraise(exc, sec, ("name", "users", "uplink_mbit")) from None
+        raise _reraise(exc, sec, ("name", "users", *ACCESS_FIELDS)) from None
 
 
 # The string parser of each LinkSpec field ("20ms", "1gbit", "1%"); numbers pass as written.
@@ -569,7 +577,7 @@ def topology_to_data(topology: Topology) -> dict[str, Any]:
         data["description"] = topology.description
     data["nodes"] = [
         {"name": n.name, **_device_data(n.device), "users": n.users,
-         **({"uplink_mbit": n.uplink_mbit} if n.uplink_mbit is not None else {})}
+         **n.access}
         for n in topology.nodes
     ]
     if default is not None:

@@ -14,12 +14,15 @@ item (a replica and the rows it serves) to a node. Per chosen node n:
                  (the roofline: a batch reads an expert's weights once, whatever its rows)
 
 and the layer latency is L = max_n T_n (scatter, parallel execution, gather: the group is as
-slow as its slowest branch). Access links (a node's `uplink_mbit`, shared by all its sends):
-an answer from n also crosses n's uplink, so tx(n→gather) gains out_n / uplink_n; and the
-rows sent to the remote branches leave `src` through one FIFO, so every remote branch waits
-for the whole burst: T_n += Σ_{remote m} in_m / uplink_src (pessimistic for the first branch
-served, exact for the last). Each term is multiplied by its learned scale (`Scales`). Quality
-is Q = Σ_slots g_slot · penalty(slot), and a plan's objective is L + quality_ms · Q.
+slow as its slowest branch). Access links (a node's `uplink_mbit`, shared by all its sends,
+and `downlink_mbit`, by all it receives): an answer from n also crosses n's uplink and the
+request n's downlink, so tx(n→gather) gains out_n / uplink_n and tx(src→n) in_n / downlink_n;
+the rows sent to the remote branches leave `src` through one FIFO, so every remote branch
+waits for the whole burst: T_n += Σ_{remote m} in_m / uplink_src, and their answers enter
+`gather` through one: T_n += Σ_{remote m} out_m / downlink_gather (each pessimistic for the
+first branch served, exact for the last). Each term is multiplied by its learned scale
+(`Scales`). Quality is Q = Σ_slots g_slot · penalty(slot), and a plan's objective is
+L + quality_ms · Q.
 
 This module has no I/O and no event loop: offline placement imports it too. The policies use a
 compiled form of the same formulas (`router.tables`), checked against this one by tests.
@@ -143,7 +146,8 @@ def branch_cost(
     compute_s = sum(expert_call_s(n, shape, key[2], r) for key, r in rows_of.items())
     bytes_in = bytes_out = (most if rows is None else rows) * shape.row_bytes
     local_in, local_out = node == src, node == gather
-    tx_in = 0.0 if local_in else s.tx * est.link(src, node).tx_ms(bytes_in)
+    tx_in = 0.0 if local_in else s.tx * (est.link(src, node).tx_ms(bytes_in)
+                                         + n.downlink_ms(bytes_in))
     tx_out = 0.0 if local_out else s.tx * (est.link(node, gather).tx_ms(bytes_out)
                                            + n.uplink_ms(bytes_out))
     return Breakdown(
@@ -186,6 +190,12 @@ def layer_cost(
         access = est.scales.tx * est.node(src).uplink_ms(burst)
         if access:
             branches = {n: b if not b.bytes_in else replace(b, tx_in_ms=b.tx_in_ms + access)
+                        for n, b in branches.items()}
+    answers = sum(b.bytes_out for b in branches.values())
+    if answers:
+        access = est.scales.tx * est.node(gather).downlink_ms(answers)
+        if access:
+            branches = {n: b if not b.bytes_out else replace(b, tx_out_ms=b.tx_out_ms + access)
                         for n, b in branches.items()}
     bottleneck = max(branches, key=lambda n: branches[n].total_ms)
     return LayerCost(branches[bottleneck].total_ms, bottleneck, branches)

@@ -210,12 +210,13 @@ class Estimators:
         out_key, back_key = (self.home, node), (node, self.home)
         p_out = self._links_prior.get(out_key, UNSHAPED)
         p_back = self._links_prior.get(back_key, UNSHAPED)
-        # each way through the sender's access link too (router.cost: the answer's uplink in
-        # the branch; the request's, one turn of the home's burst), so an uplink's time is
-        # not learned as the link's delay
+        # each way through the sender's uplink and the receiver's downlink too (router.cost:
+        # the node's in the branch; the home's, one turn of its burst), so an access link's
+        # time is not learned as the link's delay
+        home, peer = self._state(self.home).prior, self._state(node).prior
         serial = (bytes_in * p_out.ms_per_byte + bytes_out * p_back.ms_per_byte
-                  + self._state(self.home).prior.uplink_ms(bytes_in)
-                  + self._state(node).prior.uplink_ms(bytes_out))
+                  + home.uplink_ms(bytes_in) + peer.downlink_ms(bytes_in)
+                  + peer.uplink_ms(bytes_out) + home.downlink_ms(bytes_out))
         prior_tx = p_out.delay_ms + p_back.delay_ms + serial
         self._learn("tx", tx_ms, prior_tx)
         propagation = max(0.0, tx_ms - serial)

@@ -4,7 +4,7 @@ The home node learns it from `PUT /v1/mesh` (the orchestrator knows the whole to
 node's own `PUT /v1/links` and `PUT /v1/placement` only tell it about itself):
 
     {"nodes": {NAME: {"url": "http://10.0.0.2:8000", "profile": "hetroute-m" | {...},
-                      "capacity": 32, "uplink_mbit": 20}},     # uplink: optional
+                      "capacity": 32, "uplink_mbit": 20}},     # access links: optional
      "links": {A: {B: {"delay_ms", "jitter_ms", "rate_mbit", "loss_pct"}}},   # ONE-WAY, A→B
      "placement": {NAME: [{"layer", "expert", "variant", "tier"}, ...]},
      "time_dilation": 1.0,
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe.vocab import is_number
+from netem.spec import ACCESS_FIELDS
 
 from .errors import BadRouterInput
 from .estimators import UNSHAPED
@@ -35,8 +36,8 @@ DEFAULT_CAPACITY = 32  # requests waiting at a node before HetRoute calls it uns
 
 
 def node_prior(profile: Any, time_dilation: float = 1.0,
-               capacity: float = DEFAULT_CAPACITY, uplink_mbit: float | None = None
-               ) -> NodeEstimate:
+               capacity: float = DEFAULT_CAPACITY, uplink_mbit: float | None = None,
+               downlink_mbit: float | None = None) -> NodeEstimate:
     """What the router believes of a node before any answer, from its `services.device`
     profile and its access link: every rate divided by the time dilation (the node stretches
     what it emulates). A profile without `mem_gbps` gives no memory term (FLOPs only, as the
@@ -48,6 +49,7 @@ def node_prior(profile: Any, time_dilation: float = 1.0,
         capacity=capacity,
         mem_bytes_per_s=None if mem is None else mem * 1e9 / time_dilation,
         uplink_mbit=None if uplink_mbit is None else uplink_mbit / time_dilation,
+        downlink_mbit=None if downlink_mbit is None else downlink_mbit / time_dilation,
     )
 
 
@@ -108,7 +110,7 @@ class Mesh:
         for name, info in raw_nodes.items():
             if not isinstance(info, Mapping) or not isinstance(info.get("url"), str):
                 raise BadRouterInput(f"mesh.nodes.{name} needs a url string, got {info!r}")
-            extra = sorted(set(info) - {"url", "profile", "capacity", "uplink_mbit"})
+            extra = sorted(set(info) - {"url", "profile", "capacity", *ACCESS_FIELDS})
             if extra:
                 raise BadRouterInput(f"mesh.nodes.{name}: unknown field(s) {', '.join(extra)}")
             prof = info.get("profile")
@@ -120,12 +122,13 @@ class Mesh:
             except ValueError as exc:
                 raise BadRouterInput(f"mesh.nodes.{name}.profile: {exc}") from None
             capacity = info.get("capacity", DEFAULT_CAPACITY)
-            uplink = info.get("uplink_mbit")
-            if uplink is not None and (not is_number(uplink) or not uplink > 0):
-                raise BadRouterInput(f"mesh.nodes.{name}.uplink_mbit must be a rate > 0, "
-                                     f"got {uplink!r}")
-            nodes[name] = NodeInfo(name, info["url"].rstrip("/"),
-                                   node_prior(profile, tdf, capacity, uplink))
+            for key in ACCESS_FIELDS:
+                rate = info.get(key)
+                if rate is not None and (not is_number(rate) or not rate > 0):
+                    raise BadRouterInput(f"mesh.nodes.{name}.{key} must be a rate > 0, "
+                                         f"got {rate!r}")
+            nodes[name] = NodeInfo(name, info["url"].rstrip("/"), node_prior(
+                profile, tdf, capacity, info.get("uplink_mbit"), info.get("downlink_mbit")))
         links = {}
         raw_links = data.get("links", {})
         if not isinstance(raw_links, Mapping):

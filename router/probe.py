@@ -75,8 +75,9 @@ async def probe_peer(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
 async def probe_together(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
     """`{"peers": [NAME, ...], "rows": int, "timeout_s"?: float}`: one message of `rows` rows
     to each peer alone, one after another, then one to every peer at the same instant. The
-    messages sent together share this node's access link (its uplink), so the last of them is
-    late by what the others put through it first (experiments.fidelity.uplink_fit)."""
+    messages sent together share this node's uplink, and their answers its downlink, so the
+    last of them is late by what the others put through the slower of the two first
+    (experiments.fidelity.uplink_fit)."""
     peers = data.get("peers")
     if (not isinstance(peers, list) or len(peers) < 2 or len(set(peers)) != len(peers)
             or not all(isinstance(p, str) for p in peers)):

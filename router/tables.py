@@ -6,8 +6,10 @@ derived from the current `Estimates` (refreshed node by node as answers arrive),
 candidate's cost for one token is a handful of float operations:
 
     fixed[n]       = scale_tx·(delay(src→n) + delay(n→gather)) + scale_wait·wait_n   (0 tx if local)
-    xfer[n]        = scale_tx·row_bytes·(1/bw(src→n) + 1/bw(n→gather) + 1/uplink_n) (0 if local)
-    access         = scale_tx·row_bytes/uplink_src   (0 without an access link at the home)
+    xfer[n]        = scale_tx·row_bytes·(1/bw(src→n) + 1/bw(n→gather) + 1/uplink_n
+                                         + 1/downlink_n)                        (0 if local)
+    access         = scale_tx·row_bytes·(1/uplink_src + 1/downlink_gather)
+                                         (each 0 without that access link at the home)
     per_row[n]     = scale_compute·flops/thr_n
     read(c)        = scale_compute·expert_bytes(v)/mem_n        (0 without a memory bandwidth)
     load(c)        = scale_load·expert_bytes(v)/h2d_n   if c is CPU-tier and not resident on n
@@ -25,10 +27,11 @@ when two slots pick the same substitute (the dispatcher's sum over a batch's row
 counts them per replica).
 
 The home's access link is not a branch term: every remote node a token uses puts its rows
-through it once more, so the searches take rows·access per remote node as a price (`once`,
-`PlanView.spread`) and a plan's predicted latency adds rows·access × the remote nodes used.
-The reference adds the same burst to every remote branch: the two agree whenever a remote
-branch is the bottleneck, and this form is above it when the home's own branch is.
+through the home's uplink, and its answer through the home's downlink, once more, so the
+searches take rows·access per remote node as a price (`once`, `PlanView.spread`) and a plan's
+predicted latency adds rows·access × the remote nodes used. The reference adds the same
+bursts to every remote branch: the two agree whenever a remote branch is the bottleneck, and
+this form is above it when the home's own branch is.
 """
 
 from __future__ import annotations
@@ -160,15 +163,16 @@ class PlanView:
             if name != src:
                 link = est.link(src, name)
                 fixed += s.tx * link.delay_ms
-                xfer += s.tx * sh.row_bytes * link.ms_per_byte
+                xfer += s.tx * (sh.row_bytes * link.ms_per_byte + n.downlink_ms(sh.row_bytes))
                 delay += link.delay_ms
             if name != gather:
                 link = est.link(name, gather)
                 fixed += s.tx * link.delay_ms
                 xfer += s.tx * (sh.row_bytes * link.ms_per_byte + n.uplink_ms(sh.row_bytes))
                 delay += link.delay_ms
-            if name == src:
-                self.access = s.tx * n.uplink_ms(sh.row_bytes)
+            if name == src:  # the home: src and gather
+                self.access = s.tx * (n.uplink_ms(sh.row_bytes)
+                                      + est.node(gather).downlink_ms(sh.row_bytes))
             self.fixed[i] = fixed
             self.xfer[i] = xfer
             self.per_row[i] = per_row

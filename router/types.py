@@ -210,8 +210,9 @@ class NodeEstimate:
     of its weights (the roofline; None: FLOPs only, as a profile without `mem_gbps`);
     wait_ms: queue wait a request would meet now; queue: requests waiting there (the stability
     filter compares it with `capacity`); resident: (layer, expert, variant) held on the device,
-    so a CPU-tier replica among them costs no load; uplink_mbit: the node's access link, which
-    all its sends share (None: none; docs/cost-model.md, "Access links").
+    so a CPU-tier replica among them costs no load; uplink_mbit, downlink_mbit: the node's
+    access link, which all its sends (receptions) share (None: none; docs/cost-model.md,
+    "Access links").
     """
 
     flops_per_s: float
@@ -222,6 +223,7 @@ class NodeEstimate:
     resident: frozenset[tuple[int, int, str]] = frozenset()
     mem_bytes_per_s: float | None = None
     uplink_mbit: float | None = None
+    downlink_mbit: float | None = None
 
     def __post_init__(self) -> None:
         _positive("flops_per_s", self.flops_per_s)
@@ -233,10 +235,16 @@ class NodeEstimate:
         _positive("capacity", self.capacity)
         if self.uplink_mbit is not None:
             _positive("uplink_mbit", self.uplink_mbit)
+        if self.downlink_mbit is not None:
+            _positive("downlink_mbit", self.downlink_mbit)
 
     def uplink_ms(self, nbytes: float) -> float:
-        """nbytes through this node's access link (0 without one)."""
+        """nbytes out through this node's access link (0 without one)."""
         return 0.0 if self.uplink_mbit is None else nbytes * 8.0 / (self.uplink_mbit * 1e3)
+
+    def downlink_ms(self, nbytes: float) -> float:
+        """nbytes in through this node's access link (0 without one)."""
+        return 0.0 if self.downlink_mbit is None else nbytes * 8.0 / (self.downlink_mbit * 1e3)
 
     @property
     def stable(self) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ from .h1 import H1Pool
 from .wire import (
     ARRIVE_HEADER,
     CONTENT_TYPE,
+    FIRST_HEADER,
     FORWARD_PATH,
     HOP_PATH,
     SELF_HEADER,
@@ -107,31 +108,37 @@ class NodeClient:
                     data_plane: bool = False) -> tuple[bytes, str, float | None]:
         """(body, content type, emulated arrival of the answer or None). With `peer`, the
         request leaves on the emulated link at `ready` (default now) and says when it arrives
-        (`ARRIVE_HEADER`); the answer is released here when its own header says.
+        (`ARRIVE_HEADER`, `FIRST_HEADER`); the answer is released here when its own headers
+        say, through this node's downlink when it has one.
         `data_plane`: a POST through `services.h1` rather than aiohttp."""
         try:
             async with asyncio.timeout(limit_s):
                 if peer is not None and self.links is not None and body is not None:
-                    arrive = await self.links.schedule(peer, len(body), at=ready,
-                                                       timeout_s=limit_s)
-                    if arrive is not None:
-                        headers = {**(headers or {}), ARRIVE_HEADER: repr(arrive)}
+                    span = await self.links.schedule_span(peer, len(body), at=ready,
+                                                          timeout_s=limit_s)
+                    if span is not None:
+                        headers = {**(headers or {}), ARRIVE_HEADER: repr(span[1]),
+                                   FIRST_HEADER: repr(span[0])}
                 if data_plane and method == "POST" and body is not None:
                     status, got, data = await self._data_plane().post(url, path, body,
                                                                       headers or {})
                     content_type = got.get("content-type", "").partition(";")[0].strip().lower()
                     arrival = got.get(ARRIVE_HEADER.lower())
+                    first = got.get(FIRST_HEADER.lower())
                 else:
                     async with self._open().request(method, url + path, data=body,
                                                     headers=headers) as resp:
                         data = await resp.read()
                         status, content_type = resp.status, resp.content_type
                         arrival = resp.headers.get(ARRIVE_HEADER)
+                        first = resp.headers.get(FIRST_HEADER)
                 if status >= 400:
                     code, detail = unpack_error(data, content_type)
                     raise NodeRefused(url, status, code, detail)
-                back = _arrival(arrival)
+                back, lead = _arrival(arrival), _arrival(first)
                 if back is not None:
+                    if lead is not None and self.links is not None:  # its downlink
+                        back = await self.links.receive(len(data), min(lead, back), back)
                     await sleep_until(back)
                 return data, content_type, back
         except TimeoutError:
@@ -202,11 +209,10 @@ class NodeClient:
         return await self._control("PUT", url, "/v1/placement", {"experts": list(experts)})
 
     async def put_links(self, url: str, links: dict[str, dict[str, Any]],
-                        backend: str = "auto", uplink_mbit: float | None = None
+                        backend: str = "auto", access: Mapping[str, float] | None = None
                         ) -> dict[str, Any]:
-        body: dict[str, Any] = {"backend": backend, "links": links}
-        if uplink_mbit is not None:
-            body["uplink_mbit"] = uplink_mbit
+        """`access`: the node's access-link rates by field (netem.spec.ACCESS_FIELDS)."""
+        body: dict[str, Any] = {"backend": backend, "links": links, **(access or {})}
         return await self._control("PUT", url, "/v1/links", body)
 
     async def put_mesh(self, url: str, mesh: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from moe.vocab import is_number
 from netem import BACKENDS, BackendUnavailable, LinkSpec, NetemError, Shaper, make_shaper
+from netem.spec import ACCESS_FIELDS
 
 from .errors import BadRequest, DoesNotFit, ServiceError
 
@@ -33,18 +34,23 @@ log = logging.getLogger(__name__)
 ARRIVE_SLACK_S = 60.0
 
 
-def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str], float | None]:
-    """(backend, {peer: spec}, {peer: address}, uplink_mbit) from a PUT /v1/links body;
-    `uplink_mbit` is the node's access link, shared by every peer (None: none)."""
+def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str], dict[str, float]]:
+    """(backend, {peer: spec}, {peer: address}, access) from a PUT /v1/links body; `access`
+    holds the node's access-link rates given (`uplink_mbit`: shared by every send to a peer,
+    `downlink_mbit`: by every message from one)."""
     if not isinstance(data, Mapping):
         raise BadRequest('links must be a JSON object {"backend": "tc"|"app", "links": {...}}')
-    unknown = sorted(set(data) - {"backend", "links", "uplink_mbit"})
+    unknown = sorted(set(data) - {"backend", "links", *ACCESS_FIELDS})
     if unknown:
         raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; known: backend, "
-                         "links, uplink_mbit")
-    uplink = data.get("uplink_mbit")
-    if uplink is not None and (not is_number(uplink) or not uplink > 0):
-        raise BadRequest(f"uplink_mbit must be a rate > 0 in Mbit/s, got {uplink!r}"[:200])
+                         f"links, {', '.join(ACCESS_FIELDS)}")
+    access: dict[str, float] = {}
+    for field in ACCESS_FIELDS:
+        rate = data.get(field)
+        if rate is not None and (not is_number(rate) or not rate > 0):
+            raise BadRequest(f"{field} must be a rate > 0 in Mbit/s, got {rate!r}"[:200])
+        if rate is not None:
+            access[field] = float(rate)
     backend = data.get("backend", "auto")
     if backend not in BACKENDS:
         raise BadRequest(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"[:200])
@@ -65,7 +71,7 @@ def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str], fl
             if not isinstance(address, str):
                 raise BadRequest(f"link to {peer}: address must be a string, got {address!r}")
             addresses[peer] = address
-    return backend, specs, addresses, None if uplink is None else float(uplink)
+    return backend, specs, addresses, access
 
 
 class Links:
@@ -80,17 +86,17 @@ class Links:
         self._asked = ""  # the backend the last accepted body named
         self.accepted: dict[str, Any] | None = None
         self.specs: dict[str, LinkSpec] = {}  # as accepted (undilated)
-        self.uplink_mbit: float | None = None
+        self.access: dict[str, float] = {}  # as accepted: ACCESS_FIELDS given
 
     async def put(self, data: Any) -> dict[str, Any]:
         """Apply a PUT /v1/links body; on any error the previous links stay as they were."""
-        backend, specs, addresses, uplink = parse_links(data)
+        backend, specs, addresses, access = parse_links(data)
         shaper = self.shaper
         fresh = shaper is None or backend != self._asked
         try:
             if fresh:
                 shaper = await self._make(backend)
-            await shaper.apply(specs, addresses or None, uplink_mbit=uplink)
+            await shaper.apply(specs, addresses or None, **access)
         except BackendUnavailable as exc:
             raise DoesNotFit(str(exc), code="backend_unavailable") from None
         except ValueError as exc:  # netem's BadLinkInput: a peer without an address for tc
@@ -104,8 +110,8 @@ class Links:
         self.accepted = {"backend": backend, "links": {
             p: {**s.to_json(), **({"address": addresses[p]} if p in addresses else {})}
             for p, s in specs.items()
-        }, **({"uplink_mbit": uplink} if uplink is not None else {})}
-        self.uplink_mbit = uplink
+        }, **access}
+        self.access = access
         return self.snapshot()
 
     async def _make(self, backend: str) -> Shaper:
@@ -128,8 +134,8 @@ class Links:
             rates = [spec.rate_mbit, *(s.rate_mbit for s in steps if s.rate_mbit)]
             delay_ms = max(delay_ms, max(delays) + 4 * spec.jitter_ms)
             rate_mbit = min(rate_mbit, *rates)
-        if self.uplink_mbit is not None:  # a message also crosses the access link
-            rate_mbit = min(rate_mbit, self.uplink_mbit)
+        for rate in self.access.values():  # a message also crosses the access links
+            rate_mbit = min(rate_mbit, rate)
         wire_s = nbytes * 8 / (rate_mbit * 1e6) if math.isfinite(rate_mbit) else 0.0
         return (delay_ms / 1000 + wire_s + ARRIVE_SLACK_S) * self.time_dilation
 
@@ -151,9 +157,23 @@ class Links:
                        timeout_s: float | None = None) -> float | None:
         """When nbytes sent to peer at `at` arrive there (app backend; the receiver waits);
         None when nothing here delays them (tc, no shaper, an unshaped peer)."""
+        span = await self.schedule_span(peer, nbytes, at=at, timeout_s=timeout_s)
+        return None if span is None else span[1]
+
+    async def schedule_span(self, peer: str, nbytes: int, *, at: float | None = None,
+                            timeout_s: float | None = None) -> tuple[float, float] | None:
+        """`schedule` with when the first bytes arrive too: (first, last), for the
+        receiver's downlink (netem.base.Shaper.schedule_span)."""
         if self.shaper is None:
             return None
-        return await self.shaper.schedule(peer, nbytes, at=at, timeout_s=timeout_s)
+        return await self.shaper.schedule_span(peer, nbytes, at=at, timeout_s=timeout_s)
+
+    async def receive(self, nbytes: int, first: float, last: float) -> float:
+        """When a message from a shaped peer, its bytes arriving from `first` to `last`, is
+        through this node's downlink (netem.base.Shaper.receive); `last` without a shaper."""
+        if self.shaper is None:
+            return last
+        return await self.shaper.receive(nbytes, first, last)
 
     async def close(self) -> None:
         if self.shaper is not None:

@@ -32,6 +32,7 @@ from .tiers import parse_placement
 from .wire import (
     ARRIVE_HEADER,
     CONTENT_TYPE,
+    FIRST_HEADER,
     FORWARD_PATH,
     HOP_PATH,
     MAX_ROWS,
@@ -118,12 +119,15 @@ async def forward(request: web.Request) -> web.Response:
     body = await read_body(request, min(node.settings.max_body_bytes, max_request_bytes(d_model)),
                            f"the forward request's ({MAX_ROWS} rows of width {d_model})")
     m.bytes_in.inc(len(body))
-    arrival = arrival_time(request.headers.get(ARRIVE_HEADER),
-                           node.links.horizon_s(len(body)))
+    horizon = node.links.horizon_s(len(body))
+    arrival = arrival_time(request.headers.get(ARRIVE_HEADER), horizon)
+    first = arrival_time(request.headers.get(FIRST_HEADER), horizon, FIRST_HEADER)
     fwd = unpack_request(body, d_model)
     if arrival is None:
         arrival = now()
     else:  # the request is here when its emulated link says so, not when the host got it
+        if first is not None:  # from a shaped peer: through this node's downlink too
+            arrival = await node.links.receive(len(body), min(first, arrival), arrival)
         await sleep_until(arrival)
     ys, timing, done, state = await node.forward(fwd.groups, arrival, fwd.parts)
     out = pack_response(ys, timing, state)
@@ -131,11 +135,11 @@ async def forward(request: web.Request) -> web.Response:
     peer = request.headers.get(SELF_HEADER)
     if peer:
         try:
-            back = await node.links.schedule(peer, len(out), at=done)
+            back = await node.links.schedule_span(peer, len(out), at=done)
         except LinkDownError as exc:  # the answer is lost on the way back, as on a cut link
             raise Unavailable(str(exc), code="link_down") from None
         if back is not None:
-            headers[ARRIVE_HEADER] = repr(back)
+            headers[ARRIVE_HEADER], headers[FIRST_HEADER] = repr(back[1]), repr(back[0])
     m.bytes_out.inc(len(out))
     return web.Response(body=out, content_type=CONTENT_TYPE, headers=headers)
 
@@ -173,21 +177,23 @@ async def hop(request: web.Request) -> web.Response:
     return web.json_response({"arrive": float(at) if arrive is None else arrive})
 
 
-def arrival_time(raw: str | None, horizon_s: float = math.inf) -> float | None:
-    """An `ARRIVE_HEADER` value; a malformed one, or one more than `horizon_s` ahead of now
-    (services.links.Links.horizon_s: no link of this node delays a message that long), is a
-    400 that names the header and the bound, so no handler waits for ever."""
+def arrival_time(raw: str | None, horizon_s: float = math.inf,
+                 header: str = ARRIVE_HEADER) -> float | None:
+    """An `ARRIVE_HEADER` (or `FIRST_HEADER`) value; a malformed one, or one more than
+    `horizon_s` ahead of now (services.links.Links.horizon_s: no link of this node delays a
+    message that long), is a 400 that names the header and the bound, so no handler waits
+    for ever."""
     if raw is None:
         return None
     try:
         value = float(raw)
     except ValueError:
-        raise BadRequest(f"{ARRIVE_HEADER} must be a number, got {raw[:40]!r}") from None
+        raise BadRequest(f"{header} must be a number, got {raw[:40]!r}") from None
     if not math.isfinite(value):
-        raise BadRequest(f"{ARRIVE_HEADER} must be finite, got {raw[:40]!r}")
+        raise BadRequest(f"{header} must be finite, got {raw[:40]!r}")
     ahead = value - now()
     if ahead > horizon_s:
-        raise BadRequest(f"{ARRIVE_HEADER} is {ahead:.6g} s ahead of this node's clock; the "
+        raise BadRequest(f"{header} is {ahead:.6g} s ahead of this node's clock; the "
                          f"bound is {horizon_s:.6g} s (its links' longest delay and this body at "
                          f"their slowest rate, plus {ARRIVE_SLACK_S:g} s of slack, times the "
                          f"time dilation)")

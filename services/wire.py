@@ -36,6 +36,7 @@ __all__ = [
     "ARRIVE_HEADER",
     "CONTENT_TYPE",
     "DTYPES",
+    "FIRST_HEADER",
     "FORWARD_PATH",
     "SELF_HEADER",
     "WIRE_VERSION",
@@ -70,6 +71,10 @@ SELF_HEADER = "X-Moemesh-From"  # the requester names itself; the answer is shap
 # (a `netem.timing.now()` value, repr of a float): the receiver waits until then, so the host's
 # own transfer time hides under the emulated link (docs/measurement.md). Absent: now.
 ARRIVE_HEADER = "X-Moemesh-Arrive"
+# When the same message's first bytes arrive (same clock), sent beside ARRIVE_HEADER by a
+# sender whose app shaper scheduled the message: the receiver's downlink takes it from then
+# (netem.base.Shaper.receive). Absent: the message does not cross the receiver's downlink.
+FIRST_HEADER = "X-Moemesh-First"
 # The torch dtype of each activation dtype that moe.vocab names (their bytes: ACTIVATION_BYTES);
 # a dtype added there without a torch type here fails at import.
 _TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

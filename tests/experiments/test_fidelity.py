@@ -133,29 +133,31 @@ async def _probe_two_nodes() -> None:
     assert math.isfinite(fit["link_small_ms"])
 
 
-def test_an_access_link_probe_measures_the_shared_uplink_over_the_app_shaper() -> None:
-    """Issue 25 item 1: h sends through a 20 Mbit/s uplink to three peers over 100 Mbit/s
-    links. Alone each message crosses both in tandem; sent to all three at once they queue on
-    the uplink, and the fit recovers its rate within 3% (`RATE_REL`). The fidelity rows and
-    summary carry it; a rate off by more shows as off."""
+@pytest.mark.parametrize("way", ["uplink", "downlink"])
+def test_an_access_link_probe_measures_the_shared_rate_over_the_app_shaper(way: str) -> None:
+    """Issue 25 item 1: h sends through a 20 Mbit/s uplink (or gets the answers through a
+    20 Mbit/s downlink) to three peers over 100 Mbit/s links. Alone each message crosses both
+    in tandem; sent to all three at once they queue on the access link, and the fit recovers
+    its rate within 3% (`RATE_REL`). The fidelity rows and summary carry it; a rate off by
+    more shows as off."""
     import asyncio
 
     from experiments.fidelity import RATE_REL, uplink_fit, uplink_rows
 
-    data = asyncio.run(_probe_together())
-    fit = uplink_fit([data, data], tdf=1.0)
+    data = asyncio.run(_probe_together(way))
+    fit = uplink_fit([data, data], tdf=1.0, way=way)
     assert fit["rate_mbit"] == pytest.approx(20.0, rel=RATE_REL)
     assert sorted(fit["peers"]) == ["p", "q", "r"] and max(fit["late_ms"][0]) > 0
     assert fit["rounds_mbit"][0] == fit["rounds_mbit"][1]
     fidelity = {"uplinks": {"h": {"configured_mbit": 20.0, **fit}},
                 "configured": {}, "probe": {}}
     (row,) = uplink_rows(fidelity)
-    assert row["node"] == "h" and not row["off"] and row["peers"] == 3
+    assert row["node"] == "h" and not row["off"] and row["peers"] == 3 and row["way"] == way
     (row,) = uplink_rows({"uplinks": {"h": {"configured_mbit": 25.0, **fit}}})
     assert row["off"] and row["rate_error_pct"] == pytest.approx(-20, abs=3)
 
 
-async def _probe_together() -> dict:
+async def _probe_together(way: str = "uplink") -> dict:
     from moe.profiles import ModelProfile
     from services import DeviceProfile
     from tests.router.conftest import TOKEN, experts
@@ -168,8 +170,8 @@ async def _probe_together() -> dict:
     names = ("h", "p", "q", "r")
     placement = {n: experts(2, range(4)) for n in names}
     links = {(a, b): spec for a in names for b in names if a != b}
-    async with modeled_nodes(mini, placement, links, device=dev,
-                             uplinks={"h": 20.0}) as (urls, session):
+    access = {f"{way}s": {"h": 20.0}}
+    async with modeled_nodes(mini, placement, links, device=dev, **access) as (urls, session):
         auth = {"Authorization": f"Bearer {TOKEN}"}
         body = {"peers": ["p", "q", "r"], "rows": 40}
         async with session.post(urls["h"] + "/v1/probe", json=body, headers=auth) as resp:
@@ -203,6 +205,11 @@ def test_a_pair_behind_an_access_link_is_rated_at_the_uplink_and_not_judged_on_r
     conf = configured(t, "a", "b")
     assert (conf["rate_ab_mbit"], conf["rate_ba_mbit"], conf["shared"]) == (20.0, 100.0, True)
     assert "shared" not in configured(topo(), "a", "b")
+    t = Topology.build([Node("a", dev, 1.0, None, 10.0), Node("b", dev, 1.0),
+                        Node("c", dev, 0.0)],
+                       default=LinkSpec(delay_ms=4.0, rate_mbit=100.0), name="t")
+    conf = configured(t, "a", "b")  # a's downlink: what b sends it
+    assert (conf["rate_ab_mbit"], conf["rate_ba_mbit"], conf["shared"]) == (100.0, 10.0, True)
     fidelity = {"configured": {"a-b": conf}, "probe": {"a-b": {"error": "skip"}},
                 "passive": {"a-b": {"delay_ms": 5.0, "n": 10}}}
     (row,) = pair_rows(fidelity)

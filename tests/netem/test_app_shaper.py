@@ -205,3 +205,49 @@ async def test_an_access_link_queues_sends_to_different_peers_behind_each_other(
     assert a is not None and b is not None and a == pytest.approx(b, abs=1e-12)
     with pytest.raises(BadLinkInput, match="uplink_mbit"):
         await shaper.apply({"n2": fast}, uplink_mbit=0)
+
+
+async def test_a_downlink_queues_messages_from_different_peers_in_the_order_they_arrive() -> None:
+    """Issue 25 item 1: what a node receives from its peers shares its downlink (a FIFO at its
+    rate, booked by the receiver at each message's first byte), in tandem with the senders'
+    pair links as a fluid; a message's span comes from its sender's shaper."""
+    fast = LinkSpec(delay_ms=5, rate_mbit=1000)
+    senders = [AppShaper(), AppShaper()]
+    for sender in senders:
+        await sender.apply({"rx": fast})
+    rx = AppShaper()
+    await rx.apply({"a": fast, "b": fast}, downlink_mbit=10)
+    assert rx.snapshot()["downlink_mbit"] == 10
+    at = now()
+    spans = [await s.schedule_span("rx", 125_000, at=at) for s in senders]
+    assert spans[0] is not None and spans[1] is not None
+    first, last = spans[0]
+    assert first - at == pytest.approx(0.005, abs=1e-9)  # the first bytes: the delay alone
+    assert last - at == pytest.approx(0.006, abs=1e-9)  # 1 ms at 1 Gbit/s
+    one = await rx.receive(125_000, *spans[0])
+    two = await rx.receive(125_000, *spans[1])
+    assert one - at == pytest.approx(0.105, abs=1e-9)  # 100 ms through 10 Mbit/s
+    assert two - at == pytest.approx(0.205, abs=1e-9)  # behind it
+
+    # messages take the downlink in the order their first bytes arrive, not the order the
+    # receiver was told of them
+    at = now() + 0.3  # past the earlier burst
+    late, early = (at + 0.05, at + 0.051), (at + 0.01, at + 0.011)
+    got_late, got_early = await asyncio.gather(rx.receive(125_000, *late),
+                                               rx.receive(125_000, *early))
+    assert got_early - at == pytest.approx(0.11, abs=1e-9)
+    assert got_late - at == pytest.approx(0.21, abs=1e-9)
+
+    # a pair link slower than the downlink is the bottleneck: no second serialisation
+    slow = AppShaper()
+    await slow.apply({"rx": LinkSpec(rate_mbit=5)})
+    at = now() + 1.0
+    span = await slow.schedule_span("rx", 125_000, at=at)
+    assert span is not None and span[1] - at == pytest.approx(0.2, abs=1e-9)
+    assert await rx.receive(125_000, *span) == span[1]
+
+    # without a downlink a message is through when its last byte arrives, at once
+    await rx.apply({"a": fast})
+    assert await rx.receive(125_000, now() + 50.0, now() + 60.0) > now() + 59.0
+    with pytest.raises(BadLinkInput, match="downlink_mbit"):
+        await rx.apply({"a": fast}, downlink_mbit=-1)

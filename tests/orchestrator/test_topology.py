@@ -328,16 +328,21 @@ def test_a_node_access_link_reads_with_units_round_trips_and_names_its_line(
         tmp_path: Path) -> None:
     head = """\
 nodes:
-  - {name: a, profile: hetroute-s, uplink_mbit: 20mbit}
+  - {name: a, profile: hetroute-s, uplink_mbit: 20mbit, downlink_mbit: 1gbit}
   - {name: b, profile: hetroute-m, uplink_mbit: 100}
-  - {name: c, profile: hetroute-l}
+  - {name: c, profile: hetroute-l, downlink_mbit: 5}
 """
     topo = load_text(tmp_path, "defaults: {delay_ms: 1}\n", head)
     assert [n.uplink_mbit for n in topo.nodes] == [20.0, 100.0, None]
+    assert [n.downlink_mbit for n in topo.nodes] == [1000.0, None, 5.0]
+    assert topo.node("c").access == {"downlink_mbit": 5.0}
     again = topology_from_data(load_yaml_text(dump_yaml(topology_to_data(topo))), Loc("x"))
     assert again == topo
     bad = head.replace("uplink_mbit: 100}", "uplink_mbit: 0}")
     with pytest.raises(InputError, match=r"topo.yaml:3.*uplink_mbit.*> 0"):
+        load_text(tmp_path, "defaults: {delay_ms: 1}\n", bad)
+    bad = head.replace("downlink_mbit: 5}", "downlink_mbit: -5}")
+    with pytest.raises(InputError, match=r"topo.yaml:4.*downlink_mbit.*> 0"):
         load_text(tmp_path, "defaults: {delay_ms: 1}\n", bad)
 
 
@@ -346,7 +351,11 @@ def test_the_services_links_body_takes_an_uplink_and_refuses_a_bad_one() -> None
     from services.links import parse_links
 
     body = {"backend": "app", "links": {"n2": {"delay_ms": 5}}, "uplink_mbit": 25}
-    assert parse_links(body)[3] == 25.0
-    assert parse_links({**body, "uplink_mbit": None})[3] is None
+    assert parse_links(body)[3] == {"uplink_mbit": 25.0}
+    assert parse_links({**body, "uplink_mbit": None})[3] == {}
     with pytest.raises(BadRequest, match="uplink_mbit must be a rate > 0"):
         parse_links({**body, "uplink_mbit": "fast"})
+    both = parse_links({**body, "downlink_mbit": 40})[3]
+    assert both == {"uplink_mbit": 25.0, "downlink_mbit": 40.0}
+    with pytest.raises(BadRequest, match="downlink_mbit must be a rate > 0"):
+        parse_links({**body, "downlink_mbit": 0})

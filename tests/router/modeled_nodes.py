@@ -25,12 +25,14 @@ async def modeled_nodes(profile: ModelProfile, placement: Mapping[str, list[dict
                         links: Mapping[tuple[str, str], Mapping[str, Any]], home: str = "h",
                         device: DeviceProfile = DEV, tell_profile: bool = False,
                         uplinks: Mapping[str, float] | None = None,
+                        downlinks: Mapping[str, float] | None = None,
                         ) -> AsyncIterator[tuple[dict[str, str], aiohttp.ClientSession]]:
     """Nodes named by `placement`, each shaping its one-way `links` (a, b) → spec with the app
-    shaper (behind its access link, `uplinks[name]` Mbit/s, if given); the home's router knows
+    shaper (behind its access link, `uplinks[name]` and `downlinks[name]` Mbit/s, if given);
+    the home's router knows
     the mesh (and, with `tell_profile`, the nodes' device; else its priors are the default
     profile's). Yields the URLs and a client session."""
-    uplinks = dict(uplinks or {})
+    uplinks, downlinks = dict(uplinks or {}), dict(downlinks or {})
     async with AsyncExitStack() as stack:
         nodes = {}
         for name in placement:
@@ -42,7 +44,8 @@ async def modeled_nodes(profile: ModelProfile, placement: Mapping[str, list[dict
             node.set_placement(parse_placement({"experts": placement[name]}, node.shape))
             await node.set_links({"backend": "app", "links": {
                 b: dict(spec) for (a, b), spec in links.items() if a == name},
-                **({"uplink_mbit": uplinks[name]} if name in uplinks else {})})
+                **({"uplink_mbit": uplinks[name]} if name in uplinks else {}),
+                **({"downlink_mbit": downlinks[name]} if name in downlinks else {})})
             nodes[name] = node
         urls = {n: node.url for n, node in nodes.items()}
         mesh_links: dict[str, dict] = {}

@@ -49,6 +49,28 @@ def test_branch_by_hand() -> None:
     assert three.total_ms == pytest.approx(19.2 + 400 * 0.001 + 400 * 0.0005)
 
 
+def test_access_links_by_hand() -> None:
+    """Issue 25 item 1: a request crosses the home's uplink and the node's downlink, an answer
+    the node's uplink and the home's downlink. The home's two are shared: every remote branch
+    waits for the whole burst of requests out and of answers in (the compiled form agrees)."""
+    nodes = {"h": replace(NODES["h"], uplink_mbit=3.2, downlink_mbit=1.6),  # 400 B: 1, 2 ms
+             "a": replace(NODES["a"], uplink_mbit=0.8, downlink_mbit=6.4),  # 4, 0.5 ms
+             "b": replace(NODES["a"], wait_ms=0.0)}
+    links = {**LINKS, ("h", "b"): LINKS[("h", "a")], ("b", "h"): LINKS[("a", "h")]}
+    est = Estimates(nodes, links)
+    alone = branch_cost(est, SHAPE, "h", "h", "a", [(A_GPU, 1)])
+    assert alone.tx_in_ms == pytest.approx(5 + 0.4 + 0.5)  # a's downlink
+    assert alone.tx_out_ms == pytest.approx(2 + 0.2 + 4)  # a's uplink
+    both = layer_cost(est, SHAPE, "h", "h", [(A_GPU, 1), (Replica(0, 1, "b"), 1)])
+    a = both.branches["a"]
+    assert a.tx_in_ms == pytest.approx(alone.tx_in_ms + 2 * 1.0)  # two rows out of h
+    assert a.tx_out_ms == pytest.approx(alone.tx_out_ms + 2 * 2.0)  # two answers into h
+    view = PlanView(Placement.of([A_GPU, Replica(0, 1, "b")]), SHAPE,
+                    QualityTable.neutral(1, 4), "h", nodes=list(nodes))
+    view.refresh(est)
+    assert view.access == pytest.approx(1.0 + 2.0)  # one row's turn out and in at home
+
+
 def test_a_tokens_experts_on_one_node_cross_the_link_once() -> None:
     """One token, two experts: together on a it moves one row each way, apart two."""
     nodes = {**NODES, "b": NODES["a"]}

@@ -87,6 +87,14 @@ def test_an_access_links_time_is_not_learned_as_the_links_delay() -> None:
     est.answered("a", t, predicted(), 14.0, timing(compute=1.0), None, at_ms=14.0)
     assert est.link("h", "a").delay_ms == pytest.approx(5.0, abs=1e-3)
     assert est.link("a", "h").delay_ms == pytest.approx(5.0, abs=1e-3)
+    # the same with the downlinks: a's 0.8 Mbit/s on the request, h's 0.4 on the answer
+    nodes = {"h": NodeEstimate(1e9, 1e9, downlink_mbit=0.4),
+             "a": NodeEstimate(1e9, 1e9, downlink_mbit=0.8)}
+    est = Estimators("h", nodes, LINKS)
+    t = est.sent("a", predicted(), at_ms=0.0)
+    est.answered("a", t, predicted(), 14.0, timing(compute=1.0), None, at_ms=14.0)
+    assert est.link("h", "a").delay_ms == pytest.approx(5.0, abs=1e-3)
+    assert est.link("a", "h").delay_ms == pytest.approx(5.0, abs=1e-3)
 
 
 def test_scale_factors_learn_measured_over_predicted() -> None:

@@ -268,14 +268,16 @@ def test_predicted_latency_is_the_reference_cost_model(seed: int) -> None:
         assert plan.latency_ms == pytest.approx(ref.latency_ms, rel=1e-9)
 
 
-def test_a_slow_uplink_at_home_makes_hetroute_keep_a_token_on_one_node() -> None:
-    """Issue 25 item 1: a row takes 1 ms through the home's access link (0.8 Mbit/s) and every
-    remote node used takes its turn on it. a and b are each 0.25 ms nearer than c, which holds
-    both experts: greedy (each slot alone, its own turn only) scatters to a and b and waits
-    for two turns; HetRoute, with no traffic price at all, puts both on c. The predicted
-    latency of each is the reference cost model's (router.cost.layer_cost)."""
+@pytest.mark.parametrize("way", ["uplink_mbit", "downlink_mbit"])
+def test_a_slow_access_link_at_home_makes_hetroute_keep_a_token_on_one_node(way: str) -> None:
+    """Issue 25 item 1: a row takes 1 ms through the home's access link (0.8 Mbit/s; out for
+    the rows, or in for the answers) and every remote node used takes its turn on it. a and b
+    are each 0.25 ms nearer than c, which holds both experts: greedy (each slot alone, its own
+    turn only) scatters to a and b and waits for two turns; HetRoute, with no traffic price at
+    all, puts both on c. The predicted latency of each is the reference cost model's
+    (router.cost.layer_cost)."""
     nodes = {n: NodeEstimate(1e11, 1e9) for n in ("a", "b", "c")}
-    nodes["h"] = NodeEstimate(1e11, 1e9, uplink_mbit=0.8)
+    nodes["h"] = NodeEstimate(1e11, 1e9, **{way: 0.8})
     reps = [Replica(0, 0, "a"), Replica(0, 1, "b"), Replica(0, 0, "c"), Replica(0, 1, "c")]
     links = {}
     for n, d in {"a": 2.0, "b": 2.0, "c": 2.25}.items():

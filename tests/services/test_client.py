@@ -72,15 +72,15 @@ async def test_requests_to_a_named_peer_wait_for_the_link(node: Node) -> None:
     links = node.links
     await links.put({"backend": "app", "links": {"far": {"delay_ms": 30.0}}})
     scheduled: dict[str, float | None] = {}
-    real = links.schedule
+    real = links.schedule_span
 
-    async def spy(peer: str, nbytes: int, **kw: Any) -> float | None:
+    async def spy(peer: str, nbytes: int, **kw: Any) -> tuple[float, float] | None:
         at = kw.get("at") if kw.get("at") is not None else now()
-        due = await real(peer, nbytes, **kw)
-        scheduled[peer] = None if due is None else due - at
-        return due
+        span = await real(peer, nbytes, **kw)
+        scheduled[peer] = None if span is None else span[1] - at
+        return span
 
-    links.schedule = spy  # type: ignore[method-assign]
+    links.schedule_span = spy  # type: ignore[method-assign]
     item = expert_group(0, 0, torch.randn(1, node.shape.d_model))
     async with NodeClient(ClientSettings(name="me"), links=links) as client:
         await client.forward(node.url, [item])  # a connection, warm
