@@ -115,14 +115,21 @@ def _rate(topology: Topology, src: str, dst: str, spec: Any) -> float:
     return min([spec.rate_mbit, *(r for r in access if r is not None)])
 
 
-def _bottleneck(node: Any) -> tuple[str, float] | None:
-    """("uplink" | "downlink", its rate): the slower of the node's access links, or None."""
-    ways = [(rate, way) for way, rate in (("uplink", node.uplink_mbit),
-                                          ("downlink", node.downlink_mbit)) if rate is not None]
+TANDEM = 2.0  # a node's two access links nearer than this ratio: the probe reads them both
+
+
+def _bottleneck(node: Any) -> tuple[str, float, bool] | None:
+    """("uplink" | "downlink", its rate, in tandem): the slower of the node's access links,
+    and whether the other is within `TANDEM` of it (then the requests' queue on the uplink
+    and the answers' on the downlink both show in the probe, which reads their sum), or
+    None without one."""
+    ways = sorted((rate, way) for way, rate in (("uplink", node.uplink_mbit),
+                                                ("downlink", node.downlink_mbit))
+                  if rate is not None)
     if not ways:
         return None
-    rate, way = min(ways)
-    return way, rate
+    (rate, way), *other = ways
+    return way, rate, bool(other) and other[0][0] < TANDEM * rate
 
 
 def configured(topology: Topology, a: str, b: str) -> dict[str, float]:
@@ -214,21 +221,26 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
 
 def uplink_fit(rounds: Sequence[Mapping[str, Any]], tdf: float, framed: bool = False,
                way: str = "uplink") -> dict[str, Any]:
-    """The access link's rate from `probe_together` answers, one per round: each round's rate
-    (the module docstring), their median; `late_ms` per round; `framed`: bytes as tc counts
-    them (`wire_bytes`); `way`: the link measured, "uplink" (the requests' bytes) or
-    "downlink" (the answers')."""
+    """The access link's rate from `probe_together` answers, one per round: each round's rate,
+    their median; `late_ms` per round; `framed`: bytes as tc counts them (`wire_bytes`).
+    `way`: "uplink": the requests queue on it before their own paths, so the last is late
+    against its own lone trip by (k−1)·B_out / rate; "downlink": the answers queue on it after
+    their paths, which end at different times, and while it is busy the last is through
+    (k−1)·B_in / rate after the earliest lone answer was (times from each one's send)."""
     side = "bytes_out" if way == "uplink" else "bytes_in"
+
     def link(s: Mapping[str, Any]) -> float:
         return (s["rtt_ms"] - s["queue_ms"] - s["load_ms"] - s["compute_ms"]) / tdf
 
     rates, lates = [], []
     for data in rounds:
         alone = {s["peer"]: link(s) for s in data["alone"]}
-        late = [link(s) - alone[s["peer"]] for s in data["together"]]
+        together = {s["peer"]: link(s) for s in data["together"]}
+        late = [t - alone[p] for p, t in together.items()]
         nbytes = wire_bytes(statistics.median(s[side] for s in data["together"]), framed)
-        worst = max(late)
-        rates.append(8 * (len(late) - 1) * nbytes / (worst * 1e3) if worst > 0 else math.nan)
+        span = (max(late) if way == "uplink"
+                else max(together.values()) - min(alone.values()))
+        rates.append(8 * (len(late) - 1) * nbytes / (span * 1e3) if span > 0 else math.nan)
         lates.append([round(x, 6) for x in late])
     finite = [r for r in rates if math.isfinite(r)]
     return {"rate_mbit": statistics.median(finite) if finite else math.nan,
@@ -249,9 +261,9 @@ async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: in
             bottleneck = _bottleneck(node)
             if bottleneck is None or len(names) < 3:
                 continue
-            way, rate = bottleneck
+            way, rate, tandem = bottleneck
             peers = [p for p in names if p != node.name][:UPLINK_PEERS]
-            conf = {"configured_mbit": rate, "way": way}
+            conf = {"configured_mbit": rate, "way": way, **({"tandem": True} if tandem else {})}
             if not token:
                 out[node.name] = {**conf, "error": "the mesh target gives no control token"}
                 continue
@@ -286,7 +298,10 @@ def uplink_rows(fidelity: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         if row["error"] is None and isinstance(rate, float | int) and math.isfinite(rate):
             row["measured_mbit"] = rate
             row["rate_error_pct"] = 100 * (rate / fit["configured_mbit"] - 1)
-            row["off"] = abs(row["rate_error_pct"]) > 100 * RATE_REL
+            row["off"] = abs(row["rate_error_pct"]) > 100 * RATE_REL and not fit.get("tandem")
+            if fit.get("tandem"):
+                row["note"] = (f"not judged: its uplink and downlink are within {TANDEM:g}x "
+                               "of each other, and the probe reads their queues together")
         else:
             row["error"] = row["error"] or "no fit (the messages sent together were not late)"
             row["off"] = True

@@ -416,7 +416,7 @@ def _uplink_lines(meta: RunMeta) -> list[str]:
     table = [[r["node"], r["way"], _f(r["configured_mbit"], 4),
               r["error"] or _f(r.get("measured_mbit"), 4),
               _signed(r.get("rate_error_pct"), "%", 2), str(r["peers"]),
-              "**off**" if r["off"] else "ok"] for r in rows]
+              "**off**" if r["off"] else r.get("note", "ok")] for r in rows]
     lines += _table(["node", "way", "configured Mbit/s", "measured", "error", "peers at once",
                      "verdict"], table)
     return [*lines, ""]

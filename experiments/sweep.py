@@ -7,7 +7,9 @@ cut to its first N nodes, or grown by copying its nodes in order, each copy with
 original's device, users and links, and a LAN-like link to its original), `link_rate` (every
 link's rate times the value, delays kept: where bytes start to cost time; a trace-driven
 link's trace is left as it is), `uplink_rate` (every node's access link, Mbit/s: where
-scattering a token over many nodes starts to queue on its home's uplink).
+scattering a token over many nodes starts to queue on its home's uplink), `downlink_rate`
+(the same for what every node receives: where the answers of many nodes queue on the way
+home).
 
 Every point is a full run in `OUT/<knob>=<value>/`; the sweep writes `sweep.json` (per point
 and policy: mean and p99 latency, traffic per token, throughput, SLO attainment, quality
@@ -38,7 +40,7 @@ from orchestrator.scenario import Scenario
 from orchestrator.topology import Node, Topology
 
 __all__ = ["KNOBS", "LOAD_KNOBS", "apply_knob", "grow_topology", "scale_link_rates",
-           "set_uplinks", "sweep_rows", "winning_points", "write_sweep"]
+           "set_access", "sweep_rows", "winning_points", "write_sweep"]
 
 KNOBS = {
     "rate": "arrival rate (req/s)",
@@ -48,6 +50,7 @@ KNOBS = {
     "nodes": "nodes",
     "link_rate": "link rate (x the topology's)",
     "uplink_rate": "access uplink (Mbit/s)",
+    "downlink_rate": "access downlink (Mbit/s)",
 }
 LOAD_KNOBS = ("rate", "concurrency")
 DEFAULT_VALUES = {
@@ -58,7 +61,9 @@ DEFAULT_VALUES = {
     "nodes": (4, 8, 12, 16),
     "link_rate": (0.05, 0.1, 0.25, 0.5, 1.0),
     "uplink_rate": (1.0, 2.0, 4.0, 8.0, 32.0),
+    "downlink_rate": (1.0, 2.0, 4.0, 8.0, 32.0),
 }
+ACCESS_KNOBS = {"uplink_rate": "uplink", "downlink_rate": "downlink"}  # knob -> the way
 # The paired metrics the crossing table shows (experiments.paired).
 CROSSING_METRICS = ("mean_latency", "traffic")
 
@@ -99,14 +104,15 @@ def scale_link_rates(topology: Topology, factor: float) -> Topology:
                           description=f"{topology.description} (sweep: link rates x{factor:g})")
 
 
-def set_uplinks(topology: Topology, mbit: float) -> Topology:
-    """Every node's access uplink at `mbit` Mbit/s, links kept."""
+def set_access(topology: Topology, mbit: float, way: str = "uplink") -> Topology:
+    """Every node's access link one way ("uplink" or "downlink") at `mbit` Mbit/s, the
+    other way and the links kept."""
     if not is_number(mbit) or not 0 < mbit < math.inf:
-        raise ValueError(f"uplink_rate: must be a rate > 0 in Mbit/s, got {mbit!r}")
-    nodes = [replace(n, uplink_mbit=float(mbit)) for n in topology.nodes]
+        raise ValueError(f"{way}_rate: must be a rate > 0 in Mbit/s, got {mbit!r}")
+    nodes = [replace(n, **{f"{way}_mbit": float(mbit)}) for n in topology.nodes]
     oneway = {(lk.src, lk.dst): lk.spec for lk in topology.links}
     return Topology.build(nodes, oneway=oneway, name=topology.name,
-                          description=f"{topology.description} (sweep: uplinks {mbit:g} Mbit/s)")
+                          description=f"{topology.description} (sweep: {way}s {mbit:g} Mbit/s)")
 
 
 def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
@@ -135,8 +141,9 @@ def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
         return replace(base, topology=topo, workload=w)
     if knob == "link_rate":
         return replace(base, topology=scale_link_rates(scenario.topology, float(value)))
-    if knob == "uplink_rate":
-        return replace(base, topology=set_uplinks(scenario.topology, float(value)))
+    if knob in ACCESS_KNOBS:
+        return replace(base, topology=set_access(scenario.topology, float(value),
+                                                 ACCESS_KNOBS[knob]))
     raise ValueError(f"unknown sweep knob {knob!r} (known: {', '.join(KNOBS)})")
 
 

@@ -96,6 +96,16 @@ def test_link_rate_scales_every_rate_and_keeps_delays() -> None:
         apply_knob(sc, "link_rate", 0)
 
 
+def test_the_access_knobs_set_one_way_of_every_nodes_access_link() -> None:
+    sc = small_scenario()
+    up = apply_knob(sc, "uplink_rate", 4).topology
+    both = apply_knob(replace(sc, topology=up), "downlink_rate", 8).topology
+    assert {(n.uplink_mbit, n.downlink_mbit) for n in both.nodes} == {(4.0, 8.0)}
+    assert [lk.spec for lk in both.links] == [lk.spec for lk in sc.topology.links]
+    with pytest.raises(ValueError, match="downlink_rate"):
+        apply_knob(sc, "downlink_rate", 0)
+
+
 def test_the_crossing_table_shows_where_a_policy_wins(tmp_path: Path) -> None:
     def summary(change: float, lo: float, hi: float) -> dict:
         pol = {"tokens": 10, "failed_tokens": 0, "latency_ms": {"mean": 5.0, "p99": 9.0},
