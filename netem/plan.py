@@ -25,6 +25,22 @@ up to its own link rate (HTB lets a class below its assured rate send whatever i
 left), so together the peers never send more than the uplink, and one alone sends at the
 slower of its link and the uplink.
 
+With a downlink (the node's `downlink_mbit`, what it receives from its peers), what arrives
+from a shaped peer is redirected to an IFB device in the node's namespace and queued there,
+after the sender's own link, in one class that every peer's traffic to the node shares:
+
+    dev IFACE
+    └── qdisc ingress ffff:
+        ├── u32 prio 0x10: ip src = peer A → action mirred egress redirect dev mmifb0
+        ├── u32 prio 0x11: ip src = peer B → ...   (one per shaped peer, its slot)
+        ...
+    dev mmifb0 (type ifb, up, txqueuelen 1000)
+    └── qdisc htb 1: root, default 1:1
+        └── class 1:1 rate=ceil=downlink       (its pfifo holds txqueuelen packets)
+
+Only the peers' addresses are redirected, so what comes from anywhere else (the host, the
+runner, ARP) never queues behind the downlink, as only sends to peers share the uplink.
+
 One slot number per peer address names its class (1:SLOT), its netem leaf (SLOT:) and its u32
 filter priority (SLOT), so one peer can be changed or removed without touching the others, and
 the root stays stable. Changes use `replace` with the full parameter set (a netlink change only
@@ -56,15 +72,21 @@ from netem.spec import LinkSpec
 __all__ = [
     "DEFAULT_LINE_RATE_MBIT",
     "FIRST_SLOT",
+    "IFB",
     "HtbClass",
     "HtbRoot",
+    "IfbDevice",
+    "IngressQdisc",
     "NetemLeaf",
     "Plan",
     "TcOp",
     "U32Dst",
+    "U32Redirect",
     "assign_slots",
     "plan_change",
     "plan_down",
+    "plan_downlink",
+    "plan_downlink_teardown",
     "plan_step",
     "plan_teardown",
     "plan_tree",
@@ -84,6 +106,11 @@ MTU_BYTES = 1500
 MIN_QUANTUM = 1600  # >= one full frame, else HTB is unfair
 MAX_QUANTUM = 200_000  # the kernel warns ("quantum of class is big") above this
 MIN_QUEUE_PKTS = 64
+IFB = "mmifb0"  # the downlink's device, one per node namespace
+INGRESS = "ffff:"
+# the downlink's queue (its class's pfifo takes the device's txqueuelen): a plain device's
+# 1,000 packets, where the IFB's own default, 32, would drop a TCP window's burst
+IFB_QUEUE_PKTS = 1000
 
 
 def _bytes_per_s(rate_mbit: float) -> int:
@@ -219,7 +246,59 @@ class U32Dst:
                 f"prio {self.prio} u32 match ip dst {self.dst}/32 flowid {self.flowid}")
 
 
-TcOp = HtbRoot | HtbClass | NetemLeaf | U32Dst
+@dataclass(frozen=True)
+class IfbDevice:
+    """The downlink's device: created up (with its queue length), or deleted with its tree."""
+
+    action: Literal["add", "del"]
+    name: str = IFB
+    txqlen: int = IFB_QUEUE_PKTS
+
+    def describe(self) -> str:
+        if self.action == "del":
+            return f"ip link del {self.name}"
+        return (f"ip link add {self.name} txqueuelen {self.txqlen} type ifb && "
+                f"ip link set {self.name} up")
+
+
+@dataclass(frozen=True)
+class IngressQdisc:
+    """The shaped interface's ingress qdisc (ffff:); deleting it deletes its filters."""
+
+    action: Literal["add", "del"]
+    iface: str
+
+    def describe(self) -> str:
+        if self.action == "del":
+            return f"tc qdisc del dev {self.iface} ingress"
+        return f"tc qdisc add dev {self.iface} handle {INGRESS} ingress"
+
+
+@dataclass(frozen=True)
+class U32Redirect:
+    """What arrives from one peer (ip src) redirected to the downlink's device."""
+
+    action: Action
+    iface: str
+    prio: int
+    src: str = ""
+    to: str = IFB
+    parent: str = INGRESS
+
+    @property
+    def key(self) -> str:
+        """pyroute2's u32 key: the IPv4 source at byte offset 12 of the IP header."""
+        return f"0x{int(ipaddress.IPv4Address(self.src)):08x}/0xffffffff+12"
+
+    def describe(self) -> str:
+        if self.action == "del":
+            return f"tc filter del dev {self.iface} parent {self.parent} prio {self.prio} u32"
+        return (f"tc filter {self.action} dev {self.iface} parent {self.parent} protocol ip "
+                f"prio {self.prio} u32 match ip src {self.src}/32 action mirred egress "
+                f"redirect dev {self.to}")
+
+
+TcOp = HtbRoot | HtbClass | NetemLeaf | U32Dst | IfbDevice | IngressQdisc | U32Redirect
 
 
 @dataclass(frozen=True)
@@ -243,6 +322,8 @@ def _check_address(address: str) -> str:
 def _check_iface(iface: str) -> str:
     if not isinstance(iface, str) or not 1 <= len(iface) <= 15 or "/" in iface or " " in iface:
         raise BadLinkInput(f"bad interface name {iface!r}")
+    if iface == IFB:
+        raise BadLinkInput(f"{IFB} is the downlink's own device, not one to shape")
     return iface
 
 
@@ -421,5 +502,55 @@ def plan_up(iface: str, slot: int, spec: LinkSpec, at: LinkSpec | None = None) -
 def plan_teardown(iface: str) -> Plan:
     """Deleting the root qdisc removes every class, leaf and filter under it."""
     return Plan([HtbRoot("del", _check_iface(iface))])
+
+
+def _downlink_class(action: Action, downlink_mbit: float, burst_ms: float) -> HtbClass:
+    rate = _bytes_per_s(downlink_mbit)
+    return HtbClass(action=action, iface=IFB, classid=f"1:{DEFAULT_MINOR:x}", rate_bytes=rate,
+                    quantum=quantum_for(rate), burst=burst_for(rate, burst_ms))
+
+
+def plan_downlink(
+    iface: str,
+    downlink_mbit: float | None,
+    slots: Mapping[str, int],
+    *,
+    was_mbit: float | None = None,
+    was_slots: Mapping[str, int] | None = None,
+    burst_ms: float = DEFAULT_BURST_MS,
+) -> Plan:
+    """From the downlink applied (`was_mbit`, redirecting the addresses of `was_slots`; None:
+    none) to `downlink_mbit` redirecting those of `slots` (peer address -> slot, the egress
+    tree's, whose number is the filter's priority too; None: no downlink).
+
+    A new downlink builds the IFB's tree before the first redirect reaches it; a kept one
+    changes only what moved (the class's rate, a peer's filter), so re-applying the same one
+    does nothing. Filters go before they come (a freed priority may be taken again).
+    """
+    iface = _check_iface(iface)
+    if downlink_mbit is None:
+        return plan_downlink_teardown(iface) if was_mbit is not None else Plan()
+    slots = {_check_address(a): s for a, s in slots.items()}
+    ops: list[TcOp] = []
+    if was_mbit is None:
+        ops += [IfbDevice("add"), HtbRoot("replace", IFB),
+                _downlink_class("add", downlink_mbit, burst_ms), IngressQdisc("add", iface)]
+        was: dict[str, int] = {}
+    else:
+        was = {_check_address(a): s for a, s in (was_slots or {}).items()}
+        if _bytes_per_s(was_mbit) != _bytes_per_s(downlink_mbit):
+            ops.append(_downlink_class("replace", downlink_mbit, burst_ms))
+    for address, slot in sorted(was.items(), key=lambda item: item[1]):
+        if slots.get(address) != slot:
+            ops.append(U32Redirect("del", iface, prio=slot))
+    for address, slot in sorted(slots.items(), key=lambda item: item[1]):
+        if was.get(address) != slot:
+            ops.append(U32Redirect("add", iface, prio=slot, src=address))
+    return Plan(ops, dict(slots))
+
+
+def plan_downlink_teardown(iface: str) -> Plan:
+    """The ingress qdisc (its filters with it), then the IFB (its tree with it)."""
+    return Plan([IngressQdisc("del", _check_iface(iface)), IfbDevice("del")])
 
 

@@ -13,6 +13,15 @@ default HTB burst is wrong here (it divides by 1e9 "Hz"), so burst is always sen
 pyroute2 cannot send a netem delay table or the Gilbert–Elliott model, so netem leaves go
 through `netem.netemmsg`, which builds the same message with them.
 
+A node's downlink (`downlink_mbit`) is a second tree on an IFB device in the same namespace,
+fed by ingress filters that redirect what comes from each shaped peer (`plan_downlink`); it is
+built, changed and removed with the egress tree, so `clear()` leaves neither.
+
+pyroute2 packs a filter's priority into the message only when given a filter kind (and its u32
+kind then wants a target), so a filter is deleted with the priority packed here
+(`_filter_info`): without it the kernel reads priority 0, which deletes EVERY filter of the
+parent (removing one peer unshaped all the others until this was found).
+
 A link with a schedule (`netem.schedule`) gets a task that, at each step's time (t = 0 when the
 link was applied), `change`s its class and leaf in place (`netem.plan.plan_step`) and logs when
 each step reached the kernel (`step_log`), so measurements can line up with it.
@@ -24,6 +33,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -38,14 +48,20 @@ from netem.netemmsg import send_netem
 from netem.plan import (
     DEFAULT_BURST_MS,
     DEFAULT_LINE_RATE_MBIT,
+    IFB,
     HtbClass,
     HtbRoot,
+    IfbDevice,
+    IngressQdisc,
     NetemLeaf,
     Plan,
     TcOp,
     U32Dst,
+    U32Redirect,
     plan_change,
     plan_down,
+    plan_downlink,
+    plan_downlink_teardown,
     plan_step,
     plan_teardown,
     plan_tree,
@@ -91,7 +107,27 @@ async def open_netlink(netns: str | None) -> AsyncIPRoute:
     return ipr
 
 
-async def _send(ipr: AsyncIPRoute, index: int, op: TcOp) -> None:
+TC_H_INGRESS = 0xFFFFFFF1  # the ingress qdisc's parent
+
+
+def _filter_info(prio: int) -> int:
+    """tcm_info of an IPv4 filter: priority << 16 | protocol (network order), as tc packs it."""
+    return (prio << 16) | socket.htons(protocols.ETH_P_IP)
+
+
+async def _device(ipr: AsyncIPRoute, name: str, devices: dict[str, int]) -> int:
+    """The index of device `name` (the IFB), looked up once per plan."""
+    if name not in devices:
+        found = await ipr.link_lookup(ifname=name)
+        if not found:
+            raise NetlinkError(errno.ENODEV, f"no device {name}")
+        devices[name] = found[0]
+    return devices[name]
+
+
+async def _send(ipr: AsyncIPRoute, index: int, op: TcOp, devices: dict[str, int]) -> None:
+    if getattr(op, "iface", None) == IFB:  # the downlink's tree
+        index = await _device(ipr, IFB, devices)
     if isinstance(op, HtbRoot):
         if op.action == "del":
             await ipr.tc("del", "htb", index=index, handle=handle(op.handle))
@@ -108,15 +144,31 @@ async def _send(ipr: AsyncIPRoute, index: int, op: TcOp) -> None:
                          burst=op.burst, cburst=op.cburst, quantum=op.quantum)
     elif isinstance(op, NetemLeaf):
         await send_netem(ipr, index, handle(op.handle), handle(op.parent), op)
+    elif isinstance(op, U32Dst | U32Redirect) and op.action == "del":
+        await ipr.tc("del-filter", index=index, parent=handle(op.parent),
+                     info=_filter_info(op.prio))
     elif isinstance(op, U32Dst):
+        await ipr.tc(f"{op.action}-filter", "u32", index=index, parent=handle(op.parent),
+                     prio=op.prio, protocol=protocols.ETH_P_IP, target=handle(op.flowid),
+                     keys=[op.key])
+    elif isinstance(op, U32Redirect):
+        # target 0: no class (the action takes the packet; the kernel dumps no flowid, as
+        # for tc's own filter without one), but pyroute2's u32 always sends one
+        mirred = {"kind": "mirred", "direction": "egress", "action": "redirect",
+                  "ifindex": await _device(ipr, op.to, devices)}
+        await ipr.tc(f"{op.action}-filter", "u32", index=index, parent=handle(op.parent),
+                     prio=op.prio, protocol=protocols.ETH_P_IP, target=0, keys=[op.key],
+                     action=mirred)
+    elif isinstance(op, IngressQdisc):
+        await ipr.tc(op.action, "ingress", index=index)
+    elif isinstance(op, IfbDevice):
         if op.action == "del":
-            await ipr.tc("del-filter", index=index, parent=handle(op.parent), prio=op.prio,
-                         protocol=protocols.ETH_P_IP)
+            await ipr.link("del", index=await _device(ipr, op.name, devices))
+            devices.pop(op.name, None)
         else:
-            await ipr.tc(f"{op.action}-filter", "u32", index=index, parent=handle(op.parent),
-                         prio=op.prio, protocol=protocols.ETH_P_IP, target=handle(op.flowid),
-                         keys=[op.key])
-    else:  # pragma: no cover - the plan only makes the four types
+            await ipr.link("add", ifname=op.name, kind="ifb", txqlen=op.txqlen)
+            await ipr.link("set", index=await _device(ipr, op.name, devices), state="up")
+    else:  # pragma: no cover - the plan only makes these types
         raise TypeError(f"not a tc operation: {op!r}")
 
 
@@ -126,9 +178,10 @@ async def execute(ipr: AsyncIPRoute, index: int, plan: Plan) -> None:
     BackendUnavailable instead when the refusal means tc cannot work here at all (no sch_netem,
     no NET_ADMIN).
     """
+    devices: dict[str, int] = {}
     for op in plan.ops:
         try:
-            await _send(ipr, index, op)
+            await _send(ipr, index, op, devices)
         except NetlinkError as exc:
             said = f"`{op.describe()}` failed: {os.strerror(exc.code)}"
             if isinstance(op, NetemLeaf) and exc.code == errno.ENOENT:
@@ -168,7 +221,8 @@ class NetlinkThread:
 
 
 class TcShaper:
-    """Kernel shaping of one node's egress (see the module docstring and `netem.plan`)."""
+    """Kernel shaping of one node's egress, and with a downlink of what it receives from its
+    peers (see the module docstring and `netem.plan`)."""
 
     backend = "tc"
 
@@ -201,6 +255,8 @@ class TcShaper:
         self._down: set[str] = set()  # peers
         self._installed = False
         self._uplink: float | None = None  # the access link as applied (dilated), Mbit/s
+        self._downlink: float | None = None  # its receiving side as applied (dilated), Mbit/s
+        self._redirected: dict[str, int] = {}  # address -> slot of its ingress filter
         self._followers: dict[str, asyncio.Task[None]] = {}  # peer -> its schedule's task
         self._origin: dict[str, float] = {}  # peer -> `now()` when its schedule started
         # per peer: (wall time, step index) of its first step, the latest STEP_LOG_KEEP
@@ -253,11 +309,14 @@ class TcShaper:
     # -- the Shaper interface -----------------------------------------------------------
     async def apply(
         self, links: Mapping[str, LinkSpec], addresses: Mapping[str, str] | None = None,
-        *, uplink_mbit: float | None = None,
+        *, uplink_mbit: float | None = None, downlink_mbit: float | None = None,
     ) -> None:
         uplink = check_access(uplink_mbit)
         if uplink is not None:
             uplink /= self.time_dilation
+        downlink = check_access(downlink_mbit, "downlink_mbit")
+        if downlink is not None:
+            downlink /= self.time_dilation
         links = check_links(links)
         addresses = dict(addresses or {})
         missing = sorted(p for p in links if p not in addresses)
@@ -281,9 +340,14 @@ class TcShaper:
             else:  # a new access link is a new tree (the peers' classes change parent)
                 plan = plan_tree(self.iface, new, line_rate_mbit=self.line_rate_mbit,
                                  burst_ms=self.burst_ms, uplink_mbit=uplink)
-            await self._nl(self._run(index, plan))
+            down = plan_downlink(self.iface, downlink, plan.slots, was_mbit=self._downlink,
+                                 was_slots=self._redirected, burst_ms=self.burst_ms)
+            if downlink is not None and self._downlink is None:
+                await self._nl(self._k_remove_downlink())  # what a shaper that died left
+            await self._nl(self._run(index, Plan(plan.ops + down.ops, plan.slots)))
             self._installed = True
             self._uplink = uplink
+            self._downlink, self._redirected = downlink, down.slots
             old = self._links
             self._links, self._addresses, self._slots = links, wanted, plan.slots
             self._down.clear()
@@ -331,10 +395,7 @@ class TcShaper:
         async with self._lock:
             if self._installed and self._index is not None:
                 await self._nl(self._k_teardown())
-            self._installed = False
-            self._uplink = None
-            self._links, self._addresses, self._slots = {}, {}, {}
-            self._down.clear()
+            self._forget()
 
     async def close(self) -> None:
         try:
@@ -351,6 +412,17 @@ class TcShaper:
         ipr = await self._netlink()
         if await self._our_root_present(ipr):
             await execute(ipr, self._index, plan_teardown(self.iface))
+        await self._k_remove_downlink()
+
+    async def _k_remove_downlink(self) -> None:
+        """The ingress qdisc and the IFB, each where the kernel has it (a downlink half built,
+        or left by a shaper that died: a new IFB of the same name would not be created)."""
+        ipr = await self._netlink()
+        ingress, ifb = plan_downlink_teardown(self.iface).ops
+        if await self._ingress_present(ipr):
+            await execute(ipr, self._index, Plan([ingress]))
+        if await ipr.link_lookup(ifname=IFB):
+            await execute(ipr, self._index, Plan([ifb]))
 
     async def _k_close(self) -> None:
         if self._ipr is not None:
@@ -368,6 +440,8 @@ class TcShaper:
             "iface": self.iface,
             **({"uplink_mbit": self._uplink * self.time_dilation}
                if self._uplink is not None else {}),
+            **({"downlink_mbit": self._downlink * self.time_dilation}
+               if self._downlink is not None else {}),
             "links": {
                 peer: {**spec.to_json(), "address": self._addresses[peer],
                        "down": peer in self._down, "slot": self._slots[self._addresses[peer]],
@@ -387,6 +461,15 @@ class TcShaper:
         """None: the kernel delays the packets, nobody waits in-process."""
         await self.transmit(peer, nbytes)
         return None
+
+    async def schedule_span(self, peer: str, nbytes: int, *, at: float | None = None,
+                            timeout_s: float | None = None) -> tuple[float, float] | None:
+        """None, as `schedule`."""
+        return await self.schedule(peer, nbytes, at=at, timeout_s=timeout_s)
+
+    async def receive(self, nbytes: int, first: float, last: float) -> float:
+        """`last`: the kernel's ingress qdisc holds the packets, nobody waits in-process."""
+        return last
 
     # -- schedules ----------------------------------------------------------------------
     def step_log(self, peer: str) -> list[tuple[float, int]]:
@@ -453,14 +536,17 @@ class TcShaper:
             await execute(ipr, index, plan)
         except NetemError:
             try:
-                if await self._our_root_present(ipr):
-                    await execute(ipr, index, plan_teardown(self.iface))
+                await self._k_teardown()
             finally:
-                self._installed = False
-                self._uplink = None
-                self._links, self._addresses, self._slots = {}, {}, {}
-                self._down.clear()
+                self._forget()
             raise
+
+    def _forget(self) -> None:
+        """Nothing applied (the kernel's trees are gone)."""
+        self._installed = False
+        self._uplink = self._downlink = None
+        self._links, self._addresses, self._slots, self._redirected = {}, {}, {}, {}
+        self._down.clear()
 
     async def _our_root_present(self, ipr: AsyncIPRoute) -> bool:
         found = False
@@ -470,6 +556,16 @@ class TcShaper:
                 and msg["parent"] == 0xFFFFFFFF
                 and msg["handle"] == 0x10000
                 and msg.get_attr("TCA_KIND") == "htb"
+            )
+        return found
+
+    async def _ingress_present(self, ipr: AsyncIPRoute) -> bool:
+        found = False
+        async for msg in await ipr.get_qdiscs(self._index):
+            found = found or (
+                msg["index"] == self._index
+                and msg["parent"] == TC_H_INGRESS
+                and msg.get_attr("TCA_KIND") == "ingress"
             )
         return found
 

@@ -1,7 +1,8 @@
 """Find or fetch the User-Mode Linux kernel the lab boots (Debian's `user-mode-linux`).
 
 UML is a Linux kernel that runs as an ordinary process; Debian's build has sch_netem, sch_htb,
-cls_u32, veth and bridge as modules. In order of preference:
+cls_u32, veth and bridge as modules, and ifb, sch_ingress and act_mirred for a node's downlink
+(netem.plan). In order of preference:
 1. an installed package (`/usr/bin/linux.uml`, modules in `/usr/lib/uml/modules/<version>`);
 2. a copy unpacked earlier in the cache (`$MOEMESH_CACHE/uml`, default `~/.cache/moemesh/uml`);
 3. `apt-get download user-mode-linux` + `dpkg -x` into that cache (needs apt and its lists;
@@ -21,7 +22,8 @@ from pathlib import Path
 __all__ = ["LabUnavailable", "UmlKernel", "cache_dir", "find_kernel"]
 
 PACKAGE = "user-mode-linux"
-MODULES = ("sch_netem", "sch_htb", "cls_u32", "veth", "bridge")
+MODULES = ("sch_netem", "sch_htb", "cls_u32", "veth", "bridge", "ifb", "sch_ingress",
+           "act_mirred")
 
 
 class LabUnavailable(RuntimeError):

@@ -10,6 +10,8 @@ against the issue's targets come from `moemesh lab bench-links`, not from these 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +21,7 @@ import pytest
 
 from bench.links import pct, wilson
 from netem import BadLinkInput, LinkSpec, make_shaper, measure
+from netem.plan import IFB
 from netem.tc import TcShaper
 from orchestrator.runtimes.base import Endpoint, NodeLaunch
 from orchestrator.runtimes.netns import NetnsRuntime
@@ -47,6 +50,38 @@ async def rtt_p10(src: Endpoint, dst: Endpoint, samples: int = 40) -> float:
 def netem_leaves(kernel: SimpleNamespace, ep: Endpoint) -> dict[str, dict]:
     return {q["parent"]: q["options"] for q in kernel.qdiscs(ep.netns, ep.iface)
             if q["kind"] == "netem"}
+
+
+def in_ns(ep: Endpoint, *cmd: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ep.netns, *cmd], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def u32_matches(ep: Endpoint, *where: str) -> dict[str, dict]:
+    """The u32 filters of the node's eth0 (`where`: "ingress" for those), by the IPv4 address
+    each matches, read with `tc -j filter show`."""
+    filters = json.loads(in_ns(ep, "tc", "-j", "filter", "show", "dev", "eth0", *where) or "[]")
+    return {str(ipaddress.IPv4Address(int(f["options"]["match"]["value"], 16))): f
+            for f in filters if "match" in f.get("options", {})}
+
+
+def redirected(ep: Endpoint) -> dict[str, list[str]]:
+    """Source address -> where its ingress filter's actions send it (mirred redirects)."""
+    return {address: [f"{a['kind']} {a['direction']} {a['mirred_action']} {a['to_dev']}"
+                      for a in f["options"]["actions"]]
+            for address, f in u32_matches(ep, "ingress").items()
+            if f["options"]["match"]["off"] == 12}
+
+
+def ifb_present(ep: Endpoint) -> bool:
+    links = json.loads(subprocess.run(["ip", "-n", ep.netns, "-j", "link", "show"],
+                                      capture_output=True, text=True, check=True).stdout)
+    return any(link["ifname"] == IFB for link in links)
+
+
+def downlink_class(ep: Endpoint) -> str:
+    """The IFB's HTB class as `tc class show` prints it (its -j leaves HTB's rates out)."""
+    return in_ns(ep, "tc", "class", "show", "dev", IFB).strip()
 
 
 async def test_three_node_mesh_has_its_own_delay_per_destination(mesh: dict) -> None:
@@ -115,6 +150,76 @@ async def test_an_access_link_caps_what_the_peers_receive_together(mesh: dict) -
     assert to2["offered_mbit"] + to3["offered_mbit"] > 8  # the sender kept both busy
     assert to2["rate_mbit"] + to3["rate_mbit"] == pytest.approx(4, rel=0.03)
     assert to2["rate_mbit"] == pytest.approx(2, rel=0.25)
+
+
+async def offer(src: Endpoint, dst: Endpoint, rate_mbit: float) -> dict[str, float]:
+    """UDP from src to dst at 1.25x rate_mbit for 2 s; again while the guest could not offer
+    more than the rate (a guest too slow to offer the load measures the guest)."""
+    for _ in range(TRIES):
+        got = await measure.udp_rate(src.netns, dst.address, PORT, rate_mbit, seconds=2.0)
+        if got["offered_mbit"] > 1.1 * rate_mbit:
+            break
+    return got
+
+
+async def test_a_downlink_caps_what_the_node_receives_from_its_peers_together(
+    mesh: dict, kernel: SimpleNamespace,
+) -> None:
+    """n1 behind a 4 Mbit/s downlink (an HTB class on an IFB fed by ingress redirects); n2's
+    link to it is 3 Mbit/s, n3's 5. UDP from both at once, 1.25x each: n1 receives the
+    downlink's 4 Mbit/s together (within 3%, as for the uplink); alone, each gets the slower
+    of its link and the downlink: n2 its link's 3, n3 the downlink's 4. Once n3 is not one of
+    n1's shaped peers, what it sends skips the downlink (its own 5). The kernel holds one
+    redirect per shaped peer, follows changes, and keeps nothing after clear()."""
+    n1, n2, n3 = mesh["n1"], mesh["n2"], mesh["n3"]
+    s1, s2, s3 = (TcShaper(netns=ep.netns, iface="eth0", burst_ms=20) for ep in (n1, n2, n3))
+    near = LinkSpec(delay_ms=1)
+    try:
+        await s1.apply({"n2": near, "n3": near}, addresses(mesh, "n2", "n3"), downlink_mbit=4)
+        await s2.apply({"n1": LinkSpec(delay_ms=2, rate_mbit=3, queue_pkts=4000)},
+                       addresses(mesh, "n1"))
+        await s3.apply({"n1": LinkSpec(delay_ms=2, rate_mbit=5, queue_pkts=4000)},
+                       addresses(mesh, "n1"))
+        assert s1.snapshot()["downlink_mbit"] == 4
+        to_ifb = [f"mirred egress redirect {IFB}"]
+        assert redirected(n1) == {n2.address: to_ifb, n3.address: to_ifb}
+        assert "rate 4Mbit ceil 4Mbit" in downlink_class(n1)
+        before = u32_matches(n1, "ingress")
+        await s1.apply({"n2": near, "n3": near}, addresses(mesh, "n2", "n3"), downlink_mbit=4)
+        assert u32_matches(n1, "ingress") == before  # the same again: nothing re-made
+        for _ in range(TRIES):
+            from2, from3 = await asyncio.gather(
+                measure.udp_rate(n2.netns, n1.address, PORT, 3, seconds=2.0),
+                measure.udp_rate(n3.netns, n1.address, PORT, 5, seconds=2.0))
+            if from2["offered_mbit"] + from3["offered_mbit"] > 8:
+                break
+        alone2, alone3 = await offer(n2, n1, 3), await offer(n3, n1, 5)
+        # n3 no longer a shaped peer of n1: its traffic is not redirected
+        await s1.apply({"n2": near}, addresses(mesh, "n2"), downlink_mbit=4)
+        assert redirected(n1) == {n2.address: to_ifb}
+        assert set(u32_matches(n1)) == {n2.address}  # n2's egress filter was kept too
+        unshaped3 = await offer(n3, n1, 5)
+        await s1.apply({"n2": near}, addresses(mesh, "n2"), downlink_mbit=8)
+        assert "rate 8Mbit ceil 8Mbit" in downlink_class(n1)
+        assert redirected(n1) == {n2.address: to_ifb}
+        await s1.apply({"n2": near}, addresses(mesh, "n2"))  # the downlink removed
+        assert "downlink_mbit" not in s1.snapshot()
+        assert not ifb_present(n1) and redirected(n1) == {}
+        assert netem_leaves(kernel, n1)  # the egress tree stays
+        await s1.apply({"n2": near}, addresses(mesh, "n2"), downlink_mbit=4)
+        assert ifb_present(n1) and redirected(n1) == {n2.address: to_ifb}
+    finally:
+        for shaper in (s1, s2, s3):
+            await shaper.close()
+    print("downlink 4 Mbit/s: together", from2, from3, "alone", alone2, alone3,
+          "not a peer", unshaped3)  # the lab's log keeps the numbers
+    assert from2["offered_mbit"] + from3["offered_mbit"] > 8  # both links were kept busy
+    assert from2["rate_mbit"] + from3["rate_mbit"] == pytest.approx(4, rel=0.03)
+    assert alone2["offered_mbit"] > 3.3 and alone2["rate_mbit"] == pytest.approx(3, rel=0.05)
+    assert alone3["offered_mbit"] > 5.5 and alone3["rate_mbit"] == pytest.approx(4, rel=0.05)
+    assert unshaped3["rate_mbit"] == pytest.approx(5, rel=0.05)
+    assert not ifb_present(n1)
+    assert not [q for q in kernel.qdiscs(n1.netns, "eth0") if q["kind"] in ("ingress", "htb")]
 
 
 async def test_loss_is_near_the_configured_rate(mesh: dict) -> None:
@@ -190,6 +295,7 @@ async def test_kernel_holds_what_was_asked_and_replace_touches_one_peer(
         assert netem_leaves(kernel, n1)[slot["n3"]]["loss-random"]["loss"] == 1
         await shaper.apply({"n2": LinkSpec()}, addresses(mesh, "n2"))  # n3 loses its shaping
         assert set(netem_leaves(kernel, n1)) == {slot["n2"]}
+        assert set(u32_matches(n1)) == {mesh["n2"].address}  # n2 keeps its filter
     finally:
         await shaper.close()
     assert not [q for q in kernel.qdiscs(n1.netns, "eth0") if q["kind"] in ("htb", "netem")]

@@ -9,15 +9,21 @@ import pytest
 
 from netem.gemodel import GeLoss
 from netem.plan import (
+    IFB,
     HtbClass,
     HtbRoot,
+    IfbDevice,
+    IngressQdisc,
     NetemLeaf,
     U32Dst,
+    U32Redirect,
     assign_slots,
     burst_for,
     netem_limit,
     plan_change,
     plan_down,
+    plan_downlink,
+    plan_downlink_teardown,
     plan_step,
     plan_teardown,
     plan_tree,
@@ -291,3 +297,84 @@ def test_an_access_link_is_the_parent_of_every_peer_class() -> None:
     # without one, the tree is as before: no class 1:2, peers under the root at rate = ceil
     plain = plan_tree("eth0", {A: FORTY})
     assert not any(isinstance(op, HtbClass) and op.classid == "1:2" for op in plain.ops)
+
+
+# -- the downlink: an IFB tree fed by ingress redirects ---------------------------------------
+def test_a_downlink_is_an_ifb_tree_fed_by_one_redirect_per_peer() -> None:
+    """The IFB and its one class exist before the first redirect can reach them; each shaped
+    peer's source address is redirected under its egress slot's priority, nothing else."""
+    slots = plan_tree("eth0", {B: TEN, A: FORTY}).slots
+    plan = plan_downlink("eth0", 8, slots, burst_ms=20)
+    assert plan.describe() == [
+        f"ip link add {IFB} txqueuelen 1000 type ifb && ip link set {IFB} up",
+        f"tc qdisc replace dev {IFB} root handle 1: htb default 1",
+        f"tc class add dev {IFB} parent 1: classid 1:1 htb rate 8000000bit ceil 8000000bit "
+        "burst 21600 cburst 21600 quantum 100000",
+        "tc qdisc add dev eth0 handle ffff: ingress",
+        "tc filter add dev eth0 parent ffff: protocol ip prio 16 u32 match ip src 10.0.0.2/32 "
+        f"action mirred egress redirect dev {IFB}",
+        "tc filter add dev eth0 parent ffff: protocol ip prio 17 u32 match ip src 10.0.0.3/32 "
+        f"action mirred egress redirect dev {IFB}",
+    ]
+    assert plan.slots == slots == {A: 0x10, B: 0x11}
+    redirect = plan.ops[4]
+    assert isinstance(redirect, U32Redirect) and redirect.key == "0x0a000002/0xffffffff+12"
+    # the same burst rule as every other class: 1 ms + one frame by default
+    (cls,) = [op for op in plan_downlink("eth0", 8, slots).ops if isinstance(op, HtbClass)]
+    assert (cls.rate_bytes, cls.ceil, cls.burst) == (1_000_000, 1_000_000, burst_for(1_000_000))
+
+
+def test_reapplying_the_same_downlink_changes_nothing() -> None:
+    slots = {A: 0x10, B: 0x11}
+    assert plan_downlink("eth0", 8, slots, was_mbit=8, was_slots=slots).ops == []
+    assert plan_downlink("eth0", None, {}).ops == []  # none before, none now
+
+
+def test_a_downlink_follows_its_rate_and_the_peers() -> None:
+    """A new rate replaces the class (full set); a peer gone loses its redirect before a new
+    one takes its priority; one whose slot moved (a rebuilt egress tree) is redirected anew;
+    the kept ones are not touched."""
+    was = {A: 0x10, B: 0x11}
+    faster = plan_downlink("eth0", 16, was, was_mbit=8, was_slots=was)
+    assert faster.ops == [HtbClass("replace", IFB, "1:1", rate_bytes=2_000_000,
+                                   quantum=quantum_for(2_000_000),
+                                   burst=burst_for(2_000_000))]
+    swapped = plan_downlink("eth0", 8, {B: 0x11, C: 0x10}, was_mbit=8, was_slots=was)
+    assert swapped.ops == [U32Redirect("del", "eth0", prio=0x10),
+                           U32Redirect("add", "eth0", prio=0x10, src=C)]
+    assert swapped.describe()[0] == "tc filter del dev eth0 parent ffff: prio 16 u32"
+    moved = plan_downlink("eth0", 8, {A: 0x11, B: 0x10}, was_mbit=8, was_slots=was)
+    assert [(op.action, op.prio, op.src) for op in moved.ops] == [
+        ("del", 0x10, ""), ("del", 0x11, ""), ("add", 0x10, B), ("add", 0x11, A)]
+    assert plan_downlink("eth0", 8, {}, was_mbit=8, was_slots=was).ops == [
+        U32Redirect("del", "eth0", prio=0x10), U32Redirect("del", "eth0", prio=0x11)]
+
+
+def test_removing_the_downlink_deletes_the_ingress_qdisc_then_the_ifb() -> None:
+    """Deleting the ingress qdisc takes its filters with it, deleting the IFB its tree."""
+    gone = plan_downlink("eth0", None, {A: 0x10}, was_mbit=8, was_slots={A: 0x10})
+    assert gone.ops == plan_downlink_teardown("eth0").ops == [IngressQdisc("del", "eth0"),
+                                                               IfbDevice("del")]
+    assert gone.describe() == ["tc qdisc del dev eth0 ingress", f"ip link del {IFB}"]
+    assert gone.slots == {}
+
+
+def test_a_downlink_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match=r"'10\.0\.0\.300' is not an IPv4 address"):
+        plan_downlink("eth0", 8, {"10.0.0.300": 0x10})
+    with pytest.raises(ValueError, match=f"{IFB} is the downlink's own device"):
+        plan_tree(IFB, {A: TEN})
+
+
+def test_a_filter_is_deleted_by_its_priority() -> None:
+    """pyroute2 sends a filter's priority only with a kind; the tc backend packs it itself,
+    else the kernel reads priority 0 and deletes every filter of the parent (which unshaped
+    every other peer when one was removed)."""
+    import socket
+
+    from pyroute2 import protocols
+
+    from netem.tc import _filter_info
+
+    assert _filter_info(0x11) >> 16 == 0x11
+    assert _filter_info(0x11) & 0xFFFF == socket.htons(protocols.ETH_P_IP)
