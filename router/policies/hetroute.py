@@ -11,9 +11,10 @@ nothing, so a plan exists whenever every expert has a reachable full-precision r
 The objective also prices the bytes the plan moves (`Settings.traffic_weight`: the link time
 of one row out and one answer back per remote node used, counted once per node), which the
 bottleneck alone does not see: a token whose experts share a node moves its row once. Where
-the home has an access link (`uplink_mbit`), each remote node used also puts the rows through
-it once more, which every remote branch waits for (`PlanView.spread`): the joint search sees
-that scattering costs latency, not only traffic.
+the home has an access link (`uplink_mbit`, `downlink_mbit`), each remote node used also puts
+the rows through its uplink, and its answer through its downlink, once more, which every
+remote branch waits for (`PlanView.spread`): the joint search sees that scattering costs
+latency, not only traffic.
 
 The aggregation node is always the home node here (the dense part runs there,
 docs/architecture.md), so HetRoute's one-step lookahead for the next aggregation server has
