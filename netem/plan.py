@@ -237,13 +237,18 @@ class U32Dst:
     @property
     def key(self) -> str:
         """pyroute2's u32 key: the IPv4 destination at byte offset 16 of the IP header."""
-        return f"0x{int(ipaddress.IPv4Address(self.dst)):08x}/0xffffffff+16"
+        return _ip_key(self.dst, 16)
 
     def describe(self) -> str:
         if self.action == "del":
             return f"tc filter del dev {self.iface} parent {self.parent} prio {self.prio} u32"
         return (f"tc filter {self.action} dev {self.iface} parent {self.parent} protocol ip "
                 f"prio {self.prio} u32 match ip dst {self.dst}/32 flowid {self.flowid}")
+
+
+def _ip_key(address: str, offset: int) -> str:
+    """pyroute2's u32 key matching one IPv4 address at `offset` bytes into the IP header."""
+    return f"0x{int(ipaddress.IPv4Address(address)):08x}/0xffffffff+{offset}"
 
 
 @dataclass(frozen=True)
@@ -288,7 +293,7 @@ class U32Redirect:
     @property
     def key(self) -> str:
         """pyroute2's u32 key: the IPv4 source at byte offset 12 of the IP header."""
-        return f"0x{int(ipaddress.IPv4Address(self.src)):08x}/0xffffffff+12"
+        return _ip_key(self.src, 12)
 
     def describe(self) -> str:
         if self.action == "del":

@@ -185,18 +185,15 @@ def layer_cost(
     if not by_node:
         raise BadRouterInput("an assignment needs at least one item")
     branches = {n: branch_cost(est, shape, src, gather, n, its) for n, its in by_node.items()}
-    burst = sum(b.bytes_in for b in branches.values())
-    if burst:
-        access = est.scales.tx * est.node(src).uplink_ms(burst)
-        if access:
-            branches = {n: b if not b.bytes_in else replace(b, tx_in_ms=b.tx_in_ms + access)
-                        for n, b in branches.items()}
-    answers = sum(b.bytes_out for b in branches.values())
-    if answers:
-        access = est.scales.tx * est.node(gather).downlink_ms(answers)
-        if access:
-            branches = {n: b if not b.bytes_out else replace(b, tx_out_ms=b.tx_out_ms + access)
-                        for n, b in branches.items()}
+    # the rows' burst out of src and the answers' burst into gather, waited by every remote
+    # branch (each term 0 without that access link)
+    up = est.scales.tx * est.node(src).uplink_ms(sum(b.bytes_in for b in branches.values()))
+    down = est.scales.tx * est.node(gather).downlink_ms(
+        sum(b.bytes_out for b in branches.values()))
+    if up or down:
+        branches = {n: replace(b, tx_in_ms=b.tx_in_ms + (up if b.bytes_in else 0.0),
+                               tx_out_ms=b.tx_out_ms + (down if b.bytes_out else 0.0))
+                    for n, b in branches.items()}
     bottleneck = max(branches, key=lambda n: branches[n].total_ms)
     return LayerCost(branches[bottleneck].total_ms, bottleneck, branches)
 
