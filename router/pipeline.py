@@ -72,14 +72,17 @@ class Pipeline:
 
     def choose(self) -> tuple[str, ...]:
         """The pipeline quickest from this home by the mesh's priors: one decode token's hops
-        (one row) and dense FLOPs on each stage (the stage's queues are not known ahead)."""
+        (one row, through the access links too) and dense FLOPs on each stage (the stage's
+        queues are not known ahead)."""
         flops = self.dense_flops(1, 1)
 
         def cost(stages: tuple[str, ...]) -> float:
             ms, where = 0.0, self.home
             for stage in (*stages, self.home):
-                if stage != where:
-                    ms += self.mesh.link(where, stage).tx_ms(self.row_bytes)
+                if stage != where:  # the link and the access links each side of it
+                    ms += (self.mesh.link(where, stage).tx_ms(self.row_bytes)
+                           + self.mesh.nodes[where].prior.uplink_ms(self.row_bytes)
+                           + self.mesh.nodes[stage].prior.downlink_ms(self.row_bytes))
                 where = stage
             return ms + sum(1e3 * flops / self.mesh.nodes[s].prior.flops_per_s for s in stages)
 
@@ -92,7 +95,8 @@ class Pipeline:
         if src == dst:
             return at
         nbytes = rows * self.row_bytes
-        arrive = await self.transport.hop(src, dst, nbytes, at, self.timeout_s)
+        arrive = await self.transport.hop(src, dst, nbytes, at, self.timeout_s,
+                                          self.mesh.nodes[dst].prior.downlink_mbit is not None)
         for rec in recs:
             if rec.layers:
                 rec.layers[-1].bytes_out += self.row_bytes

@@ -96,21 +96,34 @@ class MeshTransport:
         links = self.client.links
         return 0.0 if links is None else links.uplink_backlog_s() * 1e3
 
-    async def hop(self, src: str, dst: str, nbytes: int, at: float, timeout_s: float) -> float:
-        """When `nbytes` src sends to dst at `at` arrive (emulated): src's own shaper, this
-        node's in-process, another's by `POST /v1/hop` (router.pipeline). The app shaper only."""
+    async def hop(self, src: str, dst: str, nbytes: int, at: float, timeout_s: float,
+                  downlink: bool = True) -> float:
+        """When `nbytes` src sends to dst at `at` are there (emulated): src's own shaper, then
+        (where dst has a `downlink`) dst's, each in-process on this node and by `POST /v1/hop`
+        (`/v1/hop/in`) on another (router.pipeline). The app shaper only."""
         if src != self.home:
-            return await self.client.hop(self.urls[src], dst, nbytes, at, timeout_s)
+            first, last = await self.client.hop(self.urls[src], dst, nbytes, at, timeout_s)
+        else:
+            links = self._app_links(src)
+            span = (None if links is None
+                    else await links.schedule_span(dst, nbytes, at=at, timeout_s=timeout_s))
+            first, last = (None, at) if span is None else span
+        if first is None or not downlink:  # not shaped: past no downlink either
+            return last
+        if dst != self.home:
+            return await self.client.hop_in(self.urls[dst], nbytes, first, last, timeout_s)
+        links = self._app_links(dst)
+        return last if links is None else await links.receive(nbytes, first, last)
+
+    def _app_links(self, name: str) -> Any:
+        """This node's links (None: none), refused unless the app shaper computes them."""
         links = self.client.links
         shaper = getattr(links, "shaper", None)
         if shaper is not None and shaper.backend != "app":
-            raise NodeRefused(src, 409, "hop_needs_app_shaper",
-                              f"{src}'s links are shaped by {shaper.backend}, which computes no "
-                              "arrival time: a pipelined dense part needs the app shaper")
-        if links is None:
-            return at
-        arrive = await links.schedule(dst, nbytes, at=at, timeout_s=timeout_s)
-        return at if arrive is None else arrive
+            raise NodeRefused(name, 409, "hop_needs_app_shaper",
+                              f"{name}'s links are shaped by {shaper.backend}, which computes "
+                              "no arrival time: a pipelined dense part needs the app shaper")
+        return links
 
     async def forward_at(self, node: str, groups: Sequence[Group], arrival: float,
                          timeout_s: float) -> ForwardResponse:

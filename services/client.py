@@ -29,6 +29,7 @@ from .wire import (
     CONTENT_TYPE,
     FIRST_HEADER,
     FORWARD_PATH,
+    HOP_IN_PATH,
     HOP_PATH,
     SELF_HEADER,
     ForwardResponse,
@@ -179,17 +180,39 @@ class NodeClient:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
 
     async def hop(self, url: str, to: str, nbytes: int, at: float,
-                  timeout_s: float | None = None) -> float:
-        """When `nbytes` the node at url sends to its peer `to` at `at` arrive there, through
-        that node's own shaper (`POST /v1/hop`; router.pipeline). The call itself is not
+                  timeout_s: float | None = None) -> tuple[float | None, float]:
+        """(when the first, when the last of `nbytes` the node at url sends to its peer `to`
+        at `at` arrive there), through that node's own shaper (`POST /v1/hop`;
+        router.pipeline); first None where that link is not shaped. The call itself is not
         shaped: it asks, it carries nothing."""
-        body = json.dumps({"to": to, "bytes": int(nbytes), "at": at}).encode()
-        data, _, _ = await self._call("POST", url, HOP_PATH, body=body,
+        got = await self._hop_call(url, HOP_PATH, {"to": to, "bytes": int(nbytes), "at": at},
+                                   timeout_s)
+        try:
+            first = got.get("first")
+            return (None if first is None else float(first)), float(got["arrive"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise NodeRefused(url, 200, "bad_answer", f"hop answer: {exc}") from None
+
+    async def hop_in(self, url: str, nbytes: int, first: float, last: float,
+                     timeout_s: float | None = None) -> float:
+        """When a hop's `nbytes`, arriving from `first` to `last`, are through the downlink
+        of the node at url (`POST /v1/hop/in`; router.pipeline)."""
+        got = await self._hop_call(url, HOP_IN_PATH,
+                                   {"bytes": int(nbytes), "first": first, "last": last},
+                                   timeout_s)
+        try:
+            return float(got["arrive"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise NodeRefused(url, 200, "bad_answer", f"hop answer: {exc}") from None
+
+    async def _hop_call(self, url: str, path: str, payload: dict[str, Any],
+                        timeout_s: float | None) -> Any:
+        data, _, _ = await self._call("POST", url, path, body=json.dumps(payload).encode(),
                                       headers={"Content-Type": "application/json"},
                                       limit_s=timeout_s or self.settings.forward_s)
         try:
-            return float(json.loads(data)["arrive"])
-        except (ValueError, KeyError, TypeError) as exc:
+            return json.loads(data)
+        except ValueError as exc:
             raise NodeRefused(url, 200, "bad_answer", f"hop answer: {exc}") from None
 
     # -- control plane --------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .wire import (
     CONTENT_TYPE,
     FIRST_HEADER,
     FORWARD_PATH,
+    HOP_IN_PATH,
     HOP_PATH,
     MAX_ROWS,
     SELF_HEADER,
@@ -145,12 +146,13 @@ async def forward(request: web.Request) -> web.Response:
 
 
 async def hop(request: web.Request) -> web.Response:
-    """`{"to": PEER, "bytes": N, "at": T}` -> `{"arrive": T'}`: when N bytes this node sends
-    to PEER at T (emulated, `netem.timing` clock) arrive there, through this node's shaper as
-    any message it sends: its uplink and the pair's FIFO are taken, so hops contend with the
-    node's other traffic. The bytes themselves are not copied (the home computed them): only
-    their time on the link. The app shaper only: tc delays bytes in the kernel and computes
-    no arrival, so a hop there is a 409 that says so."""
+    """`{"to": PEER, "bytes": N, "at": T}` -> `{"arrive": T', "first": T0}`: when the last and
+    the first of N bytes this node sends to PEER at T (emulated, `netem.timing` clock) arrive
+    there, through this node's shaper as any message it sends: its uplink and the pair's FIFO
+    are taken, so hops contend with the node's other traffic (PEER's downlink is booked on
+    PEER, `hop_in`). The bytes themselves are not copied (the home computed them): only their
+    time on the link. The app shaper only: tc delays bytes in the kernel and computes no
+    arrival, so a hop there is a 409 that says so."""
     node = request.app[NODE_KEY]
     data = await _json_body(request, node)
     if not isinstance(data, dict) or set(data) != {"to", "bytes", "at"}:
@@ -163,6 +165,41 @@ async def hop(request: web.Request) -> web.Response:
         raise BadRequest(f"hop.bytes must be an integer in 0..2**30, got {nbytes!r}")
     if not isinstance(at, int | float) or isinstance(at, bool) or not math.isfinite(at):
         raise BadRequest(f"hop.at must be a finite time, got {at!r}")
+    _hop_here(node)
+    try:
+        span = await node.links.schedule_span(to, nbytes, at=float(at))
+    except LinkDownError as exc:
+        raise Unavailable(str(exc), code="link_down") from None
+    if span is None:  # not shaped: there at once, and past no downlink
+        return web.json_response({"arrive": float(at)})
+    return web.json_response({"arrive": span[1], "first": span[0]})
+
+
+async def hop_in(request: web.Request) -> web.Response:
+    """`{"bytes": N, "first": T0, "last": T1}` -> `{"arrive": T'}`: when a hop's N bytes from
+    a shaped peer (its `POST /v1/hop` answer: first and last arriving at T0, T1) are through
+    this node's downlink, booked as any message it receives (T1 without one)."""
+    node = request.app[NODE_KEY]
+    data = await _json_body(request, node)
+    if not isinstance(data, dict) or set(data) != {"bytes", "first", "last"}:
+        raise BadRequest('a hop in is {"bytes": int, "first": time, "last": time}, got '
+                         f"{str(data)[:80]}")
+    nbytes, first, last = data["bytes"], data["first"], data["last"]
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 <= nbytes <= 1 << 30:
+        raise BadRequest(f"hop in: bytes must be an integer in 0..2**30, got {nbytes!r}")
+    horizon = node.links.horizon_s(nbytes)
+    for name, value in (("first", first), ("last", last)):
+        if (not isinstance(value, int | float) or isinstance(value, bool)
+                or not math.isfinite(value) or value - now() > horizon):
+            raise BadRequest(f"hop in: {name} must be a finite time at most {horizon:.6g} s "
+                             f"ahead, got {value!r}")
+    _hop_here(node)
+    arrive = await node.links.receive(nbytes, min(float(first), float(last)), float(last))
+    return web.json_response({"arrive": arrive})
+
+
+def _hop_here(node: Node) -> None:
+    """A hop needs this node's links computed in-process (the app shaper) and the node up."""
     shaper = node.links.shaper
     if shaper is not None and shaper.backend != "app":
         raise DoesNotFit(f"this node's links are shaped by {shaper.backend}, which computes no "
@@ -170,11 +207,6 @@ async def hop(request: web.Request) -> web.Response:
                          code="hop_needs_app_shaper")
     if node.draining:
         raise Unavailable("node is shutting down", code="shutting_down")
-    try:
-        arrive = await node.links.schedule(to, nbytes, at=float(at))
-    except LinkDownError as exc:
-        raise Unavailable(str(exc), code="link_down") from None
-    return web.json_response({"arrive": float(at) if arrive is None else arrive})
 
 
 def arrival_time(raw: str | None, horizon_s: float = math.inf,
@@ -294,6 +326,7 @@ async def get_metrics(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_post(FORWARD_PATH, forward)
     app.router.add_post(HOP_PATH, hop)
+    app.router.add_post(HOP_IN_PATH, hop_in)
     app.router.add_put("/v1/placement", put_placement)
     app.router.add_put("/v1/links", put_links)
     app.router.add_post("/v1/faults", post_faults)

@@ -38,6 +38,7 @@ __all__ = [
     "DTYPES",
     "FIRST_HEADER",
     "FORWARD_PATH",
+    "HOP_IN_PATH",
     "SELF_HEADER",
     "WIRE_VERSION",
     "ForwardRequest",
@@ -66,6 +67,7 @@ WIRE_VERSION = 2
 CONTENT_TYPE = "application/msgpack"
 FORWARD_PATH = "/v1/forward"
 HOP_PATH = "/v1/hop"  # JSON: a pipeline stage's activations on the sender's link (routes.hop)
+HOP_IN_PATH = "/v1/hop/in"  # JSON: the same through the receiver's downlink (routes.hop_in)
 SELF_HEADER = "X-Moemesh-From"  # the requester names itself; the answer is shaped toward it
 # The emulated arrival of this request at the node, or of this answer back at the requester
 # (a `netem.timing.now()` value, repr of a float): the receiver waits until then, so the host's

@@ -127,14 +127,53 @@ async def test_hop_answers_the_senders_link_time_and_refuses_bad_input(stack, ro
     async with aiohttp_client_session.post(url, json={"to": "b", "bytes": 125_000, "at": at}
                                            ) as resp:
         assert resp.status == 200
-        arrive = (await resp.json())["arrive"]
-    assert arrive - at == pytest.approx(0.007 + 0.001, abs=2e-4)  # 7 ms + 1 Mbit at 1 Gbit/s
+        got = await resp.json()
+    assert got["arrive"] - at == pytest.approx(0.007 + 0.001, abs=2e-4)  # 7 ms + 1 Mbit/Gbit
+    assert got["first"] - at == pytest.approx(0.007, abs=2e-4)  # the first bytes: the delay
     for bad in ({"to": "b", "bytes": -1, "at": at}, {"to": "b"}, [1, 2],
                 {"to": "b", "bytes": 1, "at": "soon"}):
         async with aiohttp_client_session.post(url, json=bad) as resp:
             assert resp.status == 400, bad
             assert "hop" in (await resp.json())["detail"]
     assert TOKEN  # the data plane takes no token
+
+
+async def test_a_hop_crosses_the_receivers_downlink(stack, router_compute,
+                                                     aiohttp_client_session) -> None:
+    """Issue 25 item 1: b's downlink (0.1 Mbit/s: 10.24 ms for a 128-byte f32 row) is on the
+    a → b hop as on any message b receives, after a's link in tandem (the row is through
+    b's downlink 10.24 ms after its first byte came, 7 ms after a sent it); the home's own
+    downlink is on the b → h hop. `POST /v1/hop/in` books it, and refuses bad input."""
+    from netem.timing import now
+    from tests.helpers.mesh import links_body
+
+    mesh = await _pipelined(stack, router_compute)
+    body = {**mesh_body(mesh.urls, PLACEMENT, DELAYS), "dense": {"pipelines": [STAGES]}}
+    for name, mbit in (("b", 0.1), ("h", 0.2)):
+        await mesh.nodes[name].set_links({**links_body(name, DELAYS), "downlink_mbit": mbit})
+        body["nodes"][name]["downlink_mbit"] = mbit  # the home books a hop in only there
+    mesh.router.configure(Mesh.from_json(body, "h"))
+    engine = mesh.router.engine()
+    result = await engine.generate(prompt(), 3, make_policy("greedy"), budget=0.0)
+    assert result.failed is None
+    row_ms = 32 * 4 * 8 / 1e6 * 1e3 / 1000
+    for rec in result.records[1:]:
+        first, second = rec.layers
+        assert first.link_ms == pytest.approx(5.0 + row_ms, abs=0.05)  # a has no downlink
+        assert second.link_ms == pytest.approx(7.0 + 10.24, abs=0.05)  # b's, after a's delay
+        back = rec.emulated_ms - first.emulated_ms - second.emulated_ms
+        assert back == pytest.approx(11.0 + 5.12, abs=0.05)  # h's own downlink
+    url = mesh.nodes["b"].url + "/v1/hop/in"
+    at = now()
+    async with aiohttp_client_session.post(url, json={"bytes": 1250, "first": at,
+                                                      "last": at + 0.001}) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["arrive"] - at == pytest.approx(0.1, abs=1e-6)
+    for bad in ({"bytes": 1, "first": at}, {"bytes": True, "first": at, "last": at},
+                {"bytes": 1, "first": at, "last": at + 1e6}, "x"):
+        async with aiohttp_client_session.post(url, json=bad) as resp:
+            assert resp.status == 400, bad
+            assert "hop in" in (await resp.json())["detail"]
 
 
 async def test_hop_on_a_tc_shaped_node_is_a_409_that_says_why(stack, router_compute,
