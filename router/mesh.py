@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe.vocab import is_number
-from netem.spec import ACCESS_FIELDS
+from netem.spec import ACCESS_FIELDS, check_access
 
 from .errors import BadRouterInput
 from .estimators import UNSHAPED
@@ -123,10 +123,10 @@ class Mesh:
                 raise BadRouterInput(f"mesh.nodes.{name}.profile: {exc}") from None
             capacity = info.get("capacity", DEFAULT_CAPACITY)
             for key in ACCESS_FIELDS:
-                rate = info.get(key)
-                if rate is not None and (not is_number(rate) or not rate > 0):
-                    raise BadRouterInput(f"mesh.nodes.{name}.{key} must be a rate > 0, "
-                                         f"got {rate!r}")
+                try:
+                    check_access(info.get(key), key)
+                except ValueError as exc:
+                    raise BadRouterInput(f"mesh.nodes.{name}.{exc}") from None
             nodes[name] = NodeInfo(name, info["url"].rstrip("/"), node_prior(
                 profile, tdf, capacity, info.get("uplink_mbit"), info.get("downlink_mbit")))
         links = {}

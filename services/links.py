@@ -18,9 +18,8 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from moe.vocab import is_number
 from netem import BACKENDS, BackendUnavailable, LinkSpec, NetemError, Shaper, make_shaper
-from netem.spec import ACCESS_FIELDS
+from netem.spec import ACCESS_FIELDS, check_access
 
 from .errors import BadRequest, DoesNotFit, ServiceError
 
@@ -44,13 +43,10 @@ def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str], di
     if unknown:
         raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; known: backend, "
                          f"links, {', '.join(ACCESS_FIELDS)}")
-    access: dict[str, float] = {}
-    for field in ACCESS_FIELDS:
-        rate = data.get(field)
-        if rate is not None and (not is_number(rate) or not rate > 0):
-            raise BadRequest(f"{field} must be a rate > 0 in Mbit/s, got {rate!r}"[:200])
-        if rate is not None:
-            access[field] = float(rate)
+    try:
+        access = {f: check_access(data[f], f) for f in ACCESS_FIELDS if data.get(f) is not None}
+    except ValueError as exc:
+        raise BadRequest(str(exc)[:200]) from None
     backend = data.get("backend", "auto")
     if backend not in BACKENDS:
         raise BadRequest(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}"[:200])
@@ -153,17 +149,11 @@ class Links:
         if self.shaper is not None:
             await self.shaper.transmit(peer, nbytes, timeout_s=timeout_s)
 
-    async def schedule(self, peer: str, nbytes: int, *, at: float | None = None,
-                       timeout_s: float | None = None) -> float | None:
-        """When nbytes sent to peer at `at` arrive there (app backend; the receiver waits);
-        None when nothing here delays them (tc, no shaper, an unshaped peer)."""
-        span = await self.schedule_span(peer, nbytes, at=at, timeout_s=timeout_s)
-        return None if span is None else span[1]
-
     async def schedule_span(self, peer: str, nbytes: int, *, at: float | None = None,
                             timeout_s: float | None = None) -> tuple[float, float] | None:
-        """`schedule` with when the first bytes arrive too: (first, last), for the
-        receiver's downlink (netem.base.Shaper.schedule_span)."""
+        """When the first and the last of nbytes sent to peer at `at` arrive there (app
+        backend; the receiver waits, through its downlink from the first); None when nothing
+        here delays them (tc, no shaper, an unshaped peer)."""
         if self.shaper is None:
             return None
         return await self.shaper.schedule_span(peer, nbytes, at=at, timeout_s=timeout_s)

@@ -161,8 +161,7 @@ async def hop(request: web.Request) -> web.Response:
     to, nbytes, at = data["to"], data["bytes"], data["at"]
     if not isinstance(to, str) or not to:
         raise BadRequest(f"hop.to must be a peer name, got {to!r}")
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 <= nbytes <= 1 << 30:
-        raise BadRequest(f"hop.bytes must be an integer in 0..2**30, got {nbytes!r}")
+    nbytes = _hop_bytes(nbytes, "hop.bytes")
     if not isinstance(at, int | float) or isinstance(at, bool) or not math.isfinite(at):
         raise BadRequest(f"hop.at must be a finite time, got {at!r}")
     _hop_here(node)
@@ -184,18 +183,21 @@ async def hop_in(request: web.Request) -> web.Response:
     if not isinstance(data, dict) or set(data) != {"bytes", "first", "last"}:
         raise BadRequest('a hop in is {"bytes": int, "first": time, "last": time}, got '
                          f"{str(data)[:80]}")
-    nbytes, first, last = data["bytes"], data["first"], data["last"]
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or not 0 <= nbytes <= 1 << 30:
-        raise BadRequest(f"hop in: bytes must be an integer in 0..2**30, got {nbytes!r}")
+    nbytes = _hop_bytes(data["bytes"], "hop in: bytes")
     horizon = node.links.horizon_s(nbytes)
-    for name, value in (("first", first), ("last", last)):
-        if (not isinstance(value, int | float) or isinstance(value, bool)
-                or not math.isfinite(value) or value - now() > horizon):
-            raise BadRequest(f"hop in: {name} must be a finite time at most {horizon:.6g} s "
-                             f"ahead, got {value!r}")
+    first, last = (arrival_time(data[k], horizon, f"hop in: {k}") for k in ("first", "last"))
+    if first is None or last is None:
+        raise BadRequest("hop in: first and last must be times, got null")
     _hop_here(node)
-    arrive = await node.links.receive(nbytes, min(float(first), float(last)), float(last))
+    arrive = await node.links.receive(nbytes, min(first, last), last)
     return web.json_response({"arrive": arrive})
+
+
+def _hop_bytes(value: object, name: str) -> int:
+    """A hop's byte count, or a 400 naming the field."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1 << 30:
+        raise BadRequest(f"{name} must be an integer in 0..2**30, got {value!r}")
+    return value
 
 
 def _hop_here(node: Node) -> None:
@@ -209,20 +211,20 @@ def _hop_here(node: Node) -> None:
         raise Unavailable("node is shutting down", code="shutting_down")
 
 
-def arrival_time(raw: str | None, horizon_s: float = math.inf,
+def arrival_time(raw: str | float | None, horizon_s: float = math.inf,
                  header: str = ARRIVE_HEADER) -> float | None:
-    """An `ARRIVE_HEADER` (or `FIRST_HEADER`) value; a malformed one, or one more than
-    `horizon_s` ahead of now (services.links.Links.horizon_s: no link of this node delays a
-    message that long), is a 400 that names the header and the bound, so no handler waits
-    for ever."""
+    """An `ARRIVE_HEADER` (or `FIRST_HEADER`, or a hop's time) value; a malformed one, or one
+    more than `horizon_s` ahead of now (services.links.Links.horizon_s: no link of this node
+    delays a message that long), is a 400 that names the header and the bound, so no handler
+    waits for ever."""
     if raw is None:
         return None
     try:
         value = float(raw)
-    except ValueError:
-        raise BadRequest(f"{header} must be a number, got {raw[:40]!r}") from None
+    except (ValueError, TypeError):
+        raise BadRequest(f"{header} must be a number, got {str(raw)[:40]!r}") from None
     if not math.isfinite(value):
-        raise BadRequest(f"{header} must be finite, got {raw[:40]!r}")
+        raise BadRequest(f"{header} must be finite, got {str(raw)[:40]!r}")
     ahead = value - now()
     if ahead > horizon_s:
         raise BadRequest(f"{header} is {ahead:.6g} s ahead of this node's clock; the "

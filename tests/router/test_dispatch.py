@@ -365,7 +365,7 @@ async def test_the_home_uplinks_queue_starts_every_remote_plan(stack, router_com
     engine = mesh.router.engine()
     transport = engine.dispatcher.transport
     assert transport.uplink_backlog_ms() == 0.0
-    await h.links.schedule("a", 25_000)  # 200 ms at 1 Mbit/s, queued now
+    await h.links.schedule_span("a", 25_000)  # 200 ms at 1 Mbit/s, queued now
     queued = transport.uplink_backlog_ms()
     assert 150.0 < queued <= 200.0
     res = await engine.score(tokens(2), make_policy("greedy", engine.dispatcher.settings))

@@ -170,7 +170,8 @@ async def test_a_hop_crosses_the_receivers_downlink(stack, router_compute,
         assert resp.status == 200
         assert (await resp.json())["arrive"] - at == pytest.approx(0.1, abs=1e-6)
     for bad in ({"bytes": 1, "first": at}, {"bytes": True, "first": at, "last": at},
-                {"bytes": 1, "first": at, "last": at + 1e6}, "x"):
+                {"bytes": 1, "first": at, "last": at + 1e6}, "x",
+                {"bytes": 1, "first": [at], "last": at}, {"bytes": 1, "first": None, "last": at}):
         async with aiohttp_client_session.post(url, json=bad) as resp:
             assert resp.status == 400, bad
             assert "hop in" in (await resp.json())["detail"]
