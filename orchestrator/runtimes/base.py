@@ -150,7 +150,8 @@ async def wait_listening(host: str, port: int, *, timeout_s: float, alive: objec
         if callable(alive) and not alive():
             raise RuntimeFailure(f"process for {host}:{port} exited before it listened")
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+            async with asyncio.timeout(1.0):
+                _, writer = await asyncio.open_connection(host, port)
         except (OSError, TimeoutError):
             if loop.time() >= deadline:
                 raise TimeoutError(f"{host}:{port} did not listen within {timeout_s:g} s") from None

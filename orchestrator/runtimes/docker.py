@@ -439,7 +439,8 @@ async def open_engine(url: str | None = None) -> Any:
     docker = None
     try:
         docker = aiodocker.Docker(url=url)
-        await asyncio.wait_for(docker.version(), ENGINE_TIMEOUT_S)
+        async with asyncio.timeout(ENGINE_TIMEOUT_S):
+            await docker.version()
     except Exception as exc:
         if docker is not None:
             await docker.close()

@@ -319,7 +319,8 @@ class ForkServer:
                 stderr=log, env=env, start_new_session=True, limit=1 << 20)
         assert self.proc.stdout is not None
         try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), self.ready_timeout_s)
+            async with asyncio.timeout(self.ready_timeout_s):
+                line = await self.proc.stdout.readline()
         except TimeoutError:
             await self.close()
             raise RuntimeFailure(f"the node template did not get ready within "
@@ -348,7 +349,8 @@ class ForkServer:
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             await self.proc.stdin.drain()
-            answer = await asyncio.wait_for(reply, REPLY_TIMEOUT_S)
+            async with asyncio.timeout(REPLY_TIMEOUT_S):
+                answer = await reply
         except TimeoutError:
             raise RuntimeFailure(f"the node template did not fork within "
                                  f"{REPLY_TIMEOUT_S:g} s") from None
@@ -368,7 +370,8 @@ class ForkServer:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
             try:
-                await asyncio.wait_for(proc.wait(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await proc.wait()
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()

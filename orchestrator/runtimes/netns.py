@@ -94,8 +94,8 @@ async def _run(*argv: str, stdin: str | None = None,
         *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        out, err = await asyncio.wait_for(
-            proc.communicate(stdin.encode() if stdin is not None else None), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()

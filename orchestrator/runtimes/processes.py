@@ -130,7 +130,8 @@ async def end_process(proc: NodeProcess | None, grace_s: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
-            await asyncio.wait_for(proc.wait(), wait_s)
+            async with asyncio.timeout(wait_s):
+                await proc.wait()
             break
         except TimeoutError:
             continue

@@ -259,8 +259,9 @@ async def _resolve(host: str) -> list[str]:
     """IPv4 addresses of `host` ([] when the name is unknown here)."""
     loop = asyncio.get_running_loop()
     try:
-        infos = await asyncio.wait_for(
-            loop.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM), 2.0)
+        async with asyncio.timeout(2.0):
+            infos = await loop.getaddrinfo(host, None, family=socket.AF_INET,
+                                           type=socket.SOCK_STREAM)
     except (OSError, TimeoutError):
         return []
     return sorted({str(i[4][0]) for i in infos})

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from orchestrator.runtimes.base import NodeLaunch, RuntimeFailure
+from orchestrator.runtimes.base import NodeLaunch, RuntimeFailure, wait_listening
 from orchestrator.runtimes.forkserver import forkable
 from orchestrator.runtimes.local import LocalRuntime, process_alive
 from orchestrator.runtimes.processes import can_renice
@@ -95,6 +97,23 @@ async def test_cancelled_start_leaves_nothing() -> None:
         await task
     assert processes_with(marker) == []
     assert not process_alive(template, None)
+
+
+async def test_a_cancelled_readiness_wait_is_cancelled_whenever_it_comes() -> None:
+    """Ctrl-C must end the wait for a port at once, even when it lands just as a connection
+    attempt is refused: `asyncio.wait_for` on Python 3.11 then handed back the refusal and lost
+    the cancellation, and the start waited out the node's whole readiness timeout (16 of 300
+    cancels here before the fix)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: every attempt is refused at once
+    rng = random.Random(7)
+    for _ in range(200):
+        task = asyncio.ensure_future(wait_listening("127.0.0.1", port, timeout_s=30))
+        await asyncio.sleep(rng.random() * 0.004)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(task), 5)
 
 
 async def test_bad_launches_are_refused() -> None:
