@@ -428,13 +428,20 @@ def _dense_lines(meta: RunMeta) -> list[str]:
     if not dense:
         return []
     piped = {k: v for k, v in dense.items() if v.get("mode") == "pipeline"}
-    home = [k for k, v in dense.items() if v.get("mode") != "pipeline"]
+    moving = [k for k, v in dense.items() if v.get("mode") == "aggregate"]
+    home = [k for k, v in dense.items() if v.get("mode") not in ("pipeline", "aggregate")]
     any_rec = next(iter(dense.values()))
     at_home = any_rec.get("kv_bytes_per_token_at_home")
     lines = ["## Where the dense part runs", ""]
     if home:
         lines.append(f"At each request's home node (attention, gate, head; the KV cache there, "
                      f"{_f(at_home, 0)} bytes per context token): {', '.join(home)}.")
+    if moving:
+        lines += ["", f"On a moving aggregation server (HetRoute's one-step lookahead: each "
+                  f"layer's answers gather where the next layer is cheapest, that layer's KV "
+                  f"cache, {_f(any_rec.get('kv_bytes_per_layer_token'), 0)} bytes per context "
+                  f"token, moving there on the links and counted as traffic): "
+                  f"{', '.join(moving)}."]
     if piped:
         lines += ["", "Pipelined (EdgeShard's stages: a layer's dense part and experts on its "
                   "stage, the activations hop stage to stage and back home for the head; each "

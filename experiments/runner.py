@@ -408,9 +408,12 @@ class _Run:
 
     def dense_of(self, arm: Arm) -> dict[str, Any] | None:
         """PUT /v1/mesh's `dense` for the arm: its placement's pipelines (`dense: pipeline`,
-        orchestrator.placement.edgeshard), None at home."""
+        orchestrator.placement.edgeshard), HetRoute's moving aggregation (`dense: aggregate`),
+        None at home."""
         if arm.dense == "home":
             return None
+        if arm.dense == "aggregate":
+            return {"aggregate": True}
         info = self.meta["placements"][_placement_name(arm.placement_key(self.scenario))]
         return {"pipelines": info["notes"]["pipelines"]}
 
@@ -648,12 +651,13 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             t0 = time.monotonic()
             async with open_mesh(scenario, first) as mesh:
                 run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
-                piped = [a.label for a in arms if a.dense == "pipeline"]
+                piped = [a.label for a in arms if a.dense != "home"]
                 if piped and mesh.shaper != "app":
                     raise ValueError(
-                        f"{', '.join(piped)}: dense: pipeline needs the app shaper (a stage's "
-                        f"hop is timed by its shaper), and this mesh's links are {mesh.shaper}"
-                        f"-shaped: run with --shaper app, or leave these arms out")
+                        f"{', '.join(piped)}: a dense part off the home (pipeline, aggregate) "
+                        f"needs the app shaper (a hop is timed by its sender's shaper), and "
+                        f"this mesh's links are {mesh.shaper}-shaped: run with --shaper app, "
+                        f"or leave these arms out")
                 run._time("mesh_start_s", t0)
                 if options.link_probe and not run.meta.get("fidelity"):
                     await run.probe_links(mesh)

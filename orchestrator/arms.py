@@ -12,13 +12,16 @@ ablations (no redundancy, no lookahead, another quality budget). An entry of a s
       - {policy: ordermoe, label: ordermoe-no-lookahead, settings: {lookahead: 0}}
       - {policy: hetroute, redundancy: 1.0, budget_pct: 0.5, placement: hetroute}
       - {policy: greedy, placement: edgeshard, dense: pipeline, label: edgeshard}
+      - {policy: hetroute, dense: aggregate, label: hetroute-moving}
 
 Mapping keys: `policy` (required), `label` (default: built from the rest), `placement`,
 `redundancy` (the placement's memory ratio), `budget_pct` (the per-token quality budget sent
 with every request), `settings` (router `Settings` overrides put with the mesh, e.g.
 `lookahead`, `beam_width`), `dense` (where the dense part runs: `home`, the default, every
 layer at the request's home node; `pipeline`, EdgeShard's stages, which needs `placement:
-edgeshard`: the token's activations go from stage to stage, router.pipeline).
+edgeshard`: the token's activations go from stage to stage, router.pipeline; `aggregate`,
+HetRoute's moving aggregation server: each layer's answers gather on the node its one-step
+lookahead picks, the layer's KV cache following, router.aggregate).
 
 `load_experiment(path)` reads a scenario whose list uses these forms (`load_scenario`, here
 too, goes through it, so every command reads the same files): the plain router names are handed to
@@ -46,7 +49,8 @@ from router.policies import POLICIES as ROUTERS
 __all__ = ["DENSE_MODES", "Arm", "arms_of", "load_experiment", "load_scenario", "parse_arm"]
 
 _KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings", "dense")
-DENSE_MODES = ("home", "pipeline")  # where the dense part runs (router.pipeline)
+# where the dense part runs (router.pipeline, router.aggregate)
+DENSE_MODES = ("home", "pipeline", "aggregate")
 PIPELINE_PLACEMENT = "edgeshard"  # the one placement that cuts the model into stages
 
 
@@ -220,10 +224,11 @@ def load_experiment(path: str | Path) -> tuple[Scenario, tuple[Arm, ...]]:
     scenario = scenario_from_data(data, Loc(str(path)), path.parent, default_name=path.stem)
     if arms is not None and scenario.shaper == "tc":
         for i, arm in enumerate(arms):
-            if arm.dense == "pipeline":
+            if arm.dense != "home":
                 raise plist.item(raw, i).error(
-                    "dense: pipeline needs the app shaper (a stage's hop is timed by its "
-                    "shaper; tc computes no arrival), and this scenario says shaper: tc")
+                    f"dense: {arm.dense} needs the app shaper (a hop between two nodes is "
+                    "timed by the sender's shaper; tc computes no arrival), and this scenario "
+                    "says shaper: tc")
     return scenario, arms if arms is not None else arms_of(scenario)
 
 

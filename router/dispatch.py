@@ -126,6 +126,7 @@ class Dispatcher:
     ) -> None:
         self.mesh = mesh
         self.pipeline: Any = None  # router.pipeline, made by the first engine that needs it
+        self.aggregator: Any = None  # router.aggregate, likewise
         self.model = model
         self.settings = mesh.settings
         self.shape = shape
@@ -266,7 +267,7 @@ class Dispatcher:
         return end
 
     def _plan(self, layer, pending, experts, gate, excluded, tokens, recs, policy, first,
-              stuck):
+              stuck, view: PlanView | None = None):
         """Plan every pending row; group the choices into one batch per node. A row with no
         replica usable now goes to `stuck` (its slots, when one may be, the planner's error).
 
@@ -280,11 +281,12 @@ class Dispatcher:
         batch's rows gather where the first ones read the weights instead of scattering to
         pay a fresh read elsewhere. What the home's access link still has queued (other tokens'
         rows, this node's answers to other homes) starts every remote branch's batch: the
-        router sees the contention on its uplink, not only its own plan's burst."""
+        router sees the contention on its uplink, not only its own plan's burst. `view`: the
+        plan from another node (router.aggregate), whose access-link queue is not known here."""
         batches: dict[str, _Batch] = {}
-        view = self.view
+        view = view or self.view
         batch_ms = [0.0] * len(view.names)
-        backlog = self._uplink_backlog_ms()  # every remote branch leaves after it
+        backlog = self._uplink_backlog_ms() if view is self.view else 0.0
         if backlog > 0:
             batch_ms = [0.0 if i == view.home_index else backlog for i in range(len(batch_ms))]
         calls: dict[tuple[int, tuple[int, int, str]], int] = {}  # rows per replica so far
@@ -508,11 +510,14 @@ class Dispatcher:
             raise NodeRefused(node, 200, "bad_answer",
                               f"output of {len(y)} bytes for {group.rows} rows")
 
-    def _gather(self, node, batch, res, tokens, recs, outputs) -> None:
+    def _gather(self, node, batch, res, tokens, recs, outputs, src: str | None = None,
+                dst: str | None = None) -> None:
         """Take one node's answer: its sum per row, quality spent, records. A row's bytes
-        count once per node: its activation out, its combined answer back."""
+        count once per node: its activation out (from `src`), its combined answer back (to
+        `dst`); both the home unless the layer aggregates elsewhere (router.aggregate)."""
         d = self.shape.d_model
-        local = node == self.home
+        src, dst = src or self.home, dst or self.home
+        local = node == src
         row_bytes = d * ACTIVATION_BYTES[self.settings.wire_dtype]
         y = rows_of(res.ys[0], self.settings.wire_dtype, len(batch.rows), d).float()
         for j, (row, members) in enumerate(batch.rows.items()):
@@ -528,8 +533,9 @@ class Dispatcher:
             rec = recs[row]
             if node not in rec.nodes:
                 rec.nodes = (*rec.nodes, node)
-            if not local:
+            if node != src:
                 rec.bytes_out += row_bytes
+            if node != dst:
                 rec.bytes_in += row_bytes
 
     def _combine(self, x: Tensor, outputs, tokens) -> Tensor:

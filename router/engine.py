@@ -44,6 +44,7 @@ from moe.profiles import ModelProfile
 from moe.traces import draw_gate_weights, generate_trace
 from netem.timing import now, sleep_until
 
+from .aggregate import Aggregator, Route
 from .dispatch import Dispatcher, Timeline, now_ms
 from .errors import BadRouterInput
 from .pipeline import Pipeline
@@ -300,6 +301,13 @@ class Engine:
             if dispatcher.pipeline is None:
                 dispatcher.pipeline = Pipeline(dispatcher, self.dense_flops)
             self.pipeline = dispatcher.pipeline
+        # HetRoute's moving aggregation server, when the mesh says so (router.aggregate)
+        self.aggregator: Aggregator | None = None
+        if dispatcher.mesh.aggregate:
+            if dispatcher.aggregator is None:
+                dispatcher.aggregator = Aggregator(dispatcher, self.dense_flops,
+                                                   shape.kv_bytes_per_token())
+            self.aggregator = dispatcher.aggregator
 
     def dense_flops(self, rows: int, context: int) -> float:
         """FLOPs of one layer's share of the dense part for `rows` seeing `context` tokens."""
@@ -311,10 +319,12 @@ class Engine:
 
     async def _group(self, steps: Steps, recs: list[TokenRecord], policy: Policy,
                      clock: Timeline, deadline_ms: float, tap: RoutingTap | None = None,
-                     stages: tuple[str, ...] | None = None) -> int | None:
+                     stages: tuple[str, ...] | None = None, route: Route | None = None
+                     ) -> int | None:
         """One token group through every layer; returns `steps.finish()`. The clock ends at
         the group's emulated end; host time of the dense part goes to recs[-1]. `stages`:
-        the pipeline the group runs on (router.pipeline), None: the dense part at home."""
+        the pipeline the group runs on (router.pipeline), `route` its request's aggregation
+        servers (router.aggregate); neither: the dense part at home."""
         host = 0.0
         dense = 0.0
         rows, context = steps.rows, steps.context
@@ -325,7 +335,11 @@ class Engine:
             if tap is not None:
                 tap.add(idx, w)
             host += host_clock() - t
-            if stages is None:
+            if route is not None and not policy.in_process:  # `exact` runs in-process
+                assert self.aggregator is not None
+                y, d = await self.aggregator.run_layer(layer, x, idx, w, recs, policy,
+                                                       deadline_ms, clock, context, route)
+            elif stages is None:
                 d = self.dense_s(rows, context)
                 clock.at += d
                 y = await self.dispatcher.run_layer(layer, x, idx, w, recs, policy,
@@ -434,10 +448,12 @@ class Engine:
         t_prev = e_prev = start
         tap = RoutingTap() if routing else None
         stages = self.pipeline.choose() if self.pipeline is not None else None
+        route = (Route(self.dispatcher.home, self.shape.layers)
+                 if self.aggregator is not None else None)
         for i in range(max_tokens):
             recs = [TokenRecord(i, budget) for _ in range(steps.rows)]
             nxt = await self._group(steps, recs, policy, clock, now_ms() + settings.token_ms,
-                                    tap, stages)
+                                    tap, stages, route)
             rec = recs[-1]
             rec.index = i
             bad = next((r for r in recs[:-1] if r.status == "failed"), None)

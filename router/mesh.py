@@ -9,7 +9,8 @@ node's own `PUT /v1/links` and `PUT /v1/placement` only tell it about itself):
      "placement": {NAME: [{"layer", "expert", "variant", "tier"}, ...]},
      "time_dilation": 1.0,
      "settings": {...router settings overrides...},
-     "dense": {"pipelines": [[NAME per MoE layer], ...]}}     # optional (router.pipeline)
+     "dense": {"pipelines": [[NAME per MoE layer], ...]}      # optional (router.pipeline)
+              | {"aggregate": true}}                           # (router.aggregate)
 
 Links not listed are unshaped (loopback). Profiles are `services.device` profiles; the
 router turns them into priors (`node_prior`: FLOP/s, device memory and host-to-device bytes/s,
@@ -71,6 +72,9 @@ class Mesh:
     # Where the dense part runs: () at the home node; else EdgeShard's pipelines, each one
     # stage node per MoE layer (router.pipeline)
     pipelines: tuple[tuple[str, ...], ...] = ()
+    # HetRoute's moving aggregation server (router.aggregate): each layer's outputs gather on
+    # the node its one-step lookahead picks, the layer's KV cache moving there
+    aggregate: bool = False
 
     def __post_init__(self) -> None:
         if self.home not in self.nodes:
@@ -146,8 +150,13 @@ class Mesh:
                 links[(a, b)] = LinkEstimate.from_spec(parsed, tdf)
         placement = Placement.from_json(data.get("placement", {}))
         settings = Settings.from_json(data.get("settings"), base).dilated(tdf)
-        pipelines = _pipelines(data.get("dense"), nodes)
-        return cls(home, nodes, links, placement, float(tdf), settings, pipelines)
+        dense = data.get("dense")
+        aggregate = isinstance(dense, Mapping) and set(dense) == {"aggregate"}
+        if aggregate and dense["aggregate"] is not True:
+            raise BadRouterInput('mesh.dense.aggregate must be true (HetRoute\'s moving '
+                                 'aggregation server), got ' + str(dense["aggregate"])[:40])
+        pipelines = () if aggregate else _pipelines(dense, nodes)
+        return cls(home, nodes, links, placement, float(tdf), settings, pipelines, aggregate)
 
 
 def _pipelines(dense: Any, nodes: Mapping[str, NodeInfo]) -> tuple[tuple[str, ...], ...]:
@@ -156,7 +165,8 @@ def _pipelines(dense: Any, nodes: Mapping[str, NodeInfo]) -> tuple[tuple[str, ..
     if dense is None:
         return ()
     if not isinstance(dense, Mapping) or set(dense) != {"pipelines"}:
-        raise BadRouterInput('mesh.dense must be {"pipelines": [[node per MoE layer], ...]}')
+        raise BadRouterInput('mesh.dense must be {"pipelines": [[node per MoE layer], ...]} '
+                             'or {"aggregate": true}')
     raw = dense["pipelines"]
     if not isinstance(raw, list) or not raw:
         raise BadRouterInput("mesh.dense.pipelines must be a non-empty list of node lists")

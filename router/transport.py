@@ -110,6 +110,12 @@ class MeshTransport:
             first, last = (None, at) if span is None else span
         if first is None or not downlink:  # not shaped: past no downlink either
             return last
+        return await self.land(dst, nbytes, first, last, timeout_s)
+
+    async def land(self, dst: str, nbytes: int, first: float, last: float,
+                   timeout_s: float) -> float:
+        """When a message arriving at dst from `first` to `last` is through dst's downlink:
+        booked on dst (`POST /v1/hop/in`), or in-process on this node."""
         if dst != self.home:
             return await self.client.hop_in(self.urls[dst], nbytes, first, last, timeout_s)
         links = self._app_links(dst)
@@ -126,14 +132,16 @@ class MeshTransport:
         return links
 
     async def forward_at(self, node: str, groups: Sequence[Group], arrival: float,
-                         timeout_s: float) -> ForwardResponse:
+                         timeout_s: float, answer_to: str | None = None) -> ForwardResponse:
         """Groups already at `node` by `arrival` (emulated), its answer staying there: a
         pipeline stage's own layer (router.pipeline). The home node's in-process path is that
-        already; another node's forward is sent with that arrival and answered unshaped."""
+        already; another node's forward is sent with that arrival and answered unshaped, or,
+        `answer_to`, shaped toward that node as it leaves (router.aggregate: booked by the
+        answering node in its own order, the same in every run)."""
         if node == self.home and self.local is not None:
             return await self.forward(node, groups, "", timeout_s, arrival)
         return await self.client.forward(self.urls[node], groups, timeout_s=timeout_s,
-                                         arrive=arrival)
+                                         arrive=arrival, answer_to=answer_to)
 
     async def forward(
         self, node: str, groups: Sequence[Group], req: str, timeout_s: float,

@@ -106,11 +106,14 @@ class NodeClient:
     async def _call(self, method: str, url: str, path: str, *, limit_s: float,
                     body: bytes | None = None, headers: dict[str, str] | None = None,
                     peer: str | None = None, ready: float | None = None,
-                    data_plane: bool = False) -> tuple[bytes, str, float | None]:
-        """(body, content type, emulated arrival of the answer or None). With `peer`, the
-        request leaves on the emulated link at `ready` (default now) and says when it arrives
-        (`ARRIVE_HEADER`, `FIRST_HEADER`); the answer is released here when its own headers
-        say, through this node's downlink when it has one.
+                    data_plane: bool = False, receive: bool = True
+                    ) -> tuple[bytes, str, float | None, float | None]:
+        """(body, content type, emulated arrival of the answer's last and first bytes, or
+        None). With `peer`, the request leaves on the emulated link at `ready` (default now)
+        and says when it arrives (`ARRIVE_HEADER`, `FIRST_HEADER`); the answer is released
+        here when its own headers say, through this node's downlink when it has one, unless
+        `receive` is False: the answer was shaped toward another node (router.aggregate),
+        whose downlink is its own to book, and it is handed back at once.
         `data_plane`: a POST through `services.h1` rather than aiohttp."""
         try:
             async with asyncio.timeout(limit_s):
@@ -137,11 +140,11 @@ class NodeClient:
                     code, detail = unpack_error(data, content_type)
                     raise NodeRefused(url, status, code, detail)
                 back, lead = _arrival(arrival), _arrival(first)
-                if back is not None:
+                if back is not None and receive:
                     if lead is not None and self.links is not None:  # its downlink
                         back = await self.links.receive(len(data), min(lead, back), back)
                     await sleep_until(back)
-                return data, content_type, back
+                return data, content_type, back, lead
         except TimeoutError:
             raise NodeTimeout(f"{method} {url}{path}: no answer within {limit_s:g} s",
                               url) from None
@@ -153,7 +156,8 @@ class NodeClient:
     async def forward(self, url: str, groups: Sequence[Group], *, req: str = "",
                       peer: str | None = None, timeout_s: float | None = None,
                       ready: float | None = None, parts: bool = False,
-                      arrive: float | None = None) -> ForwardResponse:
+                      arrive: float | None = None, answer_to: str | None = None
+                      ) -> ForwardResponse:
         """Send groups to the node at url (base URL); `peer` is its name, for link shaping,
         and `ready` when they left this node on the emulated timeline (default now); `parts`
         asks for the per-expert outputs too. The answer carries both bodies' sizes.
@@ -161,21 +165,26 @@ class NodeClient:
         `arrive`: the groups are already at the node by then (emulated): not shaped on the way
         there, and the answer is not shaped back (no `X-Moemesh-From`). A pipeline stage runs
         its own layer so (router.pipeline): the rows reached it by a hop, and its result stays
-        there for the next one."""
+        there for the next one. `answer_to` (with `arrive`): the answer is shaped toward that
+        node instead, by the answering node as it leaves (router.aggregate); `arrived` and
+        `first` say when it is there, its downlink not yet crossed when that is not this node."""
         body = pack_request(groups, req, parts)
         headers = {"Content-Type": CONTENT_TYPE}
         if arrive is not None:
             headers[ARRIVE_HEADER] = repr(arrive)
             peer = None
+            if answer_to is not None:
+                headers[SELF_HEADER] = answer_to
         elif self.settings.name:
             headers[SELF_HEADER] = self.settings.name
-        data, _, back = await self._call("POST", url, FORWARD_PATH, body=body, headers=headers,
-                                         peer=peer, ready=ready,
-                                         limit_s=timeout_s or self.settings.forward_s,
-                                         data_plane=True)
+        mine = answer_to is None or answer_to == self.settings.name
+        data, _, back, lead = await self._call(
+            "POST", url, FORWARD_PATH, body=body, headers=headers, peer=peer, ready=ready,
+            limit_s=timeout_s or self.settings.forward_s, data_plane=True, receive=mine)
         try:
             return unpack_response(data, arrived=now() if back is None else back,
-                                   body_bytes=(len(body), len(data)))
+                                   body_bytes=(len(body), len(data)),
+                                   first=None if mine else lead)
         except ValueError as exc:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
 
@@ -207,7 +216,7 @@ class NodeClient:
 
     async def _hop_call(self, url: str, path: str, payload: dict[str, Any],
                         timeout_s: float | None) -> Any:
-        data, _, _ = await self._call("POST", url, path, body=json.dumps(payload).encode(),
+        data, _, _, _ = await self._call("POST", url, path, body=json.dumps(payload).encode(),
                                       headers={"Content-Type": "application/json"},
                                       limit_s=timeout_s or self.settings.forward_s)
         try:
@@ -222,7 +231,7 @@ class NodeClient:
         if payload is not None:
             headers["Content-Type"] = "application/json"
             body = json.dumps(payload).encode()
-        data, content_type, _ = await self._call(method, url, path, body=body,
+        data, content_type, _, _ = await self._call(method, url, path, body=body,
                                                  headers=headers,
                                                  limit_s=self.settings.control_s)
         return data.decode() if content_type.startswith("text/") else json.loads(data)

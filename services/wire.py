@@ -189,6 +189,9 @@ class ForwardResponse:
     parts: tuple[bytes | Tensor, ...] | None = None  # per group: [entries, d_model], when asked
     # (request, answer) HTTP body bytes, as sent and received; (0, 0) in-process
     body_bytes: tuple[int, int] = (0, 0)
+    # an answer shaped toward another node (router.aggregate): when its first bytes are there
+    # (its downlink, `arrived` the last bytes' arrival before it); None otherwise
+    first: float | None = None
 
 
 # -- tensors ----------------------------------------------------------------------------------
@@ -459,7 +462,8 @@ def pack_response(outs: Iterable[Output], timing: Timing, state: NodeState) -> b
 
 
 def unpack_response(body: bytes, *, arrived: float | None = None,
-                    body_bytes: tuple[int, int] = (0, 0)) -> ForwardResponse:
+                    body_bytes: tuple[int, int] = (0, 0), first: float | None = None
+                    ) -> ForwardResponse:
     """Decode a node's answer; a malformed one raises ValueError naming what is wrong.
     `arrived` and `body_bytes` are the client's (`ForwardResponse`), not on the wire."""
     try:
@@ -486,7 +490,8 @@ def unpack_response(body: bytes, *, arrived: float | None = None,
         if not all(isinstance(p, bytes) for p in parts):
             raise ValueError("malformed forward answer: parts missing from some groups")
         got = tuple(parts)
-    return ForwardResponse(ys, timing, state, arrived=arrived, parts=got, body_bytes=body_bytes)
+    return ForwardResponse(ys, timing, state, arrived=arrived, parts=got, body_bytes=body_bytes,
+                           first=first)
 
 
 def pack_error(code: str, detail: str) -> bytes:

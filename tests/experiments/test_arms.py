@@ -53,8 +53,10 @@ def test_a_pipelined_dense_part_needs_the_edgeshard_placement() -> None:
     assert arm.to_json()["dense"] == "pipeline" and parse_arm("greedy").dense == "home"
     with pytest.raises(ValueError, match="dense: pipeline needs placement: edgeshard"):
         parse_arm({"policy": "greedy", "placement": "prism", "dense": "pipeline"})
-    with pytest.raises(ValueError, match="dense: must be one of home, pipeline"):
-        parse_arm({"policy": "greedy", "dense": "aggregate"})
+    with pytest.raises(ValueError, match="dense: must be one of home, pipeline, aggregate"):
+        parse_arm({"policy": "greedy", "dense": "moving"})
+    moving = parse_arm({"policy": "hetroute", "dense": "aggregate"})  # any placement
+    assert moving.dense == "aggregate" and moving.label == "hetroute [dense=aggregate]"
 
 
 def test_a_label_twice_is_refused() -> None:
@@ -90,11 +92,14 @@ def test_a_bad_arm_in_a_file_gives_file_and_line(tmp_path: Path) -> None:
     assert str(err.value).startswith(f"{path}:{line}: policies[1]: unknown placement 'nowhere'")
 
 
-def test_a_pipelined_arm_on_a_tc_scenario_is_refused_at_its_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", ["{policy: greedy, placement: edgeshard, dense: pipeline}",
+                                   "{policy: hetroute, dense: aggregate}"])
+def test_a_moved_dense_arm_on_a_tc_scenario_is_refused_at_its_line(tmp_path: Path,
+                                                                   entry: str) -> None:
     text = (SCENARIOS / "quickstart.yaml").read_text()
+    mode = entry.split("dense: ")[1].rstrip("}")
     for old, new in (("policies: [local-first, greedy, hetroute, hetroute+ordermoe]",
-                      "policies:\n  - hetroute\n  - {policy: greedy, placement: edgeshard, "
-                      "dense: pipeline}\n"),
+                      f"policies:\n  - hetroute\n  - {entry}\n"),
                      ("shaper: app", "shaper: tc"), ("clock: virtual", "clock: realtime"),
                      ("runtime: local", "runtime: netns"),
                      ("topologies/edge5.yaml", str(SCENARIOS / "topologies" / "edge5.yaml"))):
@@ -104,6 +109,6 @@ def test_a_pipelined_arm_on_a_tc_scenario_is_refused_at_its_line(tmp_path: Path)
     path.write_text(text)
     with pytest.raises(InputError) as err:
         load_experiment(path)
-    line = next(i for i, t in enumerate(text.splitlines(), 1) if "dense: pipeline" in t)
-    assert str(err.value).startswith(f"{path}:{line}: policies[1]: dense: pipeline needs the "
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if f"dense: {mode}" in t)
+    assert str(err.value).startswith(f"{path}:{line}: policies[1]: dense: {mode} needs the "
                                      "app shaper")

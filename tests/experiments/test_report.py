@@ -158,18 +158,24 @@ def test_the_report_says_where_each_arms_dense_part_and_kv_cache_were(tmp_path: 
     the KV cache bytes each of them holds per context token are listed."""
     es_t, es_r = make_rows("edgeshard", 30.0, seed=1)
     hr_t, hr_r = make_rows("hetroute", 20.0, seed=3)
+    mv_t, mv_r = make_rows("hetroute-moving", 18.0, seed=5)
     dense = {"edgeshard": {"mode": "pipeline", "kv_bytes_per_layer_token": 512,
                            "kv_bytes_per_token_at_home": 2048,
                            "pipelines": [["a", "a", "b", "c"]],
                            "kv_bytes_per_token": [{"a": 1024, "b": 512, "c": 512}]},
              "hetroute": {"mode": "home", "kv_bytes_per_layer_token": 512,
-                          "kv_bytes_per_token_at_home": 2048}}
+                          "kv_bytes_per_token_at_home": 2048},
+             "hetroute-moving": {"mode": "aggregate", "kv_bytes_per_layer_token": 512,
+                                 "kv_bytes_per_token_at_home": 2048}}
     folder = write_run(tmp_path / "run", [arm("edgeshard", "greedy", placement="edgeshard",
-                                              dense="pipeline"), arm("hetroute")],
-                       es_t + hr_t, es_r + hr_r, dense=dense)
+                                              dense="pipeline"), arm("hetroute"),
+                                          arm("hetroute-moving", "hetroute", dense="aggregate")],
+                       es_t + hr_t + mv_t, es_r + hr_r + mv_r, dense=dense)
     summary = build_report(folder, plots_too=False)
     assert summary["dense"] == dense
     text = (folder / "report.md").read_text()
     assert "## Where the dense part runs" in text
     assert "the KV cache there, 2048 bytes per context token): hetroute." in text
+    assert ("that layer's KV cache, 512 bytes per context token, moving there on the links "
+            "and counted as traffic): hetroute-moving." in text)
     assert "| edgeshard | 0 | a (0-1) → b (2) → c (3) | a 1024, b 512, c 512 |" in text

@@ -59,6 +59,31 @@ def test_a_virtual_run_is_exact_and_repeats_to_the_bit(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_moving_aggregation_server_repeats_to_the_bit(tmp_path: Path) -> None:
+    """HetRoute's moving aggregation server (router.aggregate) books hops and answers on other
+    nodes' links: each node books them in the order of their times, so two runs agree."""
+    text = QUICKSTART.read_text()
+    old = "policies: [local-first, greedy, hetroute, hetroute+ordermoe]"
+    assert old in text
+    scenario = tmp_path / "moving.yaml"
+    scenario.write_text(text.replace(old, "policies:\n  - hetroute\n  - {policy: hetroute, "
+                                          "dense: aggregate, label: moving}\n").replace(
+        "topologies/", str(QUICKSTART.parent / "topologies") + "/"))
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}"
+        done = moemesh_process("run", str(scenario), "--requests", "6", "--quality-windows",
+                               "0", "--policies", "moving", "--quiet", "--out", str(out))
+        assert done.returncode == 0, done.stdout + done.stderr
+        outs.append(out)
+    first, second = _rows(outs[0]), _rows(outs[1])
+    assert first and first == second
+    assert all(r["status"] == "ok" for r in first)
+    run = json.loads((outs[0] / "run.json").read_text())
+    assert run["dense"]["moving"]["mode"] == "aggregate"
+
+
+@pytest.mark.slow
 def test_a_node_killed_with_no_fault_is_named_and_the_run_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     scenario, arms = load_experiment(QUICKSTART)
