@@ -48,7 +48,7 @@ from .cost import Estimates
 from .dispatch import now_ms
 from .records import Failure, LayerRecord, TokenRecord
 from .tables import PlanView
-from .transport import RETRYABLE, MeshTransport, is_bug
+from .transport import RETRYABLE, MeshTransport, classify, is_bug
 
 __all__ = ["Aggregator", "Route"]
 
@@ -56,13 +56,14 @@ __all__ = ["Aggregator", "Route"]
 @dataclass
 class Route:
     """One request's aggregation state: where its rows gather next, where each layer's KV
-    cache lives, and when the next layer's server was chosen (its cache may move from then)."""
+    cache lives, and the next layer's cache while it moves."""
 
     home: str
     layers: int
     at: str = ""
     kv: list[str] = field(default_factory=list)
-    chosen_at: float = 0.0
+    # the next layer's cache on its way: (the hop's task, bytes, from where)
+    moving: tuple[asyncio.Future[float], int, str] | None = None
     moves: int = 0  # KV cache moves so far
 
     def __post_init__(self) -> None:
@@ -164,19 +165,21 @@ class Aggregator:
         d = self.dispatcher
         rows = x.shape[0]
         here = route.at
-        start = clock.at
+        start = ready = clock.at
+        moving, route.moving = route.moving, None
+        if all(r.done for r in recs):  # a failed group moves nothing more
+            if moving is not None:
+                moving[0].cancel()
+                await asyncio.gather(moving[0], return_exceptions=True)
+            return x.new_zeros(x.shape), 0.0
         kv_moved = 0
-        try:
-            ready = start
-            if route.kv[layer] != here:  # the cache comes over from where it is
-                kv_moved = self.kv_bytes(rows, context)
-                if kv_moved:
-                    ready = max(ready, await self._hop(route.kv[layer], here, kv_moved,
-                                                       route.chosen_at))
-                    route.moves += 1
-                route.kv[layer] = here
-        except (*RETRYABLE, LookupError) as exc:
-            return self._fail(x, layer, idx, (route.kv[layer], here), exc, recs, clock), 0.0
+        if moving is not None:  # this layer's cache, sent when this server was chosen
+            task, kv_moved, src = moving
+            try:
+                ready = max(ready, await task)
+            except (*RETRYABLE, LookupError) as exc:
+                return self._fail(x, layer, idx, (src, here), exc, recs, clock), 0.0
+        kv_wait = ready - start
         dense = self.dense_s(here, rows, context)
         ready += dense
         experts = idx.tolist()
@@ -193,10 +196,15 @@ class Aggregator:
                 break
             ready = max(ready, clock_now())
         gather = self.next_server(layer, list(batches), experts, route, rows, context)
-        route.chosen_at = ready
+        self._move_cache(layer + 1, gather, route, rows, context, ready)
         if here == self.home and gather == self.home:
             clock.at = ready
             y = await d.run_layer(layer, x, idx, w, recs, policy, deadline_ms, clock)
+            for r in pending:  # the wait for the cache is on the layer's link time too
+                lay = recs[r].layers[-1] if recs[r].layers else None
+                if lay is not None and lay.layer == layer:
+                    lay.emulated_ms += kv_wait * 1e3
+                    lay.link_ms += kv_wait * 1e3
         else:
             y = await self._scatter(layer, x, batches, here, gather, ready, recs,
                                     [(r, layer_recs[r]) for r in pending], clock, start, dense)
@@ -205,6 +213,19 @@ class Aggregator:
                 rec.layers[-1].bytes_in += kv_moved // rows
         route.at = gather
         return y, dense
+
+    def _move_cache(self, layer: int, to: str, route: Route, rows: int, context: int,
+                    at: float) -> None:
+        """Send layer `layer`'s KV cache to its next aggregation server `to` from `at`, when
+        that server was chosen (beside the answers on their way there); its layer awaits it."""
+        if layer >= route.layers or route.kv[layer] == to:
+            return
+        nbytes = self.kv_bytes(rows, context)
+        if nbytes:
+            task = asyncio.ensure_future(self._hop(route.kv[layer], to, nbytes, at))
+            route.moving = (task, nbytes, route.kv[layer])
+            route.moves += 1
+        route.kv[layer] = to
 
     async def _scatter(self, layer: int, x: Tensor, batches: dict, here: str, gather: str,
                        ready: float, recs: list[TokenRecord],
@@ -221,6 +242,9 @@ class Aggregator:
             # a remote node shapes its answer toward `gather` itself as it leaves (in its own
             # order, with its other answers); the home's goes by this node's own shaper
             ahead = gather if node not in (self.home, gather) else None
+            d.breakers.on_send(node)  # the dispatcher's breakers: a failing node is shut out
+            if not d.breakers.usable(node, now_ms()):  # a half-open probe: one at a time
+                d.view.set_up(node, False)
             try:
                 arrive = await self._hop(here, node, nbytes, ready)
                 res = await self.transport.forward_at(node, [group], arrive, self.timeout_s,
@@ -231,13 +255,17 @@ class Aggregator:
                 if ahead is None:
                     back = await self._hop(node, gather, nbytes, done)
                 else:
-                    back = res.arrived if res.arrived is not None else done
+                    back = res.arrived if res.arrived is not None else done  # unshaped
                     if res.first is not None and self._downlink(gather):
                         back = await self.transport.land(gather, res.body_bytes[1], res.first,
                                                          back, self.timeout_s)
                 results[node] = (res, back)
+                d.breakers.success(node)
             except (*RETRYABLE, LookupError) as exc:
                 results[node] = (exc, clock_now())
+                if not is_bug(exc) and classify(exc) != "busy":
+                    d.breakers.failure(node, classify(exc), now_ms())
+            d.view.set_up(node, d.breakers.usable(node, now_ms()))
 
         async with asyncio.TaskGroup() as tg:
             for node, batch in batches.items():

@@ -182,7 +182,9 @@ class NodeClient:
             "POST", url, FORWARD_PATH, body=body, headers=headers, peer=peer, ready=ready,
             limit_s=timeout_s or self.settings.forward_s, data_plane=True, receive=mine)
         try:
-            return unpack_response(data, arrived=now() if back is None else back,
+            if back is None:  # not shaped: here now; toward another node, the caller's time
+                back = now() if mine else None
+            return unpack_response(data, arrived=back,
                                    body_bytes=(len(body), len(data)),
                                    first=None if mine else lead)
         except ValueError as exc:

@@ -97,6 +97,8 @@ async def test_a_cache_that_moves_counts_as_the_tokens_traffic(stack, router_com
     result = await engine.generate(prompt(), 1, make_policy("hetroute"), budget=0.0)
     assert result.failed is None
     route = Route("h", 2, at="a", kv=["h", "h"])
+    agg._move_cache(1, "a", route, rows=1, context=5, at=now())  # chosen at layer 0
+    assert route.kv == ["h", "a"] and route.moving is not None
     x = torch.randn(1, 32)
     idx, w = torch.tensor([[0, 1]]), torch.tensor([[0.5, 0.5]])
     clock = Timeline(now())
@@ -123,3 +125,49 @@ def test_a_bad_aggregate_field_is_refused() -> None:
             "dense": {"aggregate": "yes"}}
     with pytest.raises(BadRouterInput, match="aggregate must be true"):
         Mesh.from_json(body, "h")
+
+
+THREE = {"h": [], "a": [e for e in experts(2, range(8)) if e["layer"] == 0],
+         "b": [e for e in experts(2, range(8)) if e["layer"] == 1]}
+THREE_DELAYS = {("h", "a"): 20.0, ("a", "h"): 20.0, ("a", "b"): 7.0, ("b", "a"): 7.0,
+                ("h", "b"): 11.0, ("b", "h"): 11.0}
+
+
+async def test_an_answer_goes_straight_to_a_third_node(stack, router_compute) -> None:
+    """Layer 0's experts on `a`, layer 1's on `b`: layer 0's answer is shaped by `a` toward
+    `b` (not via the home: 20 + 7 ms), layer 1 runs where its experts are and gathers home
+    (11 ms). The dense part at home would pay 40 + 22 ms."""
+    mesh = await start_inproc_mesh(stack, router_compute, THREE, THREE_DELAYS)
+    body = {**mesh_body(mesh.urls, THREE, THREE_DELAYS), "dense": {"aggregate": True}}
+    mesh.router.configure(Mesh.from_json(body, "h"))
+    result = await mesh.router.engine().generate(prompt(), 3, make_policy("hetroute"),
+                                                 budget=0.0)
+    assert result.failed is None
+    for rec in result.records[1:]:
+        first, second = rec.layers
+        assert first.nodes == ("a",) and second.nodes == ("b",)
+        assert first.link_ms == pytest.approx(27.0, abs=0.1)  # h → a, a → b
+        assert second.link_ms == pytest.approx(11.0, abs=0.1)  # b → h
+        assert rec.emulated_ms == pytest.approx(38.0, abs=1.0)
+
+
+async def test_a_failing_node_is_shut_out_and_its_twin_serves(stack, router_compute) -> None:
+    """`b` (the nearer copy of every expert) fails every request: the tokens that try it fail
+    with `b` named, its breaker opens as the dispatcher's would, and later requests go to `a`."""
+    both = {"h": [], "a": experts(2, range(8)), "b": experts(2, range(8))}
+    delays = {("h", "a"): 20.0, ("a", "h"): 20.0, ("h", "b"): 5.0, ("b", "h"): 5.0,
+              ("a", "b"): 10.0, ("b", "a"): 10.0}
+    mesh = await start_inproc_mesh(stack, router_compute, both, delays)
+    body = {**mesh_body(mesh.urls, both, delays), "dense": {"aggregate": True}}
+    mesh.router.configure(Mesh.from_json(body, "h"))
+    mesh.nodes["b"].faults.update({"fail": 1.0})
+    engine = mesh.router.engine()
+    results = [await engine.generate(prompt(), 2, make_policy("hetroute"), budget=0.0)
+               for _ in range(8)]
+    failed = [r for r in results if r.failed is not None]
+    assert failed and all("b" in r.records[0].failure.tried for r in failed
+                          if r.records[0].failure is not None)
+    last = results[-1]
+    assert last.failed is None
+    assert all(c.node == "a" for rec in last.records for c in rec.choices)
+
