@@ -25,8 +25,11 @@ prompt (no cache yet) puts each layer's cache where its lookahead sends it.
 **Dispatch.** A layer that starts and gathers at home goes through the dispatcher as with the
 dense part at home (its retries, estimators and breakers). Another runs its branches as a
 pipeline stage's layer (router.pipeline): the rows hop a_l → n on a_l's links, n computes them
-(`forward_at`), the answer hops n → a_{l+1}; a failing branch fails its rows, the node named
-(no replan from a node that is not the router's). Every node holds the dense weights, as
+(`forward_at`), the answer hops n → a_{l+1} (shaped by n itself as it leaves); a failing
+branch fails its rows, the node named (no replan from a node that is not the router's), and
+counts on the dispatcher's breakers, so later tokens go elsewhere. Its answer is not folded
+into the estimators (measured: that made the lookahead shun the busy aggregation servers,
+docs/papers.md). Every node holds the dense weights, as
 HetRoute's servers do. The home still computes the real values (the weights and the tensors
 are here); what moves is the timeline. The app shaper only, as for a pipeline.
 """
