@@ -112,7 +112,8 @@ def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
             int(mix.get("fallback", 0)), int(rec.get("quantized", 0)),
             sum(1 for c in rec.get("choices", ()) if len(c) > 6 and c[6]), predicted / tdf,
             **_split(rec, layers, lat, tdf),
-            failure=str(Failure.from_json(rec["failure"])) if rec.get("failure") else ""))
+            failure=str(Failure.from_json(rec["failure"])) if rec.get("failure") else "",
+            kv_bytes=sum(int(layer.get("kv_bytes", 0)) for layer in layers)))
     return rows
 
 

@@ -422,8 +422,10 @@ def _uplink_lines(meta: RunMeta) -> list[str]:
     return [*lines, ""]
 
 
-def _dense_lines(meta: RunMeta) -> list[str]:
-    """Where each arm's dense part ran and where its KV cache lived (router.pipeline)."""
+def _dense_lines(meta: RunMeta, tokens: Mapping[str, Sequence[TokenRow]] | None = None
+                 ) -> list[str]:
+    """Where each arm's dense part ran and where its KV cache lived (router.pipeline,
+    router.aggregate: with the KV bytes its measured tokens moved)."""
     dense = meta.dense
     if not dense:
         return []
@@ -442,6 +444,13 @@ def _dense_lines(meta: RunMeta) -> list[str]:
                   f"cache, {_f(any_rec.get('kv_bytes_per_layer_token'), 0)} bytes per context "
                   f"token, moving there on the links and counted as traffic): "
                   f"{', '.join(moving)}."]
+        for label in moving:
+            done = [t for t in (tokens or {}).get(label, ()) if t.ok and not t.warmup]
+            if done:
+                kv, total = sum(t.kv_bytes for t in done), sum(t.bytes for t in done)
+                share = f" ({100 * kv / total:.1f}% of its traffic)" if total else ""
+                lines.append(f"{label}: {kv / len(done):,.0f} bytes of KV cache moved per "
+                             f"measured token{share}.")
     if piped:
         lines += ["", "Pipelined (EdgeShard's stages: a layer's dense part and experts on its "
                   "stage, the activations hop stage to stage and back home for the head; each "
@@ -611,7 +620,7 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
     lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
     lines += _fidelity_lines(meta)
     lines += _base_lines(meta)
-    lines += _dense_lines(meta)
+    lines += _dense_lines(meta, tokens)
     lines += _results_lines(meta, stats, qset)
     lines += ["", *_split_lines(stats)]
     lines += _repeat_lines(meta, stats)

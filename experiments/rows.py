@@ -65,6 +65,8 @@ class TokenRow:
     rep: int = 0  # repetition of the whole set of arms (`moemesh run --repeat N`), from 0
     # a no_replica_reachable token: the expert no replica could serve and the nodes tried
     failure: str = ""
+    # KV cache bytes moved to the token's aggregation servers (`dense: aggregate`; in `bytes`)
+    kv_bytes: int = 0
 
     @property
     def ok(self) -> bool:

@@ -65,8 +65,8 @@ class Route:
     layers: int
     at: str = ""
     kv: list[str] = field(default_factory=list)
-    # the next layer's cache on its way: (the hop's task, bytes, from where)
-    moving: tuple[asyncio.Future[float], int, str] | None = None
+    # the next layer's cache to move: (from where, bytes, when its server was chosen)
+    moving: tuple[str, int, float] | None = None
     moves: int = 0  # KV cache moves so far
 
     def __post_init__(self) -> None:
@@ -171,15 +171,12 @@ class Aggregator:
         start = ready = clock.at
         moving, route.moving = route.moving, None
         if all(r.done for r in recs):  # a failed group moves nothing more
-            if moving is not None:
-                moving[0].cancel()
-                await asyncio.gather(moving[0], return_exceptions=True)
             return x.new_zeros(x.shape), 0.0
         kv_moved = 0
-        if moving is not None:  # this layer's cache, sent when this server was chosen
-            task, kv_moved, src = moving
+        if moving is not None:  # this layer's cache, from when this server was chosen
+            src, kv_moved, since = moving
             try:
-                ready = max(ready, await task)
+                ready = max(ready, await self._hop(src, here, kv_moved, since))
             except (*RETRYABLE, LookupError) as exc:
                 return self._fail(x, layer, idx, (src, here), exc, recs, clock), 0.0
         kv_wait = ready - start
@@ -212,21 +209,26 @@ class Aggregator:
             y = await self._scatter(layer, x, batches, here, gather, ready, recs,
                                     [(r, layer_recs[r]) for r in pending], clock, start, dense)
         for rec in recs:  # the cache's bytes are the group's traffic, shared by its rows
-            if kv_moved and rec.layers and rec.layers[-1].layer == layer:
-                rec.layers[-1].bytes_in += kv_moved // rows
+            if rec.layers and rec.layers[-1].layer == layer:
+                lay = rec.layers[-1]
+                lay.at = here
+                lay.kv_bytes = kv_moved // rows
+                lay.bytes_in += lay.kv_bytes
         route.at = gather
         return y, dense
 
     def _move_cache(self, layer: int, to: str, route: Route, rows: int, context: int,
                     at: float) -> None:
-        """Send layer `layer`'s KV cache to its next aggregation server `to` from `at`, when
-        that server was chosen (beside the answers on their way there); its layer awaits it."""
+        """Layer `layer`'s KV cache goes to its next aggregation server `to`, leaving at `at`,
+        when that server was chosen. It is booked when that layer starts, once this layer's
+        answers are: on a link they share it gives way to them (a lower priority), so it
+        never holds up an answer whose request's timeout does not know of it (sent beside
+        them, it did: 2 s stalls of the home's own layers, docs/papers.md)."""
         if layer >= route.layers or route.kv[layer] == to:
             return
         nbytes = self.kv_bytes(rows, context)
         if nbytes:
-            task = asyncio.ensure_future(self._hop(route.kv[layer], to, nbytes, at))
-            route.moving = (task, nbytes, route.kv[layer])
+            route.moving = (route.kv[layer], nbytes, at)
             route.moves += 1
         route.kv[layer] = to
 

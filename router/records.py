@@ -88,6 +88,10 @@ class LayerRecord:
     queue_ms: float = 0.0
     load_ms: float = 0.0
     compute_ms: float = 0.0
+    # a moving aggregation server (router.aggregate): where the layer's dense part ran, and
+    # the layer's KV cache bytes moved there for this token (its share; also in bytes_in)
+    at: str = ""
+    kv_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,7 @@ class LayerRecord:
             "emulated_ms": round(self.emulated_ms, 4), "link_ms": round(self.link_ms, 4),
             "queue_ms": round(self.queue_ms, 4), "load_ms": round(self.load_ms, 4),
             "compute_ms": round(self.compute_ms, 4),
+            **({"at": self.at, "kv_bytes": self.kv_bytes} if self.at else {}),
         }
 
 

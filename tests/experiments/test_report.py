@@ -159,6 +159,7 @@ def test_the_report_says_where_each_arms_dense_part_and_kv_cache_were(tmp_path: 
     es_t, es_r = make_rows("edgeshard", 30.0, seed=1)
     hr_t, hr_r = make_rows("hetroute", 20.0, seed=3)
     mv_t, mv_r = make_rows("hetroute-moving", 18.0, seed=5)
+    mv_t = [replace(t, kv_bytes=300) for t in mv_t]  # of each token's 1,000 bytes
     dense = {"edgeshard": {"mode": "pipeline", "kv_bytes_per_layer_token": 512,
                            "kv_bytes_per_token_at_home": 2048,
                            "pipelines": [["a", "a", "b", "c"]],
@@ -178,4 +179,6 @@ def test_the_report_says_where_each_arms_dense_part_and_kv_cache_were(tmp_path: 
     assert "the KV cache there, 2048 bytes per context token): hetroute." in text
     assert ("that layer's KV cache, 512 bytes per context token, moving there on the links "
             "and counted as traffic): hetroute-moving." in text)
+    assert ("hetroute-moving: 300 bytes of KV cache moved per measured token (30.0% of its "
+            "traffic)." in text)
     assert "| edgeshard | 0 | a (0-1) → b (2) → c (3) | a 1024, b 512, c 512 |" in text

@@ -48,6 +48,7 @@ async def test_the_token_gathers_where_its_next_layer_is_cheap(stack, router_com
     for rec in result.records[1:]:  # decode tokens: one row, layer 1's cache already on a
         first, second = rec.layers
         assert first.nodes == ("a",) and second.nodes == ("a",)
+        assert (first.at, second.at) == ("h", "a") and first.kv_bytes == second.kv_bytes == 0
         assert first.link_ms == pytest.approx(20.0 + ROW_MS, abs=0.05)  # h → a, no way back
         assert second.link_ms == pytest.approx(20.0 + ROW_MS, abs=0.05)  # a → h after it
         assert rec.emulated_ms == pytest.approx(40.0 + 2 * ROW_MS, abs=1.0)
@@ -107,6 +108,7 @@ async def test_a_cache_that_moves_counts_as_the_tokens_traffic(stack, router_com
                                context=5, route=route)
     assert rec.status != "failed" and route.kv == ["h", "a"] and route.moves == 1
     assert rec.layers[-1].bytes_in == 4 * agg.kv_per_token + 32 * 4  # the cache, the answer
+    assert rec.layers[-1].at == "a" and rec.layers[-1].kv_bytes == 4 * agg.kv_per_token
     assert y.abs().sum() > 0
 
 
