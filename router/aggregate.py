@@ -18,7 +18,8 @@ embedding and the head stay at home: layer 0 starts there and the last layer gat
 **KV cache.** Each layer's KV cache of a request lives on one node: the home at first, then
 where that layer's dense part last ran. When a_l is elsewhere the cache moves before the
 attention can run, on the links like any message (`POST /v1/hop`), from the moment a_l was
-chosen, and its bytes count as the token's traffic. The lookahead prices the move, so a
+chosen, giving way to the previous layer's answers on a link they share (`_move_cache`), and
+its bytes count as the token's traffic. The lookahead prices the move, so a
 decode token leaves the node holding a layer's cache only when the gain pays for it; a
 prompt (no cache yet) puts each layer's cache where its lookahead sends it.
 
