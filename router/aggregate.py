@@ -198,9 +198,10 @@ class Aggregator:
             ready = max(ready, clock_now())
         gather = self.next_server(layer, list(batches), experts, route, rows, context)
         self._move_cache(layer + 1, gather, route, rows, context, ready)
-        if here == self.home and gather == self.home:
+        if here == self.home and gather == self.home:  # the dispatcher's own, this plan first
             clock.at = ready
-            y = await d.run_layer(layer, x, idx, w, recs, policy, deadline_ms, clock)
+            y = await d.run_layer(layer, x, idx, w, recs, policy, deadline_ms, clock,
+                                  planned=(batches, layer_recs))
             for r in pending:  # the wait for the cache is on the layer's link time too
                 lay = recs[r].layers[-1] if recs[r].layers else None
                 if lay is not None and lay.layer == layer:
@@ -248,9 +249,7 @@ class Aggregator:
             # a remote node shapes its answer toward `gather` itself as it leaves (in its own
             # order, with its other answers); the home's goes by this node's own shaper
             ahead = gather if node not in (self.home, gather) else None
-            d.breakers.on_send(node)  # the dispatcher's breakers: a failing node is shut out
-            if not d.breakers.usable(node, now_ms()):  # a half-open probe: one at a time
-                d.view.set_up(node, False)
+            d.breaker_sent(node, now_ms())  # the dispatcher's breakers, as from the home
             try:
                 arrive = await self._hop(here, node, nbytes, ready)
                 res = await self.transport.forward_at(node, [group], arrive, self.timeout_s,
@@ -266,12 +265,11 @@ class Aggregator:
                         back = await self.transport.land(gather, res.body_bytes[1], res.first,
                                                          back, self.timeout_s)
                 results[node] = (res, back)
-                d.breakers.success(node)
+                d.breaker_result(node, None)
             except (*RETRYABLE, LookupError) as exc:
                 results[node] = (exc, clock_now())
                 if not is_bug(exc) and classify(exc) != "busy":
-                    d.breakers.failure(node, classify(exc), now_ms())
-            d.view.set_up(node, d.breakers.usable(node, now_ms()))
+                    d.breaker_result(node, classify(exc))
 
         async with asyncio.TaskGroup() as tg:
             for node, batch in batches.items():

@@ -177,10 +177,13 @@ class Dispatcher:
         policy: Policy,
         deadline_ms: float,
         clock: Timeline | None = None,
+        planned: tuple[dict[str, _Batch], list[LayerRecord]] | None = None,
     ) -> Tensor:
         """The MoE output [N, d] of `layer` for rows x [N, d]; rows whose token has failed
         (or fails here) get zeros. `tokens[i]` is row i's record (budget, choices). `clock`
-        (default: now) is moved to the layer's emulated end."""
+        (default: now) is moved to the layer's emulated end. `planned`: the first round's
+        batches and the layer records they were planned into, made by `_plan` just before
+        (router.aggregate plans first to choose where the layer gathers)."""
         start = now_ms()
         clock = clock or Timeline(clock_now())
         n_rows, k = idx.shape
@@ -189,7 +192,7 @@ class Dispatcher:
         experts = idx.tolist()
         gate = weights.float().tolist()
         layer_deadline = min(start + self.settings.layer_ms, deadline_ms)
-        recs = [LayerRecord(layer) for _ in range(n_rows)]
+        recs = planned[1] if planned else [LayerRecord(layer) for _ in range(n_rows)]
         pending = {r: list(range(k)) for r in range(n_rows) if not tokens[r].done}
         entered = list(pending)
         excluded: dict[int, set[str]] = {}
@@ -200,8 +203,11 @@ class Dispatcher:
         stuck: dict[int, tuple[list[int], float, NoFeasiblePlan]] = {}  # see _await_replica
         while pending:
             self.sync()
-            batches = self._plan(layer, pending, experts, gate, excluded, tokens, recs, policy,
-                                 rounds == 0, stuck)
+            if planned is not None:
+                batches, planned = planned[0], None
+            else:
+                batches = self._plan(layer, pending, experts, gate, excluded, tokens, recs,
+                                     policy, rounds == 0, stuck)
             if not batches:
                 if not await self._await_replica(layer, stuck, excluded, tokens, layer_deadline):
                     break
@@ -428,9 +434,7 @@ class Dispatcher:
                              clock_now())
             return
         ticket = self.estimators.sent(node, predicted, t0)
-        self.breakers.on_send(node)
-        if not self.breakers.usable(node, t0):  # a half-open probe: one at a time
-            self.view.set_up(node, False)
+        self.breaker_sent(node, t0)
         self.counters.requests += 1
         done = False
         try:
@@ -450,8 +454,7 @@ class Dispatcher:
                  "resident": res.state.resident},
                 t1,
             )
-            self.breakers.success(node)
-            self.view.set_up(node, self.breakers.usable(node, t1))
+            self.breaker_result(node, None)
             done = True
             results[node] = (res, arrived)
             if node != self.home:  # the HTTP bodies, as sent and received
@@ -467,12 +470,28 @@ class Dispatcher:
             kind = classify(exc)
             cut_short = limit < own_left and isinstance(exc, TimeoutError)
             if kind != "busy" and not cut_short:  # a layer deadline is nobody's fault
-                self.breakers.failure(node, kind, now_ms())
-                self.view.set_up(node, self.breakers.usable(node, now_ms()))
+                self.breaker_result(node, kind)
             results[node] = (exc, clock_now())
         finally:
             if not done:
                 self.estimators.failed(node, ticket)
+
+    def breaker_sent(self, node: str, at_ms: float) -> None:
+        """A request leaves for `node`: a half-open breaker lets this one probe through and
+        shuts the node to other plans until it is answered."""
+        self.breakers.on_send(node)
+        if not self.breakers.usable(node, at_ms):
+            self.view.set_up(node, False)
+
+    def breaker_result(self, node: str, failed: str | None) -> None:
+        """`node` answered (None) or failed (`classify`'s kind; the caller leaves out what
+        is nobody's fault): its breakers and whether plans may use it."""
+        now = now_ms()
+        if failed is None:
+            self.breakers.success(node)
+        else:
+            self.breakers.failure(node, failed, now)
+        self.view.set_up(node, self.breakers.usable(node, now))
 
     def _observe_lateness(self, late_ms: float) -> None:
         """Fold one answer's lateness in (RFC 6298's gains: 1/8 for the mean, 1/4 for the
