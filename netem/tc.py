@@ -22,6 +22,13 @@ kind then wants a target), so a filter is deleted with the priority packed here
 (`_filter_info`): without it the kernel reads priority 0, which deletes EVERY filter of the
 parent (removing one peer unshaped all the others until this was found).
 
+While it shapes, the interface hands its qdiscs one TCP segment per packet (`gso_max_segs` 1,
+restored when the shaper clears). Otherwise TCP sends super-packets (GSO) of up to 64 KiB, and
+HTB lets one through whole whenever its bucket is not empty, paying for it afterwards: a lone
+message then crossed a 2 Mbit/s link at once, and messages sent together read 4-6% slow in the
+lab's access-link probe. A socket learns the cap when it connects, so the links must be applied
+before the node's data-plane connections open (the mesh applies them first).
+
 A link with a schedule (`netem.schedule`) gets a task that, at each step's time (t = 0 when the
 link was applied), `change`s its class and leaf in place (`netem.plan.plan_step`) and logs when
 each step reached the kernel (`step_log`), so measurements can line up with it.
@@ -77,6 +84,7 @@ T = TypeVar("T")
 # looping schedule takes a step every few seconds for as long as the mesh runs, and what reads
 # the log (bench.links, a report's timeline) needs the origin and the recent steps only.
 STEP_LOG_KEEP = 1024
+SEGS_PER_PACKET = 1  # the interface's gso_max_segs while shaped (the module docstring)
 
 
 def handle(text: str) -> int:
@@ -257,6 +265,7 @@ class TcShaper:
         self._uplink: float | None = None  # the access link as applied (dilated), Mbit/s
         self._downlink: float | None = None  # its receiving side as applied (dilated), Mbit/s
         self._redirected: dict[str, int] = {}  # address -> slot of its ingress filter
+        self._gso_was: int | None = None  # the interface's gso_max_segs before we capped it
         self._followers: dict[str, asyncio.Task[None]] = {}  # peer -> its schedule's task
         self._origin: dict[str, float] = {}  # peer -> `now()` when its schedule started
         # per peer: (wall time, step index) of its first step, the latest STEP_LOG_KEEP
@@ -344,6 +353,8 @@ class TcShaper:
                                  was_slots=self._redirected, burst_ms=self.burst_ms)
             if downlink is not None and self._downlink is None:
                 await self._nl(self._k_remove_downlink())  # what a shaper that died left
+            if self._gso_was is None:
+                self._gso_was = await self._nl(self._k_one_segment(index))
             await self._nl(self._run(index, Plan(plan.ops + down.ops, plan.slots)))
             self._installed = True
             self._uplink = uplink
@@ -413,6 +424,23 @@ class TcShaper:
         if await self._our_root_present(ipr):
             await execute(ipr, self._index, plan_teardown(self.iface))
         await self._k_remove_downlink()
+        if self._gso_was is not None:
+            if self._gso_was != SEGS_PER_PACKET:
+                await ipr.link("set", index=self._index, gso_max_segs=self._gso_was)
+            self._gso_was = None
+
+    async def _k_one_segment(self, index: int) -> int:
+        """Caps the interface's TCP super-packets at one segment; returns the cap it had."""
+        ipr = await self._netlink()
+        (link,) = [m async for m in await ipr.get_links(index)]
+        was = link.get_attr("IFLA_GSO_MAX_SEGS")
+        if was != SEGS_PER_PACKET:
+            try:
+                await ipr.link("set", index=index, gso_max_segs=SEGS_PER_PACKET)
+            except NetlinkError as exc:
+                raise TcError(f"setting gso_max_segs {SEGS_PER_PACKET} on {self.iface}: "
+                              f"{exc}") from exc
+        return was
 
     async def _k_remove_downlink(self) -> None:
         """The ingress qdisc and the IFB, each where the kernel has it (a downlink half built,

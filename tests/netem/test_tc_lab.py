@@ -126,6 +126,30 @@ async def test_rate_limit_is_met(mesh: dict) -> None:
     assert wire == pytest.approx(10, rel=0.12)
 
 
+def gso_max_segs(ep: Endpoint) -> int:
+    return json.loads(in_ns(ep, "ip", "-j", "-d", "link", "show", ep.iface))[0]["gso_max_segs"]
+
+
+async def test_a_lone_message_is_paced_segment_by_segment(mesh: dict) -> None:
+    """While shaped, the interface hands HTB one TCP segment per packet (netem.tc), so a lone
+    20 kB message crosses a 2 Mbit/s link at its rate. With the kernel's super-packets (GSO,
+    up to 64 KiB) HTB let one through whole and paid afterwards: lone messages read 1.72 to
+    2.15 Mbit/s of body, four times 1.88 with the cap (the lab, 2026-12-05). The cap is restored
+    when the shaper closes."""
+    n1, n2 = mesh["n1"], mesh["n2"]
+    before = gso_max_segs(n1)
+    shaper = TcShaper(netns=n1.netns, iface="eth0")
+    try:
+        await shaper.apply({"n2": LinkSpec(delay_ms=2, rate_mbit=2)}, addresses(mesh, "n2"))
+        assert gso_max_segs(n1) == 1
+        lone = [await measure.goodput(n1.netns, n2.address, PORT, 20_000) for _ in range(4)]
+    finally:
+        await shaper.close()
+    assert gso_max_segs(n1) == before > 1
+    wire = [x["steady_mbit"] * (x["mss"] + 66) / x["mss"] for x in lone]
+    assert wire == pytest.approx([2] * 4, rel=0.05)
+
+
 async def test_an_access_link_caps_what_the_peers_receive_together(mesh: dict) -> None:
     """Issue 25 item 1: n1's two 4 Mbit/s links sit under one 4 Mbit/s uplink (an HTB
     parent). UDP offered to both at once at 1.25x each: together they get the uplink's 4
