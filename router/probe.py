@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from moe.vocab import is_number
-from netem.timing import now
+from netem.timing import now, sleep_for
 
 from .errors import BadRouterInput
 
@@ -25,6 +25,7 @@ __all__ = ["MAX_PROBES", "probe_peer", "probe_together"]
 
 MAX_PROBES = 200  # messages per call
 MAX_ROWS = 65_536
+MAX_GAP_S = 60.0  # the most an access-link probe waits before each send
 
 
 def _target(svc: Any, peer: str) -> tuple[int, int, str]:
@@ -73,11 +74,14 @@ async def probe_peer(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
 
 
 async def probe_together(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
-    """`{"peers": [NAME, ...], "rows": int, "timeout_s"?: float}`: one message of `rows` rows
-    to each peer alone, one after another, then one to every peer at the same instant. The
-    messages sent together share this node's uplink, and their answers its downlink, so the
-    last of them is late by what the others put through the slower of the two first
-    (experiments.fidelity.uplink_fit)."""
+    """`{"peers": [NAME, ...], "rows": int, "timeout_s"?: float, "gap_s"?: float}`: one
+    message of `rows` rows to each peer alone, one after another, then one to every peer at
+    the same instant. The messages sent together share this node's uplink, and their answers
+    its downlink, so the last of them is late by what the others put through the slower of the
+    two first (experiments.fidelity.uplink_fit). Each send waits `gap_s` (this node's
+    seconds) after the answer before it, so a kernel shaper's token buckets start it full: a
+    bucket part full at a lone send and full at the joint one moves the lateness by up to a
+    bucket."""
     peers = data.get("peers")
     if (not isinstance(peers, list) or len(peers) < 2 or len(set(peers)) != len(peers)
             or not all(isinstance(p, str) for p in peers)):
@@ -86,9 +90,17 @@ async def probe_together(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
     if not is_number(rows, integer=True) or not 1 <= rows <= MAX_ROWS:
         raise BadRouterInput(f"rows must be an integer 1..{MAX_ROWS} (one message's size)")
     timeout_s = _timeout(data)
+    gap_s = data.get("gap_s", 0.0)
+    if not is_number(gap_s) or not 0 <= gap_s <= MAX_GAP_S:
+        raise BadRouterInput(f"gap_s must be a number of seconds 0..{MAX_GAP_S}, got {gap_s!r}")
     targets = {p: _target(svc, p) for p in peers}
-    alone = [await _sample(svc, p, targets[p], rows, f"probe-{p}-alone", timeout_s)
-             for p in peers]
+    alone = []
+    for p in peers:
+        if gap_s:
+            await sleep_for(gap_s)
+        alone.append(await _sample(svc, p, targets[p], rows, f"probe-{p}-alone", timeout_s))
+    if gap_s:
+        await sleep_for(gap_s)
     sent = now()
     together = await asyncio.gather(*(
         _sample(svc, p, targets[p], rows, f"probe-{p}-together", timeout_s, sent)

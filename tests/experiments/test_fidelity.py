@@ -4,6 +4,7 @@ transfers, the verdict per pair, and a real probe over the app shaper's data pla
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -175,13 +176,17 @@ async def _probe_together(way: str = "uplink") -> dict:
     access = {f"{way}s": {"h": 20.0}}
     async with modeled_nodes(mini, placement, links, device=dev, **access) as (urls, session):
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        body = {"peers": ["p", "q", "r"], "rows": 400}  # 41 ms at 20 Mbit/s
+        # 41 ms at 20 Mbit/s; each of the four sends waits 0.3 s first (a tc bucket's refill)
+        body = {"peers": ["p", "q", "r"], "rows": 400, "gap_s": 0.3}
+        started = time.monotonic()
         async with session.post(urls["h"] + "/v1/probe", json=body, headers=auth) as resp:
             data = await resp.json()
             assert resp.status == 200, data
-        bad = {"peers": ["p"], "rows": 40}
-        async with session.post(urls["h"] + "/v1/probe", json=bad, headers=auth) as resp:
-            assert resp.status == 400 and "at least two" in (await resp.json())["detail"]
+        assert time.monotonic() - started >= 4 * 0.3
+        for bad, why in (({"peers": ["p"], "rows": 40}, "at least two"),
+                         ({**body, "gap_s": -1}, "gap_s"), ({**body, "gap_s": "1"}, "gap_s")):
+            async with session.post(urls["h"] + "/v1/probe", json=bad, headers=auth) as resp:
+                assert resp.status == 400 and why in (await resp.json())["detail"]
     return data
 
 

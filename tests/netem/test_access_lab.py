@@ -6,15 +6,15 @@ a measurement of the shared uplink. Two defects only this run showed: a peer cla
 sized for its ceil overflowed the kernel's 32-bit ticks on the probe's 100 Gbit/s links, and a
 pair whose probe fit failed ended the run with a TypeError.
 
-The issue's 3% is not asserted: in the lab's one-CPU guest, where the three nodes share the
-CPU, the probe reads the host too. With messages of 40 ms at the uplink's rate, a warm-up round
-and the median of five, bytes counted as the qdisc counts them: 1.90 Mbit/s for 2 (-5.0%,
-rounds -6.6% to -2.8%); a 4 Mbit/s uplink beside it read -26% in two rounds of five and
-within 2% in one; at 1 Mbit/s, 100 ms messages, -34% in every round. The kernel's sharing
-itself is checked with UDP (`test_tc_lab.py::test_an_access_link_caps_what_the_peers_receive_
-together`, within 3%); the app shaper's run table is within 0.1%. Asserted: within 20%, which a
-mesh whose uplink class is missing would miss (its pairs' 100 Mbit/s links, and the guest's
-own network carries about 17 Mbit/s). In the lab only (a 3 GiB guest,
+Asserted: the issue's 3% (`RATE_REL`, the run's own verdict). Two things got it there. The
+node's interface hands HTB one TCP segment per packet (netem.tc: with the kernel's 64 KiB
+super-packets a lone message crossed the uplink at once), and each probe send waits two refills
+of HTB's bucket (experiments.fidelity: a bucket part full before a lone send read high). Four
+runs in the lab's one-CPU guest, where the three nodes share the CPU, read 1.999, 1.999, 2.008
+and 1.995 Mbit/s for 2 (2026-12-05; single rounds -2.6% to +13.7%, the median of five). Before
+them: 1.90 (-5.0%), then 2.01 to 2.08 with the cap alone. The kernel's sharing by itself is
+checked with UDP (`test_tc_lab.py::test_an_access_link_caps_what_the_peers_receive_together`);
+the app shaper's run table is within 0.1%. In the lab only (a 3 GiB guest,
 `MOEMESH_LAB_E2E=1 bash .ci/lab.sh`), like the Mahimahi scenario's tc run."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.fidelity import RATE_REL
 from tests.netem.test_mahimahi_scenario import run_scenario_file
 
 SCENARIO = """
@@ -59,5 +60,6 @@ def test_a_run_with_an_access_link_comes_through_with_tc(tmp_path: Path) -> None
     print("fidelity:", fidelity)  # the lab's log keeps it, whatever the verdict
     assert uplink["configured_mbit"] == 2 and uplink["peers"] == 2, uplink
     assert uplink["error"] is None, uplink
-    assert uplink["measured_mbit"] == pytest.approx(2, rel=0.2), result["run"]["fidelity"]
+    assert uplink["measured_mbit"] == pytest.approx(2, rel=RATE_REL), result["run"]["fidelity"]
+    assert not uplink["off"]
     assert result["summary"]["policies"]["hetroute"]["tokens"] > 0
