@@ -134,7 +134,7 @@ async def test_a_lone_message_is_paced_segment_by_segment(mesh: dict) -> None:
     """While shaped, the interface hands HTB one TCP segment per packet (netem.tc), so a lone
     20 kB message crosses a 2 Mbit/s link at its rate. With the kernel's super-packets (GSO,
     up to 64 KiB) HTB let one through whole and paid afterwards: lone messages read 1.72 to
-    2.15 Mbit/s of body, four times 1.88 with the cap (the lab, 2026-12-05). The cap is restored
+    2.15 Mbit/s of body, 1.88 to 1.92 with the cap (the lab, 2026-12-05). The cap is restored
     when the shaper closes."""
     n1, n2 = mesh["n1"], mesh["n2"]
     before = gso_max_segs(n1)
