@@ -36,6 +36,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 SITES = {"site_a": ("10.231.1", ("a1", "a2")), "site_b": ("10.231.2", ("b1", "b2"))}
 JOIN_MBIT = 20  # the join's tbf rate, each direction
+# A same-site pair is this many times faster than the join at least. The bridge itself is far
+# faster, but the probe's wall-clock times carry the nodes' Python and HTTP work: on a busy
+# 2-core CI host a same-site exchange of 400 kB took 15.7 and 25.6 ms, where the join needs
+# 154 ms at the least (the bound was a tenth, 15.4 ms, until 2026-12-05).
+SEPARATION = 4
 SCENARIO = """\
 name: two-sites
 topology:
@@ -149,13 +154,14 @@ def test_two_sites_joined_by_a_shaped_link_show_in_the_base_network(image: str,
     for key, fit in cross.items():
         assert fit["link_large_ms"] >= bound_ms[key], (key, fit)
     for key, fit in same.items():
-        assert fit["link_large_ms"] < 0.1 * bound_ms[key], (key, fit)
+        assert fit["link_large_ms"] < bound_ms[key] / SEPARATION, (key, fit)
     # The reported goodput names the join: its rate, less HTTP and TCP overheads (the fit also
     # carries the small messages' noise, hence the median over the four cross pairs).
     rates = sorted(v["rate_mbit"] for v in cross.values())
     assert 0.4 * JOIN_MBIT < (rates[1] + rates[2]) / 2 < 1.3 * JOIN_MBIT, rates
     for key, fit in same.items():
-        assert fit.get("rate_mbit") is None or fit["rate_mbit"] > 10 * JOIN_MBIT, (key, fit)
+        assert fit.get("rate_mbit") is None or fit["rate_mbit"] > SEPARATION * JOIN_MBIT, (
+            key, fit)
     assert run["fidelity"]["combine"] == "absorbed"  # the app shaper's rule, stated
     report = (tmp_path / "results" / "report.md").read_text()
     assert "## Base network" in report and "absorbed" in report
