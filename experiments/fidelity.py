@@ -63,7 +63,7 @@ from typing import Any
 import aiohttp
 
 from netem.app import MSS_BYTES
-from netem.plan import burst_for
+from netem.plan import refill_s
 from orchestrator.topology import Topology
 from router.probe import MAX_GAP_S
 from services.wire import MAX_ROWS
@@ -148,12 +148,6 @@ def configured(topology: Topology, a: str, b: str) -> dict[str, float]:
             "rate_ab_mbit": _rate(topology, a, b, ab), "rate_ba_mbit": _rate(topology, b, a, ba),
             "jitter_ms": max(ab.jitter_ms, ba.jitter_ms),
             "loss_pct": max(ab.loss_pct, ba.loss_pct), **({"shared": True} if shared else {})}
-
-
-def _refill_s(node: Any) -> float:
-    """Scenario seconds tc's slowest access-link bucket of the node takes to fill from empty."""
-    rates = [round(r * 1e6 / 8) for r in (node.uplink_mbit, node.downlink_mbit) if r is not None]
-    return max(burst_for(r) / r for r in rates)
 
 
 def _large_rows(rate_mbit: float, row_bytes: int, ms: float = LARGE_MS) -> int:
@@ -280,8 +274,9 @@ async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: in
                 out[node.name] = {**conf, "error": "the mesh target gives no control token"}
                 continue
             rows = _large_rows(rate, row_bytes, UPLINK_MS)
+            gap_s = REFILLS * max(map(refill_s, node.access.values())) * tdf
             body = {"peers": peers, "rows": rows, "timeout_s": 30.0 * tdf,
-                    "gap_s": min(MAX_GAP_S, REFILLS * _refill_s(node) * tdf)}
+                    "gap_s": min(MAX_GAP_S, gap_s)}
             try:
                 rounds = []
                 for _ in range(UPLINK_WARMUP + UPLINK_ROUNDS):

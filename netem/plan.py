@@ -91,6 +91,7 @@ __all__ = [
     "plan_teardown",
     "plan_tree",
     "plan_up",
+    "refill_s",
 ]
 
 Action = Literal["add", "replace", "change", "del"]
@@ -133,6 +134,12 @@ def burst_for(rate_bytes: int, burst_ms: float = DEFAULT_BURST_MS) -> int:
     default.
     """
     return int(rate_bytes * burst_ms / 1e3) + 1600
+
+
+def refill_s(rate_mbit: float, burst_ms: float = DEFAULT_BURST_MS) -> float:
+    """Seconds a class of `rate_mbit` takes to fill its empty bucket (`burst_for`) again."""
+    rate = _bytes_per_s(rate_mbit)
+    return burst_for(rate, burst_ms) / rate
 
 
 def netem_limit(spec: LinkSpec) -> int:

@@ -378,3 +378,14 @@ def test_a_filter_is_deleted_by_its_priority() -> None:
 
     assert _filter_info(0x11) >> 16 == 0x11
     assert _filter_info(0x11) & 0xFFFF == socket.htons(protocols.ETH_P_IP)
+
+
+def test_a_bucket_refills_in_its_burst_over_its_rate() -> None:
+    """The access-link probe's gap (experiments.fidelity): 1 ms at the rate plus one frame's
+    1,600 B, over the rate: 7.4 ms at 2 Mbit/s, the frame's share growing as the rate falls."""
+    from netem.plan import burst_for, refill_s
+
+    assert refill_s(2) == pytest.approx(7.4e-3)
+    assert refill_s(0.5) == pytest.approx(burst_for(62_500) / 62_500)
+    assert refill_s(0.5) == pytest.approx(26.592e-3)
+    assert refill_s(100) < refill_s(2) < refill_s(0.5)
