@@ -378,6 +378,9 @@ class _Run:
                     self.scenario, arm)
                 self._time(f"placement:{name}", t)
         self.meta["dense"] = {arm.label: self._dense_record(arm) for arm in self.arms}
+        # iteration-level batching (router.batching): the arms whose dense part is at home
+        self.meta["batching"] = {**self.scenario.batching.to_json(), "arms": [
+            a.label for a in self.arms if self.scenario.batching.on and a.dense == "home"]}
         # the mesh starts (and its links are probed) on the placement that leaves the fewest
         # nodes empty: the probe sends experts' work to every node (EdgeShard's stages leave
         # some with none); each arm puts its own placement before it runs

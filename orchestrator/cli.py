@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "bench.engine",
     "bench.restart",
     "bench.clock",
+    "bench.scale",
     "netem.commands",
     "orchestrator.commands",
     "orchestrator.mesh_commands",

@@ -247,7 +247,10 @@ class LiveMesh:
                 "time_dilation": self.scenario.time_dilation,
                 "settings": {"budget": self.scenario.quality_budget_pct / 100.0,
                              **self.router_settings},
-                **({"dense": self.dense} if self.dense else {})}
+                **({"dense": self.dense} if self.dense else {}),
+                # a dense part off the home steps each request on its own (router.batching)
+                **({"batching": self.scenario.batching.to_json()}
+                   if self.scenario.batching.on and not self.dense else {})}
 
     async def _push_router_mesh(self, names: Sequence[str] | None = None) -> None:
         """PUT /v1/mesh on `names` (default: every node that is up)."""

@@ -26,6 +26,7 @@ The YAML form, with every default:
     quality_budget_pct: 2.0             # per-token quality budget of the router
     slo_ms: 300                         # SLO on a request's mean token latency (scenario ms)
     capacity: {loads: [10, 40, 80], time_dilation: 1}  # `moemesh run --capacity` defaults
+    batching: {mode: none, max_rows: 256, prefill_chunk: 0}  # iteration: steps at each home
     placement: {policy: hetroute, redundancy: 2.0, variants: [fp16, int8, int4]}
     policies: [local-first, random, greedy, hetroute, ordermoe, hetroute+ordermoe]
     workload:
@@ -44,7 +45,7 @@ The YAML form, with every default:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,8 @@ from orchestrator.placement import POLICIES as PLACEMENT_POLICIES
 from orchestrator.topology import Topology, load_topology, topology_from_data, topology_to_data
 from orchestrator.units import parse_duration_s
 from orchestrator.yamlio import Loc, Section, describe, locate
+from router.batching import Batching
+from router.errors import BadRouterInput
 from router.policies import MESH_POLICIES as ROUTER_POLICIES
 
 __all__ = [
@@ -301,6 +304,7 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     description: str = ""
     repeat: int = 1  # `moemesh run` runs every policy this many times (experiments.repeats)
+    batching: Batching = field(default_factory=Batching)  # at each home (router.batching)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not SCENARIO_NAME.match(self.name):
@@ -491,6 +495,16 @@ def _read_capacity(data: Any, loc: Loc) -> CapacitySpec:
         raise locate(exc, data, loc) from None
 
 
+def _read_batching(data: Any, loc: Loc) -> Batching:
+    try:
+        return Batching.from_json(data)
+    except BadRouterInput as exc:  # "batching.<field>: why" or "batching: why"
+        head, _, why = str(exc).partition(": ")
+        key = head.removeprefix("batching.")
+        at = loc.key(data, key) if key != head and isinstance(data, dict) else loc
+        raise at.error(why) from None
+
+
 def _read_topology(raw: Any, loc: Loc, base: Path, name: str) -> Topology:
     if isinstance(raw, str):
         path = base / raw
@@ -529,6 +543,7 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "workload": sec.value("workload", _read_workload),
         "faults": sec.value("faults", _read_faults, ()),
         "repeat": sec.raw("repeat", 1),
+        "batching": sec.value("batching", _read_batching, Batching()),
     }
     sec.done()
     try:
@@ -590,6 +605,8 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
     })
     if scenario.repeat != 1:
         data["repeat"] = scenario.repeat
+    if scenario.batching.on:
+        data["batching"] = scenario.batching.to_json()
     cap = scenario.capacity
     if cap != CapacitySpec():
         data["capacity"] = {"loads": None if cap.loads is None else list(cap.loads),

@@ -38,6 +38,7 @@ from services.client import ClientSettings, NodeClient
 from services.errors import NodeError, ServiceError
 from services.routes import read_body, token_refusal
 
+from .batching import Batcher
 from .dispatch import Dispatcher
 from .engine import MAX_TRACE_TOKENS, Engine, Routing
 from .errors import BadRouterInput, PeerBug
@@ -92,6 +93,7 @@ class RouterService:
         )
         self.mesh: Mesh | None = None
         self._dispatcher: Dispatcher | None = None
+        self.batcher: Batcher | None = None  # the mesh's iteration-level batching, if any
         self._default_key: tuple | None = None
 
     # -- the mesh -----------------------------------------------------------------------------
@@ -103,6 +105,8 @@ class RouterService:
         )
         self.mesh = mesh
         self._dispatcher = Dispatcher(mesh, self.shape, self.quality, transport, self.model)
+        # a new mesh, a new batcher: requests in flight finish their steps on the old one
+        self.batcher = Batcher(mesh.batching) if mesh.batching.on else None
         return self._dispatcher
 
     def _own_mesh(self) -> Mesh:
@@ -130,10 +134,24 @@ class RouterService:
         """Real weights: the model's dense part here. Modeled compute: trace-driven (expert
         choices from a seeded trace, payloads of the real size, no NLL)."""
         prof = self.node.settings.profile
-        flops = prof.gpu_tflops * 1e12 / self.node.settings.time_dilation
-        return Engine(self.dispatcher, self.node.shape, flops, self.model)
+        tdf = self.node.settings.time_dilation
+        flops = prof.gpu_tflops * 1e12 / tdf
+        dispatcher = self.dispatcher
+        if self.batcher is None:  # as before batching, bit for bit
+            return Engine(dispatcher, self.node.shape, flops, self.model)
+        mem = prof.mem_gbps * 1e9 / tdf if prof.mem_gbps else None
+        return Engine(dispatcher, self.node.shape, flops, self.model, self.batcher, mem)
+
+    def status(self) -> dict:
+        """GET /v1/router: the dispatcher's counters and state, and the batcher's steps."""
+        out = self.dispatcher.status()
+        if self.batcher is not None:
+            out["batching"] = self.batcher.status()
+        return out
 
     async def close(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.close()
         await self.client.close()
 
 
@@ -310,4 +328,4 @@ async def _probe(request: web.Request) -> web.Response:
 async def _status(request: web.Request) -> web.Response:
     if (denied := _authorized(request)) is not None:
         return denied
-    return web.json_response(request.app[ROUTER_KEY].dispatcher.status())
+    return web.json_response(request.app[ROUTER_KEY].status())

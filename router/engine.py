@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ from .pipeline import Pipeline
 from .policies import Policy
 from .records import Failure, TokenRecord
 from .transport import RETRYABLE
+
+if TYPE_CHECKING:
+    from .batching import Batcher
 
 # The host's own time (dense_host_ms): never the emulated clock, which stands still in virtual time.
 host_clock = time.perf_counter
@@ -284,17 +287,22 @@ class Engine:
 
     `shape` is the model's profile (dense FLOPs per token), `home_flops_per_s` the home
     node's emulated throughput in real time (its profile's FLOP/s divided by the time
-    dilation), `model` the weights (None: modeled compute, trace-driven).
+    dilation), `model` the weights (None: modeled compute, trace-driven). `batcher`: the
+    home's iteration-level batching (router.batching), used where the dense part runs at
+    home; `home_mem_bytes_per_s` (None: FLOPs only) prices its steps' weight reads.
     """
 
     def __init__(self, dispatcher: Dispatcher, shape: ModelProfile, home_flops_per_s: float,
-                 model: MoEModel | None = None) -> None:
+                 model: MoEModel | None = None, batcher: Batcher | None = None,
+                 home_mem_bytes_per_s: float | None = None) -> None:
         if not home_flops_per_s > 0:
             raise BadRouterInput(f"home_flops_per_s must be > 0, got {home_flops_per_s!r}")
         self.dispatcher = dispatcher
         self.shape = shape
         self.home_flops_per_s = home_flops_per_s
+        self.home_mem_bytes_per_s = home_mem_bytes_per_s
         self.model = model
+        self.batcher = batcher
         # the dense part on EdgeShard's stages, when the mesh says so (router.pipeline)
         self.pipeline: Pipeline | None = None
         if dispatcher.mesh.pipelines:  # one per dispatcher (its tier index)
@@ -316,6 +324,18 @@ class Engine:
     def dense_s(self, rows: int, context: int) -> float:
         """Emulated seconds (real time) of one layer's share of the dense part for `rows`."""
         return self.dense_flops(rows, context) / self.home_flops_per_s
+
+    def step_dense_s(self, groups: list[tuple[int, int]]) -> float:
+        """Emulated seconds of one layer's dense part for a batched step of `groups`
+        ((rows, context) per request), as the node runs it: the roofline of the step's FLOPs
+        and one read of the layer's dense weights (f16: two bytes a parameter, FLOPs per
+        token at no context = 2 x parameters), whatever the rows."""
+        flops = sum(self.dense_flops(rows, context) for rows, context in groups)
+        t = flops / self.home_flops_per_s
+        if self.home_mem_bytes_per_s:
+            weights = self.shape.dense_flops_per_token(0) / self.shape.layers
+            t = max(t, weights / self.home_mem_bytes_per_s)
+        return t
 
     async def _group(self, steps: Steps, recs: list[TokenRecord], policy: Policy,
                      clock: Timeline, deadline_ms: float, tap: RoutingTap | None = None,
@@ -447,6 +467,8 @@ class Engine:
         ttft = 0.0
         t_prev = e_prev = start
         tap = RoutingTap() if routing else None
+        if self.batcher is not None and self.pipeline is None and self.aggregator is None:
+            return await self.batcher.generate(self, steps, max_tokens, policy, budget, tap)
         stages = self.pipeline.choose() if self.pipeline is not None else None
         route = (Route(self.dispatcher.home, self.shape.layers)
                  if self.aggregator is not None else None)

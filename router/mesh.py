@@ -10,7 +10,9 @@ node's own `PUT /v1/links` and `PUT /v1/placement` only tell it about itself):
      "time_dilation": 1.0,
      "settings": {...router settings overrides...},
      "dense": {"pipelines": [[NAME per MoE layer], ...]}      # optional (router.pipeline)
-              | {"aggregate": true}}                           # (router.aggregate)
+              | {"aggregate": true},                           # (router.aggregate)
+     "batching": {"mode": "none" | "iteration", "max_rows"?, "prefill_chunk"?}}  # optional
+                                                               # (router.batching)
 
 Links not listed are unshaped (loopback). Profiles are `services.device` profiles; the
 router turns them into priors (`node_prior`: FLOP/s, device memory and host-to-device bytes/s,
@@ -26,6 +28,7 @@ from typing import Any
 from moe.vocab import is_number
 from netem.spec import ACCESS_FIELDS, check_access
 
+from .batching import Batching
 from .errors import BadRouterInput
 from .estimators import UNSHAPED
 from .settings import Settings
@@ -75,6 +78,8 @@ class Mesh:
     # HetRoute's moving aggregation server (router.aggregate): each layer's outputs gather on
     # the node its one-step lookahead picks, the layer's KV cache moving there
     aggregate: bool = False
+    # iteration-level batching of the home's requests (router.batching); none by default
+    batching: Batching = field(default_factory=Batching)
 
     def __post_init__(self) -> None:
         if self.home not in self.nodes:
@@ -98,11 +103,11 @@ class Mesh:
         if not isinstance(data, Mapping):
             raise BadRouterInput("mesh must be a JSON object with nodes, links, placement")
         unknown = sorted(set(data) - {"nodes", "links", "placement", "time_dilation", "settings",
-                                      "dense"})
+                                      "dense", "batching"})
         if unknown:
             raise BadRouterInput(
                 f"unknown mesh field(s) {', '.join(unknown)}; known: nodes, links, "
-                "placement, time_dilation, settings, dense"
+                "placement, time_dilation, settings, dense, batching"
             )
         tdf = data.get("time_dilation", 1.0)
         if not is_number(tdf, finite=False) or not tdf > 0:
@@ -156,7 +161,9 @@ class Mesh:
             raise BadRouterInput('mesh.dense.aggregate must be true (HetRoute\'s moving '
                                  'aggregation server), got ' + str(dense["aggregate"])[:40])
         pipelines = () if aggregate else _pipelines(dense, nodes)
-        return cls(home, nodes, links, placement, float(tdf), settings, pipelines, aggregate)
+        batching = Batching.from_json(data.get("batching"))
+        return cls(home, nodes, links, placement, float(tdf), settings, pipelines, aggregate,
+                   batching)
 
 
 def _pipelines(dense: Any, nodes: Mapping[str, NodeInfo]) -> tuple[tuple[str, ...], ...]:

@@ -1,0 +1,280 @@
+"""`moemesh bench scale`: what the emulator costs as meshes and loads grow, with and without
+iteration-level batching (router.batching).
+
+Each point is one `moemesh run` (a child process, virtual clock, app shaper, local runtime,
+no quality scoring) of a random heterogeneous mesh (`moemesh topology random --nodes N --seed
+31`, scaled for tiny-moe with `experiments.scaling.tiny_scaled`), the `hetroute` policy, Poisson
+arrivals at `rate_rps` (default 0.4 req/s per node), prompts of 16-48 tokens, 12 tokens a
+request, for `--duration` of scenario time. Per point:
+
+* `virtual_speedup`: emulated seconds per wall second (run.json `clock_stats`);
+* `cpu_ms_per_token`: the host CPU (user + system) of the run and all its processes (the node
+  processes are its children), per emulated token; setup (placement, node start) included;
+* `advances_per_token`: clock advances (netem.virtual) per emulated token;
+* `pss_mib_per_node`: the mean over node processes of each one's peak PSS, sampled every 0.5 s;
+* `floor_ms_per_token`: the model's own decode step in this process (`bench.engine`'s
+  in-process figure, median: tiny-moe `forward` of one token with a KV cache), what the emulation
+  costs at the least.
+
+    python -m bench.scale [--json] [--nodes 5,10,20,40] [--per-node-rps 0.4]
+                          [--batching none,iteration] [--duration 15s] [--large]
+
+`--large` adds a 100-node point (minutes; memory: a process per node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "register", "run_point", "scenario_data"]
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = 31
+DEFAULT_NODES = (5, 10, 20, 40)
+LARGE_NODES = 100
+DEFAULT_MAX_ROWS = 256
+
+
+def scenario_data(nodes: int, rate_rps: float, batching: str, duration_s: float,
+                  max_rows: int = DEFAULT_MAX_ROWS) -> dict[str, Any]:
+    """The scenario of one point (plain data, topology inline)."""
+    from experiments.scaling import tiny_scaled
+    from orchestrator.randomtopo import random_topology
+    from orchestrator.topology import topology_to_data
+
+    topo = tiny_scaled(random_topology(nodes, SEED))
+    data: dict[str, Any] = {
+        "name": f"scale-{nodes}n-{batching}",
+        "topology": topology_to_data(topo),
+        "model": "tiny-moe", "runtime": "local", "shaper": "app", "clock": "virtual",
+        "placement": {"policy": "hetroute", "redundancy": 2.0, "variants": ["fp16", "int8"]},
+        "policies": ["hetroute"],
+        "workload": {"arrival": "poisson", "rate_rps": rate_rps, "home": "users",
+                     "prompt_tokens": [16, 48], "gen_tokens": 12, "duration": duration_s,
+                     "warmup": 0.0, "seed": SEED},
+    }
+    if batching != "none":
+        data["batching"] = {"mode": batching, "max_rows": max_rows}
+    return data
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _pss_kib(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _watch(pid: int, peaks: dict[int, int], stop: threading.Event) -> None:
+    """Peak PSS of each process under `pid` until `stop`."""
+    while not stop.wait(0.5):
+        for child in _descendants(pid):
+            kib = _pss_kib(child)
+            if kib is not None:
+                peaks[child] = max(peaks.get(child, 0), kib)
+
+
+def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
+              max_rows: int = DEFAULT_MAX_ROWS, timeout_s: float = 3600) -> dict[str, Any]:
+    """One `moemesh run` of the point's scenario; its figures (see the module docstring)."""
+    from orchestrator.yamlio import dump_yaml
+
+    with tempfile.TemporaryDirectory(prefix="moemesh-scale-") as tmp:
+        path = Path(tmp) / "scenario.yaml"
+        path.write_text(dump_yaml(scenario_data(nodes, rate_rps, batching, duration_s,
+                                                max_rows)))
+        out = Path(tmp) / "out"
+        cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--quiet",
+               "--quality-windows", "0", "--out", str(out)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get(
+            "PYTHONPATH", "")}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        peaks: dict[int, int] = {}
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(proc.pid, peaks, stop), daemon=True)
+        watcher.start()
+        try:
+            log, _ = proc.communicate(timeout=timeout_s)
+        finally:
+            stop.set()
+            watcher.join()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        wall = time.monotonic() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench scale: the {nodes}-node run failed "
+                               f"(exit {proc.returncode}): {log[-2000:]}")
+        meta = json.loads((out / "run.json").read_text())
+        with open(out / "tokens.csv") as f:
+            tokens = sum(1 for _ in f) - 1
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    stats = meta.get("clock_stats") or {}
+    node_peaks = sorted(peaks.values(), reverse=True)[:nodes]  # the nodes: the largest ones
+    return {
+        "nodes": nodes, "rate_rps": rate_rps, "batching": batching, "tokens": tokens,
+        "virtual_speedup": stats.get("virtual_speedup"),
+        "virtual_s": stats.get("virtual_s"), "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "cpu_ms_per_token": round(cpu * 1e3 / tokens, 3) if tokens else None,
+        "advances": stats.get("advances"),
+        "advances_per_token": round(stats["advances"] / tokens, 2)
+        if tokens and stats.get("advances") is not None else None,
+        "pss_mib_per_node": round(sum(node_peaks) / len(node_peaks) / 1024, 1)
+        if node_peaks else None,
+    }
+
+
+def floor_ms(tokens: int = 32) -> float:
+    """The model's own decode step in this process (ms, median after a warm-up):
+    bench.engine's in-process figure on tiny-moe."""
+    import torch
+
+    from bench.engine import PROMPT, _inprocess
+    from moe.registry import load
+
+    torch.set_num_threads(1)
+    model = load("tiny-moe")
+    _inprocess(model, list(PROMPT.encode()), tokens)  # warm-up
+    times = sorted(_inprocess(model, list(PROMPT.encode()), tokens)[0])
+    return times[len(times) // 2]
+
+
+def run_grid(nodes: Sequence[int], per_node_rps: float, modes: Sequence[str],
+             duration_s: float, max_rows: int = DEFAULT_MAX_ROWS) -> list[dict[str, Any]]:
+    floor = round(floor_ms(), 4)
+    points = []
+    for n in nodes:
+        for mode in modes:
+            point = run_point(n, round(per_node_rps * n, 4), mode, duration_s, max_rows)
+            point["floor_ms_per_token"] = floor
+            points.append(point)
+            print(f"bench scale: {n} nodes, {mode}: {point['virtual_speedup']}x real time, "
+                  f"{point['cpu_ms_per_token']} ms CPU a token", file=sys.stderr)
+    return points
+
+
+def _table(points: Sequence[dict[str, Any]]) -> str:
+    cols = ("nodes", "rate_rps", "batching", "tokens", "virtual_speedup", "cpu_ms_per_token",
+            "advances_per_token", "pss_mib_per_node", "floor_ms_per_token", "wall_s")
+    rows = [cols] + [tuple(str(p.get(c)) for c in cols) for p in points]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True))
+                     for r in rows)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want node counts like 5,10,20, got {text!r}") from None
+    if not values or any(not 2 <= v <= 200 for v in values):
+        raise argparse.ArgumentTypeError(f"node counts must be in 2..200, got {text!r}")
+    return values
+
+
+def _modes(text: str) -> list[str]:
+    from router.batching import BATCHING_MODES
+
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in BATCHING_MODES]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"batching modes are {', '.join(BATCHING_MODES)}, "
+                                         f"got {text!r}")
+    return values
+
+
+def _duration(text: str) -> float:
+    from orchestrator.units import parse_duration_s
+
+    try:
+        value = parse_duration_s(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--duration must be > 0, got {text!r}")
+    return value
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the points as a JSON list")
+    p.add_argument("--nodes", type=_ints, default=list(DEFAULT_NODES),
+                   help="node counts, e.g. 5,10,20,40 (the default)")
+    p.add_argument("--large", action="store_true",
+                   help=f"add a {LARGE_NODES}-node point (minutes, a process per node)")
+    p.add_argument("--per-node-rps", type=float, default=0.4,
+                   help="requests per second per node, e.g. 0.4 (the default)")
+    p.add_argument("--batching", type=_modes, default=["none", "iteration"],
+                   help="batching modes to compare, e.g. none,iteration (the default)")
+    p.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS,
+                   help=f"rows a batched step may carry, e.g. {DEFAULT_MAX_ROWS} (the default)")
+    p.add_argument("--duration", type=_duration, default=15.0,
+                   help="scenario time of each run, e.g. 15s (the default)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.per_node_rps > 0:
+        raise ValueError(f"--per-node-rps must be > 0, got {args.per_node_rps}")
+    nodes = list(args.nodes) + ([LARGE_NODES] if args.large else [])
+    points = run_grid(nodes, args.per_node_rps, args.batching, args.duration, args.max_rows)
+    print(json.dumps(points, indent=2) if args.json else _table(points))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """`moemesh bench scale` (orchestrator.cli lists this module among its command modules)."""
+    from netem.commands import bench_subparsers
+
+    p = bench_subparsers(sub).add_parser(
+        "scale", help="the emulator's cost over node counts and loads, with and without "
+        "batching",
+        description="Runs a random mesh per node count (virtual clock, hetroute) and prints "
+        "emulated seconds per wall second, host CPU ms per token, clock advances per token, "
+        "PSS per node and the model's in-process step as the floor.")
+    _arguments(p)
+    p.set_defaults(handler=main)
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(prog="python -m bench.scale")
+    _arguments(cli)
+    sys.exit(main(cli.parse_args()))
