@@ -100,10 +100,22 @@ def _pss_kib(pid: int) -> int | None:
     return None
 
 
+def _is_node(pid: int) -> bool:
+    """A `moemesh node` process (forked by the local runtime's fork server)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"node" in args and b"--name" in args
+
+
 def _watch(pid: int, peaks: dict[int, int], stop: threading.Event) -> None:
-    """Peak PSS of each process under `pid` until `stop`."""
+    """Peak PSS of each node process under `pid` until `stop`."""
     while not stop.wait(0.5):
         for child in _descendants(pid):
+            if child not in peaks and not _is_node(child):
+                continue
             kib = _pss_kib(child)
             if kib is not None:
                 peaks[child] = max(peaks.get(child, 0), kib)
@@ -149,7 +161,7 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
             tokens = sum(1 for _ in f) - 1
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     stats = meta.get("clock_stats") or {}
-    node_peaks = sorted(peaks.values(), reverse=True)[:nodes]  # the nodes: the largest ones
+    node_peaks = list(peaks.values())
     return {
         "nodes": nodes, "rate_rps": rate_rps, "batching": batching, "tokens": tokens,
         "virtual_speedup": stats.get("virtual_speedup"),

@@ -19,9 +19,10 @@ for a layer leave in their own request per destination, on the request's own tim
   previous token's end (the first token: minus the request's arrival, so the wait to join
   counts), its dense_ms the step's dense time, its layer records the step's layers.
 
-A step's requests share one policy: the oldest request's policy class and seed pick which
-requests may join (the runner runs one policy at a time; others wait for a step of their
-own). The order of requests in a step is their arrival order at this node, so two runs in
+A step's requests share one policy: the oldest request's policy (class and settings) picks
+which requests may join (the runner runs one policy at a time; others wait for a step of
+their own), and its object plans the step (`random` draws from that request's seeded
+generator). The order of requests in a step is their arrival order at this node, so two runs in
 virtual time are identical.
 
 Batching applies where the dense part runs at home. A mesh whose dense part is pipelined or
@@ -133,8 +134,11 @@ class _Job:
     records: list[TokenRecord] = field(default_factory=list)
 
     @property
-    def key(self) -> tuple[type, int]:
-        return type(self.policy), self.policy.seed
+    def key(self) -> tuple[type, Any]:
+        """Requests of one key may share a step: the same policy and settings (not the
+        request's seed, which only `random` draws from: a step's rows draw from the oldest
+        request's generator)."""
+        return type(self.policy), self.policy.settings
 
 
 class Batcher:

@@ -37,9 +37,13 @@ async def _mesh(stack, compute, batching: dict | None):
 
 
 async def _generate_all(mesh) -> list:
+    """The four prompts at once, each with its own policy object and seed (as /v1/generate
+    makes them): requests of one policy share steps whatever their seeds."""
     engine = mesh.router.engine()
-    policy = make_policy("hetroute", engine.dispatcher.settings)
-    return await asyncio.gather(*(engine.generate(p, GEN, policy, 0.0) for p in PROMPTS))
+    settings = engine.dispatcher.settings
+    return await asyncio.gather(*(
+        engine.generate(p, GEN, make_policy("hetroute", settings, seed), 0.0, seed)
+        for seed, p in enumerate(PROMPTS)))
 
 
 def _model_tokens(model, prompt: torch.Tensor) -> list[int]:
