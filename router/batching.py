@@ -190,16 +190,22 @@ class Batcher:
                 if not batch:
                     return
                 end = await self._step(engine, batch, now() if end is None else end)
-        except BaseException as exc:
-            for job in (*self._running, *self._waiting):
-                if not job.future.done():
-                    if isinstance(exc, asyncio.CancelledError):
-                        job.future.cancel()
-                    else:
-                        job.future.set_exception(exc)
-            self._running.clear()
-            self._waiting.clear()
+        except asyncio.CancelledError:
+            self._end_all(None)
             raise
+        except Exception as exc:  # every request of this home gets it (a PeerBug: its 502)
+            self._end_all(exc)
+
+    def _end_all(self, exc: Exception | None) -> None:
+        """Every request still here fails with `exc` (None: is cancelled)."""
+        for job in (*self._running, *self._waiting):
+            if not job.future.done():
+                if exc is None:
+                    job.future.cancel()
+                else:
+                    job.future.set_exception(exc)
+        self._running.clear()
+        self._waiting.clear()
 
     def _drop_abandoned(self) -> None:
         """Requests whose caller went away (their future cancelled) leave."""

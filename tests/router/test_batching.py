@@ -118,3 +118,22 @@ def test_bad_batching_keys_name_the_field() -> None:
         Batching.from_json({"mode": "iteration", "rows": 4})
     assert Batching.from_json(None) == Batching() and not Batching().on
     assert Batching.from_json({"mode": "iteration", "max_rows": 8.0}).max_rows == 8
+
+
+async def test_a_failing_step_fails_its_requests_and_the_next_ones_run(
+        stack, router_compute, monkeypatch) -> None:
+    mesh = await _mesh(stack, router_compute, {"mode": "iteration"})
+    engine = mesh.router.engine()
+    policy = make_policy("greedy", engine.dispatcher.settings)
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug in a layer")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.dispatcher, "run_layer", broken)
+        results = await asyncio.gather(*(engine.generate(p, 3, policy, 0.0) for p in PROMPTS),
+                                       return_exceptions=True)
+    assert [str(r) for r in results] == ["a bug in a layer"] * len(PROMPTS)
+    assert mesh.router.batcher.status()["running"] == 0
+    again = await engine.generate(PROMPTS[0], 3, policy, 0.0)
+    assert again.failed is None and len(again.tokens) == 3
