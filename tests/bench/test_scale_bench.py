@@ -1,0 +1,39 @@
+"""`moemesh bench scale --json`: each point is a valid scenario (random mesh, tiny-moe scaled,
+batching as asked), and a small point runs to figures of the agreed shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.scale import _arguments, main, scenario_data
+from orchestrator.scenario import scenario_from_data
+from orchestrator.yamlio import Loc
+
+
+@pytest.mark.parametrize("mode", ["none", "iteration"])
+def test_a_point_is_a_valid_scenario(mode: str) -> None:
+    data = scenario_data(6, 2.4, mode, 5.0, max_rows=64)
+    s = scenario_from_data(data, Loc("scale.yaml"), Path("."))
+    assert len(s.topology.nodes) == 6 and s.workload.rate_rps == 2.4
+    assert s.virtual and s.policies == ("hetroute",)
+    assert s.batching.mode == mode and (mode == "none" or s.batching.max_rows == 64)
+
+
+@pytest.mark.slow
+def test_a_small_grid_prints_points_of_the_agreed_shape(capsys: pytest.CaptureFixture) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    _arguments(parser)
+    assert main(parser.parse_args(["--json", "--nodes", "3", "--duration", "2s",
+                                   "--batching", "iteration"])) == 0
+    points = json.loads(capsys.readouterr().out)
+    assert len(points) == 1
+    p = points[0]
+    assert (p["nodes"], p["rate_rps"], p["batching"]) == (3, 1.2, "iteration")
+    assert p["tokens"] > 0 and p["virtual_speedup"] > 0 and p["cpu_ms_per_token"] > 0
+    assert p["advances_per_token"] > 0 and p["floor_ms_per_token"] > 0
+    assert p["pss_mib_per_node"] is None or p["pss_mib_per_node"] > 0
