@@ -3,7 +3,8 @@
 Offers the cost model of docs/cost-model.md (`Estimates`, `branch_cost`, `layer_cost`; plain data in
 `router.types`), online estimators, the routing policies (`make_policy`, `POLICIES`:
 local-first, random, greedy, hetroute, ordermoe, hetroute+ordermoe, exact), the dispatcher
-and the home node's inference engine, and `attach(node)`, which mounts `/v1/generate`,
+and the home node's inference engine with its iteration-level batching (`Batching`, the
+scenario's and PUT /v1/mesh's `batching`), and `attach(node)`, which mounts `/v1/generate`,
 `/v1/score`, `PUT /v1/mesh` and `GET /v1/router` on a `services.Node`.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .batching import Batching
 from .cost import Breakdown, Estimates, LayerCost, branch_cost, layer_cost
 from .errors import BadRouterInput, NoFeasiblePlan, RouterError, TokenFailed
 from .estimators import Estimators
@@ -34,6 +36,7 @@ from .types import (
 __all__ = [
     "POLICIES",
     "BadRouterInput",
+    "Batching",
     "Breakdown",
     "Choice",
     "Estimates",
