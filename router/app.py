@@ -102,6 +102,8 @@ class RouterService:
             local=self.node,
         )
         self.mesh = mesh
+        if self._dispatcher is not None:  # its late answers are no use to the new one
+            self._dispatcher.close()
         self._dispatcher = Dispatcher(mesh, self.shape, self.quality, transport, self.model)
         return self._dispatcher
 
@@ -134,6 +136,8 @@ class RouterService:
         return Engine(self.dispatcher, self.node.shape, flops, self.model)
 
     async def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.close()
         await self.client.close()
 
 
