@@ -444,7 +444,7 @@ class _Run:
             return
         keyed = replace(arm, label=key)
         await self.use(mesh, keyed)
-        await mesh.reset()
+        await mesh.reset()  # nothing of an arm before survives it (LiveMesh.reset)
         before = self._sections()
 
         def relabel(tokens: list[TokenRow]) -> list[TokenRow]:

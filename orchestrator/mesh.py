@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -38,6 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from netem.spec import LinkSpec
+from netem.timing import now as clock_now
+from netem.timing import sleep_until
+from netem.virtual import current as current_authority
 from orchestrator.faults import Fault
 from orchestrator.lifetime import to_the_end, together, undone_on_error
 from orchestrator.markers import mark
@@ -46,7 +50,7 @@ from services.client import ClientSettings, NodeClient
 from services.device import builtin_profiles
 from services.errors import NodeRefused, NodeTimeout, NodeUnreachable
 
-__all__ = ["LinkState", "LiveMesh", "node_launches"]
+__all__ = ["LinkState", "LiveMesh", "node_launches", "whole_second"]
 
 NODE_PORT = 8080  # netns and docker nodes listen here; the local runtime picks free ports
 
@@ -217,9 +221,13 @@ class LiveMesh:
         """What `name`'s shaper applies now: peer → effective one-way spec."""
         return {b: st.effective() for (a, b), st in self.links.items() if a == name}
 
-    async def _push_links(self, name: str) -> None:
+    async def _push_links(self, name: str, fresh: bool = False) -> None:
+        """The node's links as the mesh's table says; `fresh`: none first, so that every link
+        starts anew (a schedule from t = 0, new jitter and loss chains, empty queues)."""
         if name in self.down:
             return
+        if fresh:
+            await self.client.put_links(self.endpoints[name].url, {}, self.shaper_asked)
         body = {peer: {**spec.to_json(), "address": self.endpoints[peer].address}
                 for peer, spec in self.links_of(name).items()}
         answer = await self.client.put_links(
@@ -362,7 +370,13 @@ class LiveMesh:
 
     async def reset(self) -> None:
         """A fresh start with the current placement and links: every node up and at full
-        speed, link faults cleared, queues drained, GPU caches emptied, routers fresh."""
+        speed, link faults cleared, queues drained, GPU caches emptied, routers fresh.
+
+        Nothing of a run before survives it (an arm alone and after others gives the same
+        rows): in virtual time it ends on a whole second of the clock (`whole_second`), and
+        there the links are applied afresh (an empty set first: link schedules start again
+        at t = 0, access-link queues are empty) and the routers get a new dispatcher
+        (estimators, breakers, late requests)."""
         for st in self.links.values():
             st.down, st.current = False, st.base
         for name in sorted(self.down):
@@ -370,12 +384,14 @@ class LiveMesh:
         await together(*(self.client.post_faults(ep.url, {"clear": True})
                                for ep in self.endpoints.values()))
         self.slow.clear()
-        await together(*(self._push_links(n) for n in self.endpoints))
+        await together(*(self._push_links(n) for n in self.endpoints))  # what is held flows
         await together(*(self._drained(n) for n in self.endpoints))
         if self.placement is not None:  # an empty placement first: the GPU caches go too
             await together(*(self.client.put_placement(ep.url, [])
                                    for ep in self.endpoints.values()))
             await together(*(self._push_placement(n) for n in self.endpoints))
+        await whole_second()
+        await together(*(self._push_links(n, fresh=True) for n in self.endpoints))
         await self._push_router_mesh()
 
     async def _drained(self, name: str, timeout_s: float = 60.0) -> None:
@@ -435,6 +451,15 @@ class LiveMesh:
         return {"scenario": self.scenario.name, "runtime": self.runtime,
                 "shaper": self.shaper, "router_mounted": self.router_mounted,
                 "nodes": nodes, "links": links}
+
+
+async def whole_second() -> None:
+    """In virtual time, wait for the clock's next whole second (nothing on the wall clock):
+    an arm that starts there rounds its times alike, in seconds and milliseconds, whatever
+    ran before it (netem.virtual.authority.virtual_origin)."""
+    authority = current_authority()
+    if authority is not None and authority.virtual:
+        await sleep_until(float(math.ceil(clock_now())))
 
 
 def _placement_by_node(placement: Any, names: Sequence[str]) -> dict[str, list[dict]] | None:

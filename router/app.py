@@ -104,6 +104,8 @@ class RouterService:
             local=self.node,
         )
         self.mesh = mesh
+        if self._dispatcher is not None:  # its late answers are no use to the new one
+            self._dispatcher.close()
         self._dispatcher = Dispatcher(mesh, self.shape, self.quality, transport, self.model)
         # a new mesh, a new batcher: requests in flight finish their steps on the old one
         self.batcher = Batcher(mesh.batching) if mesh.batching.on else None
@@ -152,6 +154,8 @@ class RouterService:
     async def close(self) -> None:
         if self.batcher is not None:
             await self.batcher.close()
+        if self._dispatcher is not None:
+            self._dispatcher.close()
         await self.client.close()
 
 

@@ -17,12 +17,15 @@ and timers that path takes (docs/measurement.md, "Virtual time": the home node's
 
 When a request fails (timeout, refused, cut link), the node joins the affected rows'
 exclusions and only their missing slots are planned again, inside the layer's deadline and
-the token's; the node's or link's circuit breaker counts the failure. A row with no replica
+the token's. The node's or link's circuit breaker counts a refusal at once and a timeout only
+in sequence (router.breaker); a remote request past its limit is still waited for in the
+background up to request_ms (`_late`), and its late answer closes the breakers and teaches
+the estimators the node's backlog: a busy node is not a fault. A row with no replica
 usable now (all excluded or behind open breakers) waits until a breaker lets a full-precision
-replica through again, if that is before the deadline, and tries afresh: a busy host slows
-tokens down instead of failing them. A row fails only when no full-precision replica of one
-of its experts can serve it before the deadline: reason `no_replica_reachable`, with a
-`Failure` naming that expert and the nodes tried.
+replica through again (or an answer closes one), if that is before the deadline, and tries
+afresh: a busy host slows tokens down instead of failing them. A row fails only when no
+full-precision replica of one of its experts can serve it before the deadline: reason
+`no_replica_reachable`, with a `Failure` naming that expert and the nodes tried.
 
 The emulated timeline (docs/measurement.md): with a `Timeline` the layer's requests leave at
 the clock's time, not when this host finished planning them, each answer says when it is back
@@ -32,11 +35,14 @@ The estimators learn from those emulated times, not from this host's wall clock.
 
 Ownership: each layer's requests run in one TaskGroup and are awaited or cancelled with it;
 the estimators' in-flight entries are removed in `finally`, so a cancelled token leaks none.
+A request past its limit passes to the dispatcher (`_late_tasks`), which `close()` cancels
+when a new mesh replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 from collections.abc import Sequence
@@ -139,8 +145,11 @@ class Dispatcher:
             mesh.home, {n: info.prior for n, info in mesh.nodes.items()}, mesh.links
         )
         self.breakers = Breakers(
-            mesh.home, mesh.nodes, self.settings.breaker_failures, self.settings.breaker_open_ms
+            mesh.home, mesh.nodes, self.settings.breaker_failures, self.settings.breaker_open_ms,
+            self.settings.breaker_timeouts,
         )
+        self._late_tasks: set[asyncio.Future] = set()  # requests past their limit (_late)
+        self._back: asyncio.Event | None = None  # set when a node's breaker closes
         self.counters = Counters()
         self._ids = itertools.count()
         self._synced_at = -1e18
@@ -365,7 +374,12 @@ class Dispatcher:
                     layer, exc.expert, excluded.get(r, ()), why))
             stuck.clear()
             return False
-        await asyncio.sleep((at - now_ms()) / 1e3)
+        if self._back is None:
+            self._back = asyncio.Event()
+        back = self._back
+        with contextlib.suppress(TimeoutError):  # a late answer may reopen a node earlier
+            async with asyncio.timeout((at - now_ms()) / 1e3):
+                await back.wait()
         for r in stuck:
             excluded.pop(r, None)
         self.sync(force=True)
@@ -436,45 +450,125 @@ class Dispatcher:
         ticket = self.estimators.sent(node, predicted, t0)
         self.breaker_sent(node, t0)
         self.counters.requests += 1
+        # past its own limit the rows move on, but a remote request is still waited for in the
+        # background up to request_ms: a late answer is a busy node, not a fault (_late)
+        patience = (own_left if node == self.home
+                    else max(own_left, s.request_ms - (clock_now() - ready) * 1e3))
+        req = f"{node}-{next(self._ids)}"
+        late: asyncio.Task | None = None
         done = False
         try:
-            res = await self.transport.forward(
-                node, (group,), f"{node}-{next(self._ids)}", limit / 1e3, ready
-            )
-            self._check_answer(node, group, res)
-            t1 = now_ms()
-            arrived = clock_now() if res.arrived is None else res.arrived
-            if node != self.home:
-                self._observe_lateness(max(0.0, clock_now() - arrived) * 1e3)
-            self.estimators.answered(
-                node, ticket, predicted, (arrived - ready) * 1e3,
-                {"queue_ms": res.timing.queue_ms, "load_ms": res.timing.load_ms,
-                 "compute_ms": res.timing.compute_ms},
-                {"queue": res.state.queue, "busy_ms": res.state.busy_ms,
-                 "resident": res.state.resident},
-                t1,
-            )
-            self.breaker_result(node, None)
+            if patience <= limit:
+                res = await self.transport.forward(node, (group,), req, limit / 1e3, ready)
+            else:
+                late = asyncio.ensure_future(
+                    self.transport.forward(node, (group,), req, patience / 1e3, ready))
+                res = await self._within(late, limit)
+            arrived = self._answered(node, ticket, predicted, group, res, ready)
             done = True
             results[node] = (res, arrived)
-            if node != self.home:  # the HTTP bodies, as sent and received
-                self.counters.bytes_out += res.body_bytes[0]
-                self.counters.bytes_in += res.body_bytes[1]
         except RETRYABLE as exc:
             if is_bug(exc):  # no breaker, no replan: the request fails with the peer's words
                 raise PeerBug(node, exc) from exc
             self.counters.failures += 1
-            if node != self.home and isinstance(exc, TimeoutError):  # NodeTimeout too
+            timed_out = isinstance(exc, TimeoutError)  # NodeTimeout too
+            if node != self.home and timed_out:
                 # as TCP backs off: the next limit is longer
                 self.late_dev_ms = max(2 * self.late_dev_ms, self.settings.min_request_ms / 4)
             kind = classify(exc)
-            cut_short = limit < own_left and isinstance(exc, TimeoutError)
-            if kind != "busy" and not cut_short:  # a layer deadline is nobody's fault
+            cut_short = limit < own_left and timed_out
+            if late is not None and not late.done():  # still on its way: see what comes of it
+                self._late_tasks.add(late)
+                late.add_done_callback(
+                    lambda task: self._late(task, node, ticket, predicted, group, ready))
+                done = True  # its in-flight entry stays until it ends (its work is queued)
+                if not cut_short:  # a layer deadline is nobody's fault
+                    self.breaker_timeout(node, t0)
+            elif timed_out and kind == "link":
+                if not cut_short:
+                    self.breaker_timeout(node, t0)
+            elif kind != "busy" and not cut_short:
                 self.breaker_result(node, kind)
             results[node] = (exc, clock_now())
         finally:
+            if late is not None and not done and not late.done():
+                late.cancel()  # the layer was cancelled: the request goes with it
             if not done:
                 self.estimators.failed(node, ticket)
+
+    @staticmethod
+    async def _within(task: asyncio.Future, limit_ms: float) -> ForwardResponse:
+        """The request's answer if it comes within limit_ms; else TimeoutError, the request
+        left running (its caller hands it to _late)."""
+        try:
+            async with asyncio.timeout(limit_ms / 1e3):
+                return await asyncio.shield(task)
+        except TimeoutError:
+            if task.done():  # its own error, not our limit
+                return task.result()
+            raise TimeoutError(f"no answer within {limit_ms:.1f} ms") from None
+
+    def _answered(self, node: str, ticket: int, predicted, group: Group,
+                  res: ForwardResponse, ready: float) -> float:
+        """Take an answer (on time or late): check it, teach the estimators (its timing and
+        the node's piggybacked queue state), close the breakers; returns when it was back
+        on the emulated timeline."""
+        self._check_answer(node, group, res)
+        t1 = now_ms()
+        arrived = clock_now() if res.arrived is None else res.arrived
+        if node != self.home:
+            self._observe_lateness(max(0.0, clock_now() - arrived) * 1e3)
+        self.estimators.answered(
+            node, ticket, predicted, (arrived - ready) * 1e3,
+            {"queue_ms": res.timing.queue_ms, "load_ms": res.timing.load_ms,
+             "compute_ms": res.timing.compute_ms},
+            {"queue": res.state.queue, "busy_ms": res.state.busy_ms,
+             "resident": res.state.resident},
+            t1,
+        )
+        self.breaker_result(node, None)
+        if node != self.home:  # the HTTP bodies, as sent and received
+            self.counters.bytes_out += res.body_bytes[0]
+            self.counters.bytes_in += res.body_bytes[1]
+        return arrived
+
+    def _late(self, task: asyncio.Future, node: str, ticket: int, predicted, group: Group,
+              ready: float) -> None:
+        """A request that outlived its limit has ended: an answer proves the node and the
+        path alive (its breakers close, its queue state is learned); no answer within
+        request_ms, or a refusal, is a failure."""
+        self._late_tasks.discard(task)
+        answered = False
+        try:
+            if task.cancelled():
+                return
+            exc = task.exception()
+            if exc is None:
+                self._answered(node, ticket, predicted, group, task.result(), ready)
+                answered = True
+                self.counters.late_answers += 1
+            elif isinstance(exc, RETRYABLE) and not is_bug(exc):
+                kind = classify(exc)
+                if kind != "busy":
+                    self.breaker_result(node, kind)
+            # a peer's bug here has no token left to fail: its rows were served elsewhere
+        except RETRYABLE:  # a malformed late answer: the node's fault, as on time
+            self.breaker_result(node, "node")
+        finally:
+            if not answered:
+                self.estimators.failed(node, ticket)
+
+    def close(self) -> None:
+        """Stop waiting for late answers (a new mesh replaces this dispatcher)."""
+        for task in list(self._late_tasks):
+            task.cancel()
+
+    def breaker_timeout(self, node: str, sent_ms: float) -> None:
+        """A request to `node` sent at `sent_ms` passed its limit: its breaker counts it when
+        it is in sequence (router.breaker), and whether plans may use the node."""
+        now = now_ms()
+        self.breakers.timeout(node, now, sent_ms)
+        self.view.set_up(node, self.breakers.usable(node, now))
 
     def breaker_sent(self, node: str, at_ms: float) -> None:
         """A request leaves for `node`: a half-open breaker lets this one probe through and
@@ -485,13 +579,19 @@ class Dispatcher:
 
     def breaker_result(self, node: str, failed: str | None) -> None:
         """`node` answered (None) or failed (`classify`'s kind; the caller leaves out what
-        is nobody's fault): its breakers and whether plans may use it."""
+        is nobody's fault): its breakers and whether plans may use it. A node that comes
+        back wakes the rows waiting for a replica (_await_replica)."""
         now = now_ms()
+        was = self.breakers.usable(node, now)
         if failed is None:
             self.breakers.success(node)
         else:
             self.breakers.failure(node, failed, now)
-        self.view.set_up(node, self.breakers.usable(node, now))
+        up = self.breakers.usable(node, now)
+        self.view.set_up(node, up)
+        if up and not was and self._back is not None:
+            self._back.set()
+            self._back = None
 
     def _observe_lateness(self, late_ms: float) -> None:
         """Fold one answer's lateness in (RFC 6298's gains: 1/8 for the mean, 1/4 for the

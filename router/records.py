@@ -178,6 +178,7 @@ class Counters:
     retries: int = 0
     reroutes: int = 0
     failures: int = 0  # failed requests to nodes (each may have been retried)
+    late_answers: int = 0  # answers that came after their request's limit (router.dispatch)
     plans: int = 0
     bytes_out: int = 0
     bytes_in: int = 0
@@ -198,6 +199,7 @@ class Counters:
             "tokens": self.tokens, "failed_tokens": self.failed_tokens,
             "rerouted_tokens": self.rerouted_tokens, "requests": self.requests,
             "retries": self.retries, "reroutes": self.reroutes, "failures": self.failures,
+            "late_answers": self.late_answers,
             "plans": self.plans, "bytes_out": self.bytes_out, "bytes_in": self.bytes_in,
             "reasons": dict(self.reasons),
         }

@@ -37,8 +37,11 @@ class Settings:
     stretch (docs/measurement.md), so the limits can be tight and a
     cut link costs one short wait, not three long ones; a request whose experts have no
     replica on another node that is up waits request_ms (nowhere to reroute to: a late
-    answer there is a busy node, not a fault). breaker_failures consecutive failures
-    open a node's or link's circuit for breaker_open_ms, then one probe may pass (half-open).
+    answer there is a busy node, not a fault). breaker_failures consecutive failures (refused
+    or reset connections, links reported down) open a node's or link's circuit for
+    breaker_open_ms, then one probe may pass (half-open); timeouts count only in sequence
+    (a request sent after the previous timeout was seen), breaker_timeouts of them open it,
+    and any answer, a late one too, closes it (router.breaker).
     """
 
     # planning
@@ -58,6 +61,7 @@ class Settings:
     token_ms: float = 30000.0
     max_replans: int = 3  # unused, see the docstring
     breaker_failures: int = 1
+    breaker_timeouts: int = 2
     breaker_open_ms: float = 2000.0
     wire_dtype: str = "f32"
 
@@ -79,7 +83,8 @@ class Settings:
             raise BadRouterInput(f"beam_width must be >= 1, got {self.beam_width}")
         if self.budget > 1:
             raise BadRouterInput(f"budget is a fraction (0.02 = 2%), got {self.budget}")
-        for name in ("request_ms", "layer_ms", "token_ms", "breaker_failures"):
+        for name in ("request_ms", "layer_ms", "token_ms", "breaker_failures",
+                     "breaker_timeouts"):
             if getattr(self, name) <= 0:
                 raise BadRouterInput(f"setting {name} must be > 0, got {getattr(self, name)}")
 

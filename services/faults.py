@@ -31,6 +31,7 @@ class Faults:
     def __init__(self, seed: int = 0) -> None:
         self.slow = 1.0
         self.fail = 0.0
+        self._seed = seed
         self._rng = random.Random(seed)
         self.injected = 0
 
@@ -47,6 +48,7 @@ class Faults:
             if data["clear"] is not True or len(data) > 1:
                 raise BadRequest('clear must be given alone as {"clear": true}')
             self.slow, self.fail = 1.0, 0.0
+            self._rng = random.Random(self._seed)  # a cleared node draws as a fresh one
             return self.snapshot()
         slow, fail = self.slow, self.fail
         if "slow" in data:

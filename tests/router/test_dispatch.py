@@ -191,9 +191,10 @@ async def test_a_cut_link_times_out_opens_its_breaker_and_tokens_reroute(
     stack, router_compute
 ) -> None:
     delays = {("h", "a"): 0.5, ("a", "h"): 0.5, ("h", "b"): 3.0, ("b", "h"): 3.0}
-    # the timeout is long beside a loaded host's request to b (3 ms), short beside a test
+    # the timeout is long beside a loaded host's request to b (3 ms), short beside a test;
+    # a timeout counts on the breaker only in sequence (breaker_timeouts: 2 by default)
     mesh = await start_inproc_mesh(stack, router_compute, PLACEMENT, delays,
-                                   settings={"min_request_ms": 250.0, "breaker_failures": 2})
+                                   settings={"min_request_ms": 250.0})
     engine = mesh.router.engine()
     prompt = tokens(6, seed=4)
     await mesh.nodes["h"].links.shaper.link_down("a")  # h -> a blackholed: sends hang
@@ -204,6 +205,38 @@ async def test_a_cut_link_times_out_opens_its_breaker_and_tokens_reroute(
     # two timeouts open a's breaker; a slow moment may time out a request to b as well
     assert d.counters.failures >= 2 and d.counters.rerouted_tokens >= 1
     assert "a" not in {c.node for r in result.records for c in r.choices}
+    # as fast as a breaker that opens at the first timeout, but for one request sent while
+    # the first was out: at most one request per layer in flight together, and two in a row
+    assert d.counters.failures <= 2 * 2 + 1
+    assert d.counters.late_answers == 0  # a blackhole answers nothing, late or not
+
+
+async def test_a_late_answer_from_a_busy_node_is_queueing_not_a_fault(
+    stack, router_compute
+) -> None:
+    """a answers far later than the router predicts (60 ms one way where its view says
+    0.5 ms, as a node queued with other homes' work): its requests pass their limit and the
+    rows go to b, but the router keeps waiting for a's answers; they come, late, and prove a
+    up: a's breakers end closed, no token fails and none waits breaker_open_ms (set far
+    longer than the test may take)."""
+    delays = {("h", "a"): 0.5, ("a", "h"): 0.5, ("h", "b"): 1.0, ("b", "h"): 1.0}
+    mesh = await start_inproc_mesh(stack, router_compute, PLACEMENT, delays,
+                                   settings={"min_request_ms": 20.0, "breaker_open_ms": 30000.0,
+                                             "layer_ms": 60000.0, "token_ms": 120000.0})
+    real = {**delays, ("h", "a"): 60.0, ("a", "h"): 60.0}
+    for name in ("h", "a"):
+        await mesh.nodes[name].set_links(links_body(name, real))
+    engine = mesh.router.engine()
+    d = engine.dispatcher
+    t0 = time.monotonic()
+    res = await engine.score(tokens(4, seed=8), make_policy("greedy"), budget=0.0)
+    waited = time.monotonic() - t0
+    assert res.failed == 0 and all(r.status == "ok" for r in res.records)
+    assert d.counters.failures >= 1  # a's requests did pass their limit ...
+    await wait_until(lambda: not d._late_tasks, "a's late answers")
+    assert d.counters.late_answers >= 1  # ... and answered after it
+    assert d.breakers.states()["a"] == {"node": "closed", "link": "closed"}
+    assert waited < 10.0  # no 30 s breaker wait
 
 
 async def test_a_layer_deadline_too_short_fails_tokens_with_a_reason(
