@@ -79,18 +79,21 @@ class AppShaper:
         time_dilation: float = 1.0,
         seed: int | None = None,
         down_timeout_s: float = 30.0,
+        owner: str = "",
     ) -> None:
         if not time_dilation > 0:
             raise ValueError(f"time_dilation must be > 0, got {time_dilation!r}")
         self.time_dilation = float(time_dilation)
         self.down_timeout_s = float(down_timeout_s)
-        self._rng = random.Random(seed)
+        self._seed = 0 if seed is None else seed
+        self.owner = owner  # the node that sends on these links: part of each link's seed
         self._links: dict[str, LinkSpec] = {}
         self._down: set[str] = set()
         self._free_at: dict[str, float] = {}  # `now()` when each serialiser is free again
         self._changed: dict[str, asyncio.Event] = {}  # set (and replaced) on each change
         self._origin: dict[str, float] = {}  # `now()` when each link was applied (schedules)
         self._jitter: dict[str, CorrelatedRandom] = {}
+        self._rngs: dict[str, random.Random] = {}  # per link: jitter, loss and loss stalls
         self._chain: dict[str, GeChain] = {}
         self._queues: dict[str, OpportunityQueue] = {}  # links that follow a Mahimahi trace
         self._emulated: dict[str, tuple[LinkSpec, LinkSpec]] = {}  # peer -> (given, dilated)
@@ -136,17 +139,29 @@ class AppShaper:
     def _fresh(self, peer: str) -> None:
         """New link state for peer: schedule clock from now, new jitter and loss chains."""
         spec = self._links.get(peer)
-        for table in (self._origin, self._jitter, self._chain, self._queues):
+        for table in (self._origin, self._jitter, self._chain, self._queues, self._rngs):
             table.pop(peer, None)
         if spec is None:
             return
         self._origin[peer] = now()
-        self._jitter[peer] = CorrelatedRandom(self._rng, spec.jitter_corr_pct)
+        # each link its own generator, seeded by who sends to whom: a link applied afresh
+        # (a new arm's links) draws the same jitter and loss again, so runs repeat
+        rng = self._rngs[peer] = self._new_rng(peer)
+        self._jitter[peer] = CorrelatedRandom(rng, spec.jitter_corr_pct)
         if spec.loss_model is not None:
-            self._chain[peer] = GeChain(spec.loss_model, self._rng)
+            self._chain[peer] = GeChain(spec.loss_model, rng)
         if spec.reorder_pct > 0:
             log.warning("app shaper: reorder_pct %g%% to %s is not emulated (only tc can "
                         "reorder packets)", spec.reorder_pct, peer)
+
+    def _new_rng(self, peer: str) -> random.Random:
+        return random.Random(f"{self._seed}:{self.owner}>{peer}")
+
+    def _rng(self, peer: str) -> random.Random:
+        rng = self._rngs.get(peer)
+        if rng is None:
+            rng = self._rngs[peer] = self._new_rng(peer)
+        return rng
 
     def origin(self, peer: str) -> float | None:
         """`now()` when peer's link was applied: t = 0 of its schedule."""
@@ -246,7 +261,7 @@ class AppShaper:
             self._free_at[peer] = on_wire
         delay_ms = link.delay_ms
         if link.jitter_ms > 0:
-            jitter = self._jitter.setdefault(peer, CorrelatedRandom(self._rng,
+            jitter = self._jitter.setdefault(peer, CorrelatedRandom(self._rng(peer),
                                                                     link.jitter_corr_pct))
             delay_ms = draw_delay_ms(link.delay_ms, link.jitter_ms, link.jitter_dist,
                                      jitter.next())
@@ -303,18 +318,19 @@ class AppShaper:
         if link.loss_pct <= 0 and chain is None:
             return 0.0
         segments = max(1, math.ceil(nbytes / MSS_BYTES))
+        rng = self._rng(peer)
         if chain is not None:  # every segment advances the chain, in order
             lost = sum([chain.lost() for _ in range(segments)]) > 0
             p_again = chain.model.loss_rate()
 
             def again() -> bool:  # an RTO later the chain has mixed: its stationary loss
-                return self._rng.random() < p_again
+                return rng.random() < p_again
         else:
             p_lost = 1.0 - (1.0 - link.loss_pct / 100.0) ** segments
-            lost = self._rng.random() < p_lost
+            lost = rng.random() < p_lost
 
             def again() -> bool:
-                return self._rng.random() < p_lost
+                return rng.random() < p_lost
         stall, rto = 0.0, RTO_S * self.time_dilation
         for _ in range(MAX_BACKOFFS):
             if not lost:

@@ -115,12 +115,15 @@ def make_shaper(
     netns: str | None = None,
     iface: str | None = None,
     time_dilation: float = 1.0,
+    owner: str = "",
 ) -> Shaper:
     """Build a shaper. backend: "tc", "app" or "auto" (tc when it works here, else app, loudly).
 
     netns: network namespace name or path (`/proc/PID/ns/net`) for tc; None = this process's.
     iface: interface to shape for tc; None = the one carrying the route to each peer's address
         (resolved on first apply; in a node namespace, its only non-loopback interface).
+    owner: the node's name; the app shaper seeds each link's jitter and loss draws with it and
+        the peer's, so a run and a link applied afresh draw the same again.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown shaper backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -147,4 +150,4 @@ def make_shaper(
         return TcShaper(netns=netns, iface=iface, time_dilation=float(time_dilation))
     from netem.app import AppShaper
 
-    return AppShaper(time_dilation=float(time_dilation))
+    return AppShaper(time_dilation=float(time_dilation), owner=owner)

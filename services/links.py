@@ -74,8 +74,9 @@ class Links:
     """One node's shaper and the link set it applies."""
 
     def __init__(self, *, time_dilation: float = 1.0, netns: str | None = None,
-                 offload: Callable[..., Awaitable[Any]] | None = None) -> None:
+                 offload: Callable[..., Awaitable[Any]] | None = None, owner: str = "") -> None:
         self.time_dilation = time_dilation
+        self.owner = owner  # this node's name: seeds the app shaper's per-link draws
         self.netns = netns
         self.offload = offload  # runs a blocking call elsewhere: `await offload(fn, *args)`
         self.shaper: Shaper | None = None
@@ -116,7 +117,8 @@ class Links:
         return await self.offload(self._make_now, backend)
 
     def _make_now(self, backend: str) -> Shaper:
-        return make_shaper(backend, netns=self.netns, time_dilation=self.time_dilation)
+        return make_shaper(backend, netns=self.netns, time_dilation=self.time_dilation,
+                           owner=self.owner)
 
     def horizon_s(self, nbytes: int) -> float:
         """How far ahead of now (wall seconds) a message of `nbytes` may say it arrives

@@ -74,7 +74,7 @@ class Node:
             metrics=self.metrics, faults=self.faults, time_dilation=settings.time_dilation,
             max_queue=settings.max_queue, max_batch_rows=settings.max_batch_rows,
         )
-        self.links = Links(time_dilation=settings.time_dilation)
+        self.links = Links(time_dilation=settings.time_dilation, owner=settings.name)
         self.links.offload = self.off_loop  # building a shaper may block: the control thread
         self.loop_lag = LoopLag(observe=self.metrics.loop_lag_seconds.observe)
         # One thread for control work, so calls finish in the order they came (state files).

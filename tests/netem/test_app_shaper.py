@@ -251,3 +251,31 @@ async def test_a_downlink_queues_messages_from_different_peers_in_the_order_they
     assert await rx.receive(125_000, now() + 50.0, now() + 60.0) > now() + 59.0
     with pytest.raises(BadLinkInput, match="downlink_mbit"):
         await rx.apply({"a": fast}, downlink_mbit=-1)
+
+
+async def _draws(shaper: AppShaper, peer: str, n: int) -> list[float]:
+    """The wire-to-arrival spans of n lone sends at one instant: jitter and loss stalls."""
+    at = now()
+    out = []
+    for _ in range(n):
+        span = await shaper.schedule_span(peer, 3000, at=at)
+        assert span is not None
+        out.append(round(span[1] - at, 9))
+        shaper._free_at.clear()  # each send alone: only the draws differ
+    return out
+
+
+async def test_jitter_and_loss_draws_repeat_per_link_and_restart_when_applied_afresh() -> None:
+    """An unseeded generator made every run's jitter and loss its own, and an arm's draws
+    depended on the arms before it: each link now draws from (seed, owner, peer)."""
+    spec = LinkSpec(delay_ms=20, jitter_ms=5, rate_mbit=100, loss_pct=5)
+    a, b, other = AppShaper(owner="edge1"), AppShaper(owner="edge1"), AppShaper(owner="edge2")
+    for s in (a, b, other):
+        await s.apply({"edge3": spec})
+    first = await _draws(a, "edge3", 40)
+    assert len(set(first)) > 10  # jitter drawn, not constant
+    assert await _draws(b, "edge3", 40) == first  # same owner and peer: same draws
+    assert await _draws(other, "edge3", 40) != first  # another sender: its own draws
+    await a.apply({})
+    await a.apply({"edge3": spec})  # applied afresh, as between arms
+    assert await _draws(a, "edge3", 40) == first
