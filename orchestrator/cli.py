@@ -19,10 +19,8 @@ COMMAND_MODULES = (
     "moe.commands",
     "services.commands",
     "router.commands",
-    "bench.engine",
-    "bench.restart",
-    "bench.clock",
     "netem.commands",
+    "bench.commands",  # after netem: it adds `lab bench-links`; no lower package imports bench
     "orchestrator.commands",
     "orchestrator.mesh_commands",
     "orchestrator.meshd",
