@@ -474,6 +474,12 @@ def _base_lines(meta: RunMeta) -> list[str]:
     rows = base_rows(meta.fidelity, tdf)
     if not rows:
         return []
+    if meta.to_json().get("clock") == "virtual":  # the probe timed the emulated timeline
+        return ["## Base network", "",
+                "None in virtual time: every message arrives at exactly its emulated time, so "
+                "a pair's round trip is its configured one (the zero-delay probe's fit read "
+                f"at most {max(abs(r.get('base_rtt_ms', 0.0)) for r in rows):.2g} ms, rounding "
+                "of the virtual clock).", ""]
     added = (meta.fidelity or {}).get("combine") == "added"
     how = (f"**added** to this base (tc delays packets on top of the wire): a pair's round trip "
            f"is its configured one plus the base ÷ {tdf:g} (time dilation)" if added else
