@@ -135,6 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "results/quickstart")
     rep.add_argument("--slo-ms", type=float, metavar="MS",
                      help="another SLO for the report, e.g. 200 (default: the run's)")
+    rep.add_argument("--format", choices=("svg", "png", "both"), default="both",
+                     help="figure files: svg (for a paper), png (200 dpi) or both (default)")
     rep.set_defaults(handler=_report)
 
     tr = sub.add_parser("trace", help="routing traces: export a run's routing decisions")
@@ -413,13 +415,18 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.slo_ms is not None and not args.slo_ms > 0:
         raise ValueError(f"--slo-ms must be > 0, got {args.slo_ms:g}")
+    from .plots import FORMATS, formats
+
+    chosen = FORMATS if args.format == "both" else (args.format,)
     if (args.folder / "capacity.json").is_file():  # a `moemesh run --capacity` folder
         from .capacity import rebuild_capacity
 
-        rebuild_capacity(args.folder, slo_ms=args.slo_ms)
+        with formats(*chosen):
+            rebuild_capacity(args.folder, slo_ms=args.slo_ms)
         print(f"moemesh report: {args.folder / 'capacity.md'}")
         return 0
-    build_report(args.folder, slo_ms=args.slo_ms)
+    with formats(*chosen):
+        build_report(args.folder, slo_ms=args.slo_ms)
     print(f"moemesh report: {args.folder / 'report.md'}")
     warn_unfaithful(args.folder, "moemesh report")
     return 0

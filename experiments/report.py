@@ -38,6 +38,7 @@ from .fidelity import (
     summary_of,
     uplink_rows,
 )
+from .intervals import policy_intervals
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
 from .paired import METRICS, failed_charge, paired_compare
 from .parts import missing
@@ -640,6 +641,17 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
     return "\n".join(lines) + "\n"
 
 
+def _headline(comps: Sequence[Comparison], folder: Path) -> list[tuple[str, Path]]:
+    """paired.png: each policy's paired change against the first, per metric, with its CI."""
+    if not comps:
+        return []
+    by_metric: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for c in comps:
+        by_metric.setdefault(c.metric, {})[c.b] = (c.change_pct, c.ci_low_pct, c.ci_high_pct)
+    return [(f"paired change against {comps[0].a} with its 95% CI",
+             plots.paired_change(by_metric, comps[0].a, folder / "paired.png"))]
+
+
 def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool = True
                  ) -> dict[str, Any]:
     """Write summary.json, report.md and the plots into `folder`; returns the summary."""
@@ -685,8 +697,10 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
         once = ({k: [t for t in v if t.rep == 0] for k, v in tok.items()}
                 if any(t.rep for t in tokens) else tok)
         made = [
+            *_headline(comps, folder),
             ("token latency CDF per policy", plots.latency_cdf(tok, folder / "latency_cdf.png")),
-            ("mean and p99 latency, traffic, throughput", plots.bars(stats, folder / "bars.png")),
+            ("mean and p99 latency, traffic, throughput (95% CI by request)",
+             plots.bars(stats, folder / "bars.png", policy_intervals(tok, meta.seed))),
             ("execution mix", plots.mix_bars(stats, folder / "mix.png")),
             ("latency over time with faults" + (" (repetition 0)" if once is not tok else ""),
              plots.latency_over_time(once, faults, folder / "latency_time.png",
