@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bench.router import main
-from router.commands import register
+from bench.commands import register
 from router.policies import POLICIES
 
 
