@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from bench.router import main
 from bench.commands import register
+from bench.router import main
 from router.policies import POLICIES
 
 
