@@ -25,7 +25,8 @@ from .local_first import LocalFirst
 from .ordermoe import OrderMoE
 from .random_policy import RandomPolicy
 
-__all__ = ["ENTRY_POINT_GROUP", "MESH_POLICIES", "POLICIES", "Policy", "make_policy"]
+__all__ = ["BUILTIN_MESH_POLICIES", "ENTRY_POINT_GROUP", "MESH_POLICIES", "POLICIES", "Policy",
+           "make_policy"]
 
 ENTRY_POINT_GROUP = "moemesh.policies"
 
@@ -54,6 +55,8 @@ POLICIES = (*_CLASSES, *sorted(_PLUGINS))
 # What a scenario's plain `policies:` list may name: all but `exact`, which serves the home
 # node's own model with no network and is only ever an arm (orchestrator/arms.py).
 MESH_POLICIES = tuple(name for name in POLICIES if _CLASSES.get(name) is not Exact)
+# A scenario without a `policies:` list runs these: installing a plug-in changes no scenario.
+BUILTIN_MESH_POLICIES = tuple(name for name, cls in _CLASSES.items() if cls is not Exact)
 
 
 def _load(ep: EntryPoint) -> Callable[[Settings | None, int], Policy]:
