@@ -194,8 +194,8 @@ def main(procs: int = 4, sleeps: int = 500, requests: int = 400, as_json: bool =
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """`moemesh bench clock` (orchestrator.cli lists this module among its command modules)."""
-    from netem.commands import bench_subparsers
+    """`moemesh bench clock` (called by `bench.commands.register`)."""
+    from .commands import bench_subparsers
 
     bench = bench_subparsers(sub).add_parser(
         "clock", help="virtual time: the cost of one clock round and events per second",

@@ -313,8 +313,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """`moemesh bench engine` (orchestrator.cli lists this module among its command modules)."""
-    from netem.commands import bench_subparsers  # the one `moemesh bench` group helper
+    """`moemesh bench engine` (called by `bench.commands.register`)."""
+    from .commands import bench_subparsers
 
     bench = bench_subparsers(sub).add_parser(
         "engine", help="decode step in process, through a one- and a two-node mesh, echo floor",

@@ -106,8 +106,8 @@ def main(restarts: int = 5, as_json: bool = False) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """`moemesh bench restart` (orchestrator.cli lists this module among its command modules)."""
-    from netem.commands import bench_subparsers  # the one `moemesh bench` group helper
+    """`moemesh bench restart` (called by `bench.commands.register`)."""
+    from .commands import bench_subparsers
 
     bench = bench_subparsers(sub).add_parser(
         "restart", help="node restart time in the local runtime: exec vs the fork server",

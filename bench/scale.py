@@ -273,8 +273,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """`moemesh bench scale` (orchestrator.cli lists this module among its command modules)."""
-    from netem.commands import bench_subparsers
+    """`moemesh bench scale` (called by `bench.commands.register`)."""
+    from .commands import bench_subparsers
 
     p = bench_subparsers(sub).add_parser(
         "scale", help="the emulator's cost over node counts and loads, with and without "

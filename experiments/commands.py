@@ -51,8 +51,9 @@ def _add_run_flags(p: argparse.ArgumentParser, both: bool = False,
     short.add_argument("--duration", type=_duration, metavar="TIME",
                        help="shorten the workload to this scenario time, e.g. 10s")
     p.add_argument("--policies", metavar="LIST",
-                   help="run only these arms of the scenario, comma-separated, "
-                        "e.g. hetroute,greedy")
+                   help="run only these arms of the scenario, comma-separated, e.g. "
+                        "hetroute,greedy; a registered policy the scenario does not list "
+                        "(a plug-in's too, docs/extending.md) runs as a default arm")
     p.add_argument("--quality-windows", type=int, default=8, metavar="N",
                    help="held-out windows scored per policy for quality, e.g. 8 (0: none)")
     p.add_argument("--overhead-requests", type=int, default=0, metavar="N",
@@ -134,6 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "results/quickstart")
     rep.add_argument("--slo-ms", type=float, metavar="MS",
                      help="another SLO for the report, e.g. 200 (default: the run's)")
+    rep.add_argument("--format", choices=("svg", "png", "both"), default="both",
+                     help="figure files: svg (for a paper), png (200 dpi) or both (default)")
     rep.set_defaults(handler=_report)
 
     tr = sub.add_parser("trace", help="routing traces: export a run's routing decisions")
@@ -204,14 +207,24 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     notes += clock_notes
     if args.policies:
         wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
-        known = {a.label: a for a in arms}
-        bad = [p for p in wanted if p not in known]
-        if bad:
-            raise ValueError(f"--policies: {', '.join(bad)} not in the scenario (its arms: "
-                             f"{', '.join(known)})")
-        arms = tuple(known[p] for p in wanted)
+        arms = _chosen_arms(wanted, arms)
         notes.append(f"only the arms {', '.join(wanted)}")
     return scenario, arms, notes
+
+
+def _chosen_arms(wanted: list[str], arms: tuple) -> tuple:
+    """`--policies`: the scenario's arms by label; a registered router policy the scenario
+    does not list (a plug-in's included) runs as a default arm of its own."""
+    from orchestrator.arms import parse_arm
+    from router.policies import POLICIES
+
+    known = {a.label: a for a in arms}
+    bad = [p for p in wanted if p not in known and p not in POLICIES]
+    if bad:
+        raise ValueError(f"--policies: {', '.join(map(repr, bad))} is neither an arm of the "
+                         f"scenario ({', '.join(known)}) nor a registered policy "
+                         f"({', '.join(POLICIES)})")
+    return tuple(known[p] if p in known else parse_arm(p) for p in wanted)
 
 
 def _options(args: argparse.Namespace, scenario: Any = None) -> Any:
@@ -402,13 +415,18 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.slo_ms is not None and not args.slo_ms > 0:
         raise ValueError(f"--slo-ms must be > 0, got {args.slo_ms:g}")
+    from .plots import FORMATS, formats
+
+    chosen = FORMATS if args.format == "both" else (args.format,)
     if (args.folder / "capacity.json").is_file():  # a `moemesh run --capacity` folder
         from .capacity import rebuild_capacity
 
-        rebuild_capacity(args.folder, slo_ms=args.slo_ms)
+        with formats(*chosen):
+            rebuild_capacity(args.folder, slo_ms=args.slo_ms)
         print(f"moemesh report: {args.folder / 'capacity.md'}")
         return 0
-    build_report(args.folder, slo_ms=args.slo_ms)
+    with formats(*chosen):
+        build_report(args.folder, slo_ms=args.slo_ms)
     print(f"moemesh report: {args.folder / 'report.md'}")
     warn_unfaithful(args.folder, "moemesh report")
     return 0

@@ -1,14 +1,21 @@
 """The plots of a report, drawn from rows and figures only (matplotlib, Agg: no screen needed).
 
-Each function takes plain data, writes one PNG and returns its path; nothing here reads the
-run's files or computes a statistic the report does not also show. Latencies are scenario ms.
+Each function takes plain data, writes one figure and returns its path; nothing here reads
+the run's files or computes a statistic the report does not also show (the bars' intervals
+come from experiments.intervals). Latencies are scenario ms. Every figure is written in each
+format of `formats(...)` (default PNG at 200 dpi and SVG, for a paper): the path given names
+the PNG, its SVG twin sits beside it; the path returned is the first format written. SVGs
+carry no date and a fixed id salt, so a redrawn report gives the same files, and keep their
+text as text (the viewer's font), so a paper can edit a label.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +31,17 @@ from router.records import MIX_KEYS
 from .metrics import LatencyHist, PolicyStats
 from .rows import TokenRow
 
-__all__ = ["bars", "latency_cdf", "latency_over_time", "load_curves", "mix_bars", "sweep_plot"]
+__all__ = ["FORMATS", "bars", "formats", "latency_cdf", "latency_over_time", "load_curves",
+           "mix_bars", "paired_change", "sweep_plot"]
+
+FORMATS = ("png", "svg")
+DPI = 200
+plt.rcParams["svg.hashsalt"] = "moemesh"  # repeatable element ids in the SVGs
+plt.rcParams["svg.fonttype"] = "none"  # text stays text: editable and searchable in a paper
+_formats: ContextVar[tuple[str, ...]] = ContextVar("plot_formats", default=FORMATS)
+# Line styles and markers that tell the policies apart in grey print too.
+_STYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 MIX_COLOURS = {"local_exact": "#2b8a3e", "remote_exact": "#1971c2", "cpu_loaded": "#f08c00",
                "substitute": "#9c36b5", "fallback": "#c92a2a"}
@@ -32,51 +49,140 @@ _GRID = np.concatenate([np.linspace(0, 90, 91), np.linspace(90.1, 99, 90),
                         np.linspace(99.05, 99.99, 20)])
 
 
+@contextmanager
+def formats(*names: str) -> Iterator[None]:
+    """Figures drawn inside are written in these formats (each of FORMATS)."""
+    bad = [n for n in names if n not in FORMATS]
+    if bad or not names:
+        raise ValueError(f"figure formats must be among {', '.join(FORMATS)}, got "
+                         f"{', '.join(map(repr, names)) or 'none'}")
+    token = _formats.set(tuple(names))
+    try:
+        yield
+    finally:
+        _formats.reset(token)
+
+
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    written = []
+    for fmt in _formats.get():
+        out = path.with_suffix(f".{fmt}")
+        fig.savefig(out, dpi=DPI, metadata={"Date": None} if fmt == "svg" else None)
+        written.append(out)
     plt.close(fig)
-    return path
+    return written[0]
+
+
+def _style(i: int) -> dict[str, Any]:
+    """The i-th series' colour, line style and marker."""
+    return {"color": f"C{i % 10}", "ls": _STYLES[i % len(_STYLES)],
+            "marker": _MARKERS[i % len(_MARKERS)]}
 
 
 def latency_cdf(tokens_by_policy: Mapping[str, Sequence[TokenRow]], path: Path) -> Path:
-    """Token latency CDF per policy (measured tokens, warm-up left out), from HDR percentiles."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, rows in tokens_by_policy.items():
+    """Token latency CDF per policy (measured tokens, warm-up left out), from HDR percentiles:
+    the whole curve on a log axis, and the body (p5-p95) on a linear one beside it, where
+    policies a few percent apart lie on top of each other otherwise. Each policy has its own
+    colour, line style and markers (every 10th percentile, staggered per policy)."""
+    fig, (whole, body) = plt.subplots(1, 2, figsize=(11, 4.2))
+    lows, highs = [], []
+    for i, (name, rows) in enumerate(tokens_by_policy.items()):
         h = LatencyHist.of(t.latency_ms for t in rows if t.ok and not t.warmup)
         if not h.count:
             continue
         xs = [h.pct(p) for p in _GRID]
-        ax.plot(xs, _GRID / 100.0, label=name, lw=1.6)
-    ax.set_xscale("log")
-    ax.set_xlabel("token latency (ms, scenario time, log scale)")
-    ax.set_ylabel("share of tokens ≤ x")
-    ax.set_ylim(0, 1.0)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("Token latency CDF per policy")
+        # markers every 10th percentile, staggered by 2 per policy so that none hides another
+        marks = [j for j, p in enumerate(_GRID) if p <= 90 and (p - 2 * i) % 10 == 0]
+        for ax in (whole, body):
+            ax.plot(xs, _GRID / 100.0, label=name, lw=1.5, ms=4, markevery=marks,
+                    **_style(i))
+        lows.append(h.pct(5.0))
+        highs.append(h.pct(95.0))
+    whole.set_xscale("log")
+    whole.set_xlabel("token latency (ms, scenario time, log scale)")
+    whole.set_title("Token latency CDF per policy", fontsize=10)
+    if lows:
+        span = max(highs) - min(lows)
+        body.set_xlim(min(lows) - 0.05 * span, max(highs) + 0.05 * span)
+    body.set_ylim(0.05, 0.95)
+    body.set_xlabel("token latency (ms, scenario time)")
+    body.set_title("The body: 5th to 95th percentile", fontsize=10)
+    for ax in (whole, body):
+        ax.set_ylabel("share of tokens ≤ x")
+        ax.grid(True, which="both", alpha=0.3)
+    whole.set_ylim(0, 1.0)
+    whole.legend(fontsize=8)
     return _save(fig, path)
 
 
-def bars(stats: Sequence[PolicyStats], path: Path) -> Path:
-    """Four panels: mean and p99 token latency, traffic per 1,000 tokens, throughput."""
+def bars(stats: Sequence[PolicyStats], path: Path,
+         intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None) -> Path:
+    """Four panels: mean and p99 token latency, traffic per 1,000 tokens, throughput; with
+    `intervals` (experiments.intervals: policy → figure → 95% interval), error bars."""
     names = [s.name for s in stats]
     panels = [
-        ("mean token latency (ms)", [s.latency["mean"] for s in stats]),
-        ("p99 token latency (ms)", [s.latency["p99"] for s in stats]),
-        ("traffic per 1,000 tokens (MB)", [s.traffic_per_1k / 1e6 for s in stats]),
-        ("throughput (tokens/s)", [s.throughput_tok_s for s in stats]),
+        ("mean token latency (ms)", "mean", [s.latency["mean"] for s in stats]),
+        ("p99 token latency (ms)", "p99", [s.latency["p99"] for s in stats]),
+        ("traffic per 1,000 tokens (MB)", "traffic_per_1k",
+         [s.traffic_per_1k / 1e6 for s in stats]),
+        ("throughput (tokens/s)", None, [s.throughput_tok_s for s in stats]),
     ]
     fig, axes = plt.subplots(2, 2, figsize=(9, 6))
     x = np.arange(len(names))
-    for ax, (title, values) in zip(axes.flat, panels, strict=True):
+    for ax, (title, key, values) in zip(axes.flat, panels, strict=True):
         vals = [0.0 if v is None or not math.isfinite(v) else v for v in values]
-        ax.bar(x, vals, color="#1971c2")
-        ax.set_title(title, fontsize=10)
+        cis = [(intervals or {}).get(n, {}).get(key or "", (math.nan, math.nan))
+               for n in names]
+        err = [[max(0.0, v - lo) if math.isfinite(lo) else 0.0 for v, (lo, _) in
+                zip(vals, cis, strict=True)],
+               [max(0.0, hi - v) if math.isfinite(hi) else 0.0 for v, (_, hi) in
+                zip(vals, cis, strict=True)]]
+        ax.bar(x, vals, color="#1971c2", yerr=err if key and intervals else None, capsize=4,
+               error_kw={"lw": 1, "ecolor": "#212529"})
+        ax.set_title(title + (" ± 95% CI" if key and intervals else ""), fontsize=10)
         ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
         for xi, v in zip(x, vals, strict=True):
-            ax.annotate(f"{v:.3g}", (xi, v), ha="center", va="bottom", fontsize=7)
+            ax.annotate(f"{v:.3g}", (xi, v), ha="center", va="bottom", fontsize=7,
+                        xytext=(8, 0), textcoords="offset points")
+    return _save(fig, path)
+
+
+def _change_bars(cells: Sequence[tuple[float, float, float]]
+                 ) -> tuple[list[float], list[list[float]]]:
+    """(change, CI low, CI high) cells → the changes and matplotlib's asymmetric error bars
+    (none where a cell has no interval)."""
+    mid = [c[0] for c in cells]
+    low = [c[0] - c[1] if math.isfinite(c[1]) else 0.0 for c in cells]
+    high = [c[2] - c[0] if math.isfinite(c[2]) else 0.0 for c in cells]
+    return mid, [low, high]
+
+
+def paired_change(by_metric: Mapping[str, Mapping[str, tuple[float, float, float]]],
+                  against: str, path: Path, *, title: str = "") -> Path:
+    """The headline figure of a run: one panel per metric, each policy's paired change
+    against `against` (%) as a point with its 95% CI (experiments.paired), zero marked;
+    an interval clear of zero is drawn solid, one across it hollow."""
+    fig, axes = plt.subplots(1, len(by_metric), squeeze=False,
+                             figsize=(4.2 * len(by_metric), 0.5 * max(
+                                 (len(v) for v in by_metric.values()), default=1) + 1.6))
+    for ax, (metric, cells) in zip(axes[0], by_metric.items(), strict=True):
+        names = list(cells)
+        mid, err = _change_bars([cells[n] for n in names])
+        ys = np.arange(len(names))[::-1]
+        for j, (name, y) in enumerate(zip(names, ys, strict=True)):
+            _, lo, hi = cells[name]
+            clear = math.isfinite(lo) and (lo > 0 or hi < 0)
+            ax.errorbar([mid[j]], [y], xerr=[[err[0][j]], [err[1][j]]], fmt="o", capsize=4,
+                        color=f"C{(j + 1) % 10}", mfc=f"C{(j + 1) % 10}" if clear else "white")
+        ax.axvline(0.0, color="0.4", lw=1)
+        ax.set_yticks(ys, names, fontsize=8)
+        ax.set_ylim(-0.7, len(names) - 0.3)
+        ax.set_xlabel(f"{metric.replace('_', ' ')} vs {against} (%)", fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(title or f"Paired change against {against}, 95% CI (hollow: CI spans 0)",
+                 fontsize=10)
     return _save(fig, path)
 
 
@@ -215,10 +321,8 @@ def paired_plot(param: str, points: Sequence[float],
                              squeeze=False)
     for ax, (metric, series) in zip(axes[0], by_metric.items(), strict=True):
         for i, (name, cells) in enumerate(series.items()):
-            mid = [c[0] for c in cells]
-            low = [c[0] - c[1] if math.isfinite(c[1]) else 0.0 for c in cells]
-            high = [c[2] - c[0] if math.isfinite(c[2]) else 0.0 for c in cells]
-            ax.errorbar(points, mid, yerr=[low, high], marker="o", capsize=3,
+            mid, err = _change_bars(cells)
+            ax.errorbar(points, mid, yerr=err, marker="o", capsize=3,
                         color=f"C{(i + 1) % 10}", label=name)
         ax.axhline(0.0, color="0.4", lw=1)
         ax.set_xlabel(param)

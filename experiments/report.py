@@ -38,6 +38,7 @@ from .fidelity import (
     summary_of,
     uplink_rows,
 )
+from .intervals import policy_intervals
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
 from .paired import METRICS, failed_charge, paired_compare
 from .parts import missing
@@ -474,6 +475,12 @@ def _base_lines(meta: RunMeta) -> list[str]:
     rows = base_rows(meta.fidelity, tdf)
     if not rows:
         return []
+    if meta.to_json().get("clock") == "virtual":  # the probe timed the emulated timeline
+        return ["## Base network", "",
+                "None in virtual time: every message arrives at exactly its emulated time, so "
+                "a pair's round trip is its configured one (the zero-delay probe's fit read "
+                f"at most {max(abs(r.get('base_rtt_ms', 0.0)) for r in rows):.2g} ms, rounding "
+                "of the virtual clock).", ""]
     added = (meta.fidelity or {}).get("combine") == "added"
     how = (f"**added** to this base (tc delays packets on top of the wire): a pair's round trip "
            f"is its configured one plus the base ÷ {tdf:g} (time dilation)" if added else
@@ -634,6 +641,17 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
     return "\n".join(lines) + "\n"
 
 
+def _headline(comps: Sequence[Comparison], folder: Path) -> list[tuple[str, Path]]:
+    """paired.png: each policy's paired change against the first, per metric, with its CI."""
+    if not comps:
+        return []
+    by_metric: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for c in comps:
+        by_metric.setdefault(c.metric, {})[c.b] = (c.change_pct, c.ci_low_pct, c.ci_high_pct)
+    return [(f"paired change against {comps[0].a} with its 95% CI",
+             plots.paired_change(by_metric, comps[0].a, folder / "paired.png"))]
+
+
 def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool = True
                  ) -> dict[str, Any]:
     """Write summary.json, report.md and the plots into `folder`; returns the summary."""
@@ -679,8 +697,10 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
         once = ({k: [t for t in v if t.rep == 0] for k, v in tok.items()}
                 if any(t.rep for t in tokens) else tok)
         made = [
+            *_headline(comps, folder),
             ("token latency CDF per policy", plots.latency_cdf(tok, folder / "latency_cdf.png")),
-            ("mean and p99 latency, traffic, throughput", plots.bars(stats, folder / "bars.png")),
+            ("mean and p99 latency, traffic, throughput (95% CI by request)",
+             plots.bars(stats, folder / "bars.png", policy_intervals(tok, meta.seed))),
             ("execution mix", plots.mix_bars(stats, folder / "mix.png")),
             ("latency over time with faults" + (" (repetition 0)" if once is not tok else ""),
              plots.latency_over_time(once, faults, folder / "latency_time.png",

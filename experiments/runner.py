@@ -219,6 +219,19 @@ def quality_windows(count: int, seq: int) -> list[list[int]]:
     return [row.tolist() for row in heldout_batch(seq=seq, count=count)]
 
 
+def quality_seq_for(model_name: str, seq: int) -> tuple[int, list[str]]:
+    """The window length scored: `seq`, capped at the model's context (`max_seq`), since the
+    router refuses a longer one; and a note when it was capped."""
+    from moe.config import ModelConfig
+    from moe.registry import model_dir
+
+    max_seq = ModelConfig.load(model_dir(model_name) / "config.json").max_seq
+    if seq <= max_seq:
+        return seq, []
+    return max_seq, [f"quality windows capped at {max_seq} tokens, the context of "
+                     f"{model_name} (asked for {seq})"]
+
+
 async def score(urls: Mapping[str, str], homes: Sequence[str], windows: Sequence[list[int]],
                 policy: str, budget: float, timeout_s: float) -> dict[str, Any]:
     """Teacher-forced NLL of the windows routed by `policy` (window i scored at homes[i])."""
@@ -304,7 +317,10 @@ class _Run:
         self.current: tuple | None = None
         self.logs_dir: Path | None = None  # where a dead node's log is kept (out/logs)
         modeled = scenario.model.mode == "modeled"
-        self.windows = (quality_windows(options.quality_windows, options.quality_seq)
+        seq, capped = ((options.quality_seq, []) if modeled or not options.quality_windows
+                       else quality_seq_for(scenario.model.name, options.quality_seq))
+        notes = [*notes, *capped]
+        self.windows = (quality_windows(options.quality_windows, seq)
                         if options.quality_windows and not modeled else [])
         self.homes = _score_homes(plan, len(self.windows), scenario.seed)
         self.meta: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""`moemesh lab probe|run|bench-links` (the kernel lab) and `moemesh bench links` (app, host)."""
+"""`moemesh lab probe|run` (the kernel lab); `lab bench-links` is added by `bench.commands`."""
 
 from __future__ import annotations
 
@@ -7,24 +7,12 @@ import json
 import shlex
 import sys
 
-__all__ = ["register"]
+__all__ = ["lab_options", "register", "report_lab_result"]
 
 DEFAULT_LAB_TESTS = ("-m", "lab", "tests/netem")
 
 
-def bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """The `moemesh bench TARGET` group, created by whichever package registers first."""
-    bench = sub.choices.get("bench")
-    if bench is None:
-        bench = sub.add_parser("bench", help="benchmarks that print figures and ratios")
-        bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET")
-    for action in bench._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    raise RuntimeError("the bench parser has no subcommands")  # pragma: no cover
-
-
-def _lab_options(parser: argparse.ArgumentParser) -> None:
+def lab_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds before the guest is killed, e.g. 900")
     parser.add_argument("--mem", type=int, default=768,
@@ -32,8 +20,6 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from bench.links import add_arguments
-
     lab = sub.add_parser("lab", help="the kernel lab: real tc-netem inside User-Mode Linux")
     lsub = lab.add_subparsers(dest="lab_command", required=True, metavar="ACTION")
 
@@ -47,24 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "tests/netem`",
         description="Boots the UML kernel and runs `python -m pytest ARGS` in this checkout "
                     "with this Python; the exit code is pytest's.")
-    _lab_options(run)
+    lab_options(run)
     run.add_argument("pytest_args", nargs=argparse.REMAINDER,
                      help=f"pytest arguments (default: {' '.join(DEFAULT_LAB_TESTS)})")
     run.set_defaults(handler=_run)
-
-    bl = lsub.add_parser(
-        "bench-links", help="tc fidelity grid (delay/rate/loss, link models) in the lab",
-        description="Runs `python -m bench.links --backend tc` inside the lab. HTB burst defaults "
-                    "to 20 ms here: the guest's timers fire late on a shared host and a 1 ms "
-                    "burst loses tokens (pass --burst-ms 1 to see it).")
-    _lab_options(bl)
-    add_arguments(bl)
-    bl.set_defaults(handler=_lab_bench, burst_ms=20.0)
-
-    links = bench_subparsers(sub).add_parser(
-        "links", help="app-backend fidelity grid on this host (loopback)")
-    add_arguments(links)
-    links.set_defaults(handler=_host_bench)
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -97,10 +69,10 @@ def _run(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *pytest_args]
     print(f"lab: booting UML, running {shlex.join(argv[1:])}", file=sys.stderr)
     result = run_in_lab(argv, timeout_s=args.timeout, mem_mb=args.mem, stream=sys.stdout)
-    return _report(result)
+    return report_lab_result(result)
 
 
-def _report(result: object) -> int:
+def report_lab_result(result: object) -> int:
     rc, timed_out, wall = result.rc, result.timed_out, result.wall_s  # type: ignore[attr-defined]
     if timed_out:
         print(f"lab: timed out after {wall:.0f} s (guest killed)", file=sys.stderr)
@@ -109,45 +81,3 @@ def _report(result: object) -> int:
         print(f"lab: the guest failed before the command ran:\n{tail}", file=sys.stderr)
     print(f"lab: exit code {rc} after {wall:.1f} s", file=sys.stderr)
     return rc
-
-
-def _grid_args(args: argparse.Namespace) -> list[str]:
-    def joined(values: tuple[float, ...]) -> str:
-        return ",".join(f"{v:g}" for v in values)
-
-    return ["--delays", joined(args.delays), "--rates", joined(args.rates), "--losses",
-            joined(args.losses), "--samples", str(args.samples), "--seconds", str(args.seconds),
-            "--burst-ms", str(args.burst_ms),
-            *([] if args.models else ["--no-models"]),
-            *(["--models-only"] if args.models_only else [])]
-
-
-def _lab_bench(args: argparse.Namespace) -> int:
-    import tempfile
-    from pathlib import Path
-
-    from bench.links import render
-    from netem.lab.runner import run_in_lab
-
-    with tempfile.TemporaryDirectory(prefix="moemesh-bench-") as tmp:
-        out = Path(tmp) / "links.json"
-        argv = [sys.executable, "-m", "bench.links", "--backend", "tc", "--out", str(out),
-                *_grid_args(args)]
-        print("lab: booting UML for the tc grid (a few minutes; the table comes at the end)",
-              file=sys.stderr)
-        result = run_in_lab(argv, timeout_s=args.timeout, mem_mb=args.mem, stream=None)
-        if result.rc != 0 or not out.exists():
-            sys.stderr.write(result.output[-4000:])
-            return _report(result) or 1
-        doc = json.loads(out.read_text())
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text if args.json else render(doc))
-    return 0
-
-
-def _host_bench(args: argparse.Namespace) -> int:
-    from bench.links import run_from_args
-
-    return run_from_args("app", args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -19,11 +20,8 @@ COMMAND_MODULES = (
     "moe.commands",
     "services.commands",
     "router.commands",
-    "bench.engine",
-    "bench.restart",
-    "bench.clock",
-    "bench.scale",
     "netem.commands",
+    "bench.commands",  # after netem: it adds `lab bench-links`; no lower package imports bench
     "orchestrator.commands",
     "orchestrator.mesh_commands",
     "orchestrator.meshd",
@@ -45,11 +43,23 @@ def _bad_input_types() -> tuple[type[BaseException], ...]:
     return (BadInput, ValueError, FileNotFoundError, MoEError)
 
 
+def version() -> str:
+    """The installed package's version (its metadata), or why there is none."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as metadata_version
+
+    try:
+        return metadata_version("moemesh")
+    except PackageNotFoundError:
+        return "unknown (run from a checkout that is not installed: pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="moemesh",
         description="Emulator for distributed edge Mixture-of-Experts inference.",
     )
+    parser.add_argument("--version", action="version", version=f"moemesh {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -64,8 +74,32 @@ def _term_as_interrupt(_signum: int, _frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a reader that closes our stdout early (`moemesh ... | head`) ends it
+    quietly with exit code 0, after the handler's own clean-up has run."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 0
+    return code
+
+
+def _stdout_to_devnull() -> None:
+    """Python's recipe for SIGPIPE: point stdout at /dev/null so that the flush at exit does
+    not raise again (SIG_DFL instead would kill a run before it stops its nodes)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, --version, or a usage error: what was printed must reach out
+        sys.stdout.flush()
+        raise
     if threading.current_thread() is threading.main_thread():
         # A shell starting a job in the background (`cmd &`, nohup) ignores SIGINT for it;
         # then neither Ctrl-C nor the SIGTERM below would stop it. Take SIGINT back.
@@ -79,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("moemesh: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # the reader has gone: main ends quietly
     except _bad_input_types() as exc:
         print(f"moemesh: {exc}", file=sys.stderr)
         return 2

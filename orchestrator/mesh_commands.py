@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,10 +34,15 @@ from orchestrator.markers import describe, mark, marker, private_dir, remove_our
 from orchestrator.meshd import LOG_FILE, STATE_FILE, read_state, request
 from orchestrator.runtimes.local import process_alive
 
-__all__ = ["mesh_dir", "register"]
+__all__ = ["down_command", "mesh_dir", "register"]
 
 UP_TIMEOUT_S = 600.0
 DOWN_TIMEOUT_S = 120.0
+
+
+def down_command(given: Path | None) -> str:
+    """The `moemesh down` a user types to stop this mesh: with the `--mesh-dir` it was given."""
+    return "moemesh down" + (f" --mesh-dir {shlex.quote(str(given))}" if given else "")
 
 
 def mesh_dir(given: Path | None = None) -> Path:
@@ -150,7 +156,7 @@ def _up(args: argparse.Namespace) -> int:
     state = _trusted_state(folder)
     if state is not None and _alive(state):
         raise BadInput(f"a mesh is already up ({state.get('name', '?')}, state {folder}): "
-                       "run `moemesh down` first")
+                       f"run `{down_command(args.mesh_dir)}` first")
     if state is not None:
         _clean_stale(folder, state)
     elif folder.exists() and marker(folder) is None and any(folder.iterdir()):
@@ -190,7 +196,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"  {name:12s} {ep['url']}{pid_text}")
     if not state.get("router_mounted"):
         print("  (the nodes serve no router: PUT /v1/mesh was skipped)")
-    print(f"state in {folder} (token in state.json); stop with: moemesh down")
+    print(f"state in {folder} (token in state.json); stop with: {down_command(args.mesh_dir)}")
     return 0
 
 
@@ -300,7 +306,7 @@ def _ask(args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
         raise BadInput(f"no mesh is up (state folder {folder}): start one with `moemesh up`")
     if not _alive(state):
         raise RuntimeError(f"the mesh in {folder} is stale (its supervisor is gone): run "
-                           "`moemesh down` to clean up")
+                           f"`{down_command(args.mesh_dir)}` to clean up")
     if state.get("status") != "ready":
         raise RuntimeError(f"the mesh is {state.get('status')}, not ready")
     answer = asyncio.run(request(folder, payload))

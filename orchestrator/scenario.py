@@ -69,6 +69,7 @@ from orchestrator.units import parse_duration_s
 from orchestrator.yamlio import Loc, Section, describe, locate
 from router.batching import Batching
 from router.errors import BadRouterInput
+from router.policies import BUILTIN_MESH_POLICIES
 from router.policies import MESH_POLICIES as ROUTER_POLICIES
 
 __all__ = [
@@ -291,7 +292,7 @@ class Scenario:
     topology: Topology
     workload: Workload
     model: ModelChoice = ModelChoice()
-    policies: tuple[str, ...] = ROUTER_POLICIES
+    policies: tuple[str, ...] = BUILTIN_MESH_POLICIES  # plug-ins run where they are named
     placement: PlacementSpec = PlacementSpec()
     quality_budget_pct: float = 2.0
     slo_ms: float = DEFAULT_SLO_MS
@@ -539,7 +540,7 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "slo_ms": sec.raw("slo_ms", DEFAULT_SLO_MS),
         "capacity": sec.value("capacity", _read_capacity, CapacitySpec()),
         "placement": sec.value("placement", _read_placement, PlacementSpec()),
-        "policies": sec.list("policies", ROUTER_POLICIES),
+        "policies": sec.list("policies", BUILTIN_MESH_POLICIES),
         "workload": sec.value("workload", _read_workload),
         "faults": sec.value("faults", _read_faults, ()),
         "repeat": sec.raw("repeat", 1),

@@ -1,4 +1,4 @@
-"""`python -m netem.lab probe|run|bench-links`: the lab's commands without the whole CLI.
+"""`python -m netem.lab probe|run`: the lab's commands without the whole CLI.
 
 CI calls this (via .ci/lab.sh) so the lab runs even before `netem.commands` is in moemesh's
 command list; it is the same code as `moemesh lab ...`.

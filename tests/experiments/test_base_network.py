@@ -55,3 +55,15 @@ def test_the_base_is_fitted_on_the_wall_clock() -> None:
     fit = _fit(small + large, 1.0, "wall_ms")
     assert fit["rate_mbit"] == pytest.approx(1000.0)  # 100 kB in 0.8 ms more
     assert fit["delay_ms"] == pytest.approx((0.5 - 0.8 * 200 / 100_000) / 2)
+
+
+def test_in_virtual_time_there_is_no_base_network_and_no_negative_round_trip() -> None:
+    """A virtual-time probe times the emulated timeline: its zero-delay fit is rounding
+    (a run read -6.4e-07 ms), which the table showed as negative round trips."""
+    fid = {"configured": {"a-b": {"delay_ms": 4.0}},
+           "base": {"a-b": {"delay_ms": -3.2e-07, "rate_mbit": 99999.0}},
+           "combine": combine("app")}
+    text = "\n".join(_base_lines(RunMeta("s", (), runtime="local", fidelity=fid,
+                                          extra={"clock": "virtual"})))
+    assert "## Base network" in text and "None in virtual time" in text
+    assert "6.4e-07 ms" in text and "| a-b |" not in text

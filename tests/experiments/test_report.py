@@ -56,8 +56,9 @@ def test_the_report_states_how_the_run_was_made_and_what_it_measured(tmp_path: P
                  "link-down edge1 edge2", "after:link_down", "## Reproduction",
                  "hetroute vs EdgeShard", "hetroute vs per-expert greedy"):
         assert fact in text, fact
-    for name in ("latency_cdf.png", "bars.png", "mix.png", "latency_time.png"):
+    for name in ("paired.png", "latency_cdf.png", "bars.png", "mix.png", "latency_time.png"):
         assert (folder / name).read_bytes()[:8] == PNG
+        assert (folder / name).with_suffix(".svg").read_text().startswith("<?xml")
         assert f"]({name})" in text
 
 

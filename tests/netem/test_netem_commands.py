@@ -1,4 +1,4 @@
-"""`moemesh lab probe`, `moemesh bench links` and the shared `bench` group, as a user runs them."""
+"""`moemesh lab probe`, `moemesh bench links` and the `bench` group, as a user runs them."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ def test_lab_probe_says_which_backends_work_and_why() -> None:
 
 
 def test_bad_grid_input_is_exit_code_2_naming_the_value() -> None:
-    done = _run("bench-links", "--delays", "1,fast")
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "lab", "bench-links",
+                           "--delays", "1,fast"], capture_output=True, text=True, env=env(),
+                          cwd=ROOT, timeout=120)
     assert done.returncode == 2
     assert "expected numbers separated by commas, got '1,fast'" in done.stderr
     done = _run("run", "--timeout", "soon")
@@ -53,13 +55,13 @@ def test_bench_links_app_prints_the_issue_json(capsys: pytest.CaptureFixture[str
     assert row["measured"]["rate_mbit"] == pytest.approx(100, rel=0.2)
 
 
-def test_bench_and_node_commands_share_one_bench_group() -> None:
-    from services.commands import register as register_services
+def test_bench_registers_its_targets_and_the_lab_grid() -> None:
+    from bench.commands import register as register_bench
 
     parser = argparse.ArgumentParser(prog="moemesh")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
-    register_services(sub)
+    register_bench(sub)
     assert parser.parse_args(["bench", "links", "--rates", "10"]).rates == (10.0,)
     assert parser.parse_args(["bench", "node"]).bench_target == "node"
     lab = parser.parse_args(["lab", "bench-links"])
@@ -80,3 +82,13 @@ def test_judging_follows_the_issue_targets() -> None:
     assert judge(row, capacity_mbit=100.0)["rate_ok"] is None  # the path, not the link
     lo, hi = wilson(20, 2000)
     assert lo < 1.0 < hi and hi - lo < 1.0
+
+
+def test_no_package_below_bench_imports_it() -> None:
+    """bench sits at the top beside the CLI: it registers its own commands (issue 40)."""
+    import re
+
+    pattern = re.compile(r"^\s*(from bench[ .]|import bench\b)", re.M)
+    lower = [p for pkg in ("moe", "services", "netem", "router", "orchestrator", "experiments")
+             for p in (ROOT / pkg).rglob("*.py") if pattern.search(p.read_text())]
+    assert lower == []

@@ -52,6 +52,7 @@ def test_up_fault_status_down_leaves_no_process(
         out = capsys.readouterr().out
         assert "mesh meshcli up: 2 nodes, runtime local, shaper app" in out
         assert "edge1" in out and "http://127.0.0.1:" in out
+        assert f"stop with: moemesh down --mesh-dir {mesh}" in out  # the folder it was given
         state = json.loads((mesh / "state.json").read_text())
         assert (mesh.stat().st_mode & 0o777) == 0o700
         assert ((mesh / "state.json").stat().st_mode & 0o777) == 0o600  # it holds the token
@@ -59,7 +60,8 @@ def test_up_fault_status_down_leaves_no_process(
         assert sorted(processes_with(str(mesh))) == sorted(pids)
 
         assert moemesh("up", str(scenario), *where) == 2
-        assert "a mesh is already up (meshcli" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "a mesh is already up (meshcli" in err and f"--mesh-dir {mesh}` first" in err
 
         assert moemesh("fault", "link-down", "edge1", "edge2", "--for", "30s", *where) == 0
         assert "link-down edge1 edge2 (both ways) for 30 s: done; reverts in 30 s" in \

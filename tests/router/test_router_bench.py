@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from bench.commands import register
 from bench.router import main
-from router.commands import register
 from router.policies import POLICIES
 
 
