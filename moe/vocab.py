@@ -81,7 +81,8 @@ class _Bounded(reprlib.Repr):
         if isinstance(x, bool) or x is None or isinstance(x, float):
             return repr(x)
         if isinstance(x, int):
-            return repr(x) if x.bit_length() < 4 * self.maxlong else f"<a {x.bit_length()}-bit integer>"
+            bits = x.bit_length()
+            return repr(x) if bits < 4 * self.maxlong else f"<a {bits}-bit integer>"
         if isinstance(x, str):
             return self.repr_str(x, level)
         if isinstance(x, bytes):
