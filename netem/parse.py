@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from moe.vocab import clip
+
 __all__ = ["parse_delay_ms", "parse_link", "parse_loss_pct", "parse_pct", "parse_rate_mbit"]
 
 _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%/]*)\s*$")
@@ -26,16 +28,16 @@ _RATE_MBIT = {
 
 def _split(what: str, value: Any, units: dict[str, float], hint: str) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"{what}: expected a number or a string like {hint}, got {value!r}")
+        raise ValueError(f"{what}: expected a number or a string like {hint}, got {clip(value)}")
     if isinstance(value, int | float):
         return float(value)
     if not isinstance(value, str):
-        raise ValueError(f"{what}: expected a number or a string like {hint}, got {value!r}")
+        raise ValueError(f"{what}: expected a number or a string like {hint}, got {clip(value)}")
     m = _NUM.match(value.replace("µs", "us"))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in units:
         raise ValueError(
-            f"{what}: cannot read {value!r}; write it like {hint} "
+            f"{what}: cannot read {clip(value)}; write it like {hint} "
             f"(units: {', '.join(u for u in units if u)})"
         )
     return float(m.group(1)) * units[unit]
@@ -76,7 +78,7 @@ def parse_link(data: Any) -> dict[str, float]:
     Returns LinkSpec keyword arguments; the caller builds the LinkSpec (which validates ranges).
     """
     if not isinstance(data, dict):
-        raise ValueError(f"a link must be a mapping, got {data!r}")
+        raise ValueError(f"a link must be a mapping, got {clip(data)}")
     readers = {
         "delay": ("delay_ms", parse_delay_ms), "delay_ms": ("delay_ms", parse_delay_ms),
         "jitter": ("jitter_ms", parse_delay_ms), "jitter_ms": ("jitter_ms", parse_delay_ms),
@@ -90,9 +92,9 @@ def parse_link(data: Any) -> dict[str, float]:
             out["queue_pkts"] = value
             continue
         if key not in readers:
-            raise ValueError(f"unknown link field {key!r}; known: {', '.join(readers)}, queue")
+            raise ValueError(f"unknown link field {clip(key)}; known: {', '.join(readers)}, queue")
         name, read = readers[key]
         if name in out:
-            raise ValueError(f"link field {name} given twice (as {key!r})")
+            raise ValueError(f"link field {name} given twice (as {clip(key)})")
         out[name] = read(value)
     return out

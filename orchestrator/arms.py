@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from moe.vocab import is_number
+from moe.vocab import clip, is_number
 from orchestrator.scenario import (
     PLACEMENT_POLICIES,
     ROUTER_POLICIES,
@@ -125,7 +125,7 @@ def _number(value: Any, key: str, low: float, high: float) -> float:
     if not is_number(value):
         raise ValueError(f"{key}: must be a number, got {describe(value)}")
     if not low <= value <= high:
-        raise ValueError(f"{key}: must be in {low:g}..{high:g}, got {value!r}")
+        raise ValueError(f"{key}: must be in {low:g}..{high:g}, got {clip(value)}")
     return float(value)
 
 
@@ -149,10 +149,10 @@ def parse_arm(item: Any) -> Arm:
                          f"'policy', got {describe(item)}")
     policy = data["policy"]
     if policy not in ROUTERS:
-        raise ValueError(f"unknown router policy {policy!r} (known: {', '.join(ROUTERS)})")
+        raise ValueError(f"unknown router policy {clip(policy)} (known: {', '.join(ROUTERS)})")
     placement = data.get("placement")
     if placement is not None and placement not in PLACEMENT_POLICIES:
-        raise ValueError(f"unknown placement {placement!r} (known: "
+        raise ValueError(f"unknown placement {clip(placement)} (known: "
                          f"{', '.join(PLACEMENT_POLICIES)})")
     redundancy = data.get("redundancy")
     if redundancy is not None:
@@ -175,7 +175,7 @@ def parse_arm(item: Any) -> Arm:
         raise ValueError(f"dense: must be one of {', '.join(DENSE_MODES)}, got {describe(dense)}")
     if dense == "pipeline" and placement != PIPELINE_PLACEMENT:
         raise ValueError(f"dense: pipeline needs placement: {PIPELINE_PLACEMENT} (the one that "
-                         f"cuts the model into stages), got placement {placement!r}")
+                         f"cuts the model into stages), got placement {clip(placement)}")
     label = data.get("label") or _label(policy, placement, redundancy, budget, settings)
     if dense != "home" and not data.get("label"):
         label += f" [dense={dense}]"
@@ -192,7 +192,7 @@ def arms_of(scenario: Scenario, items: list[Any] | tuple[Any, ...] | None = None
     seen: set[str] = set()
     for arm in out:
         if arm.label in seen:
-            raise ValueError(f"policies: {arm.label!r} is listed twice")
+            raise ValueError(f"policies: {clip(arm.label)} is listed twice")
         seen.add(arm.label)
     return out
 
@@ -213,7 +213,7 @@ def load_experiment(path: str | Path) -> tuple[Scenario, tuple[Arm, ...]]:
             except ValueError as exc:
                 raise plist.item(raw, i).error(str(exc)) from None
             if parsed[-1].label in [a.label for a in parsed[:-1]]:
-                raise plist.item(raw, i).error(f"{parsed[-1].label!r} is listed twice")
+                raise plist.item(raw, i).error(f"{clip(parsed[-1].label)} is listed twice")
         arms = tuple(parsed)
         plain = list(dict.fromkeys(a.policy for a in parsed if a.policy in ROUTER_POLICIES))
         copy = type(data)(data)

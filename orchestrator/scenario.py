@@ -52,7 +52,7 @@ from moe import DEFAULT_MODEL, MoEError
 from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
-from moe.vocab import FULL_PRECISION, VARIANTS, is_number
+from moe.vocab import FULL_PRECISION, VARIANTS, clip, is_number
 from orchestrator.faults import (  # the one copy of these validators
     FAULT_ACTIONS,
     Fault,
@@ -114,18 +114,18 @@ class ModelChoice:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {clip(self.mode)}")
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name: must be a model name, got {describe(self.name)}")
         if self.mode == "modeled" and self.name not in model_profiles.names():
-            raise ValueError(f"name: no model profile {self.name!r} for the modeled mode "
+            raise ValueError(f"name: no model profile {clip(self.name)} for the modeled mode "
                              f"(profiles: {', '.join(model_profiles.names())})")
         if self.mode == "real" and not (self.name == DEFAULT_MODEL
                                         or self.name in builtin_models()
                                         or Path(self.name).is_dir()):
             hint = (" (it is a profile: use `mode: modeled`)"
                     if self.name in model_profiles.names() else "")
-            raise ValueError(f"name: {self.name!r} is neither a built-in model "
+            raise ValueError(f"name: {clip(self.name)} is neither a built-in model "
                              f"({DEFAULT_MODEL}) nor a checkpoint folder{hint}")
 
 
@@ -142,7 +142,7 @@ class PlacementSpec:
     def __post_init__(self) -> None:
         if self.policy not in PLACEMENT_POLICIES:
             raise ValueError(f"policy: must be one of {', '.join(PLACEMENT_POLICIES)}, "
-                             f"got {self.policy!r}")
+                             f"got {clip(self.policy)}")
         _finite(self.redundancy, "redundancy", ge=1.0)
         object.__setattr__(self, "variants", tuple(self.variants))
         bad = [v for v in self.variants if v not in VARIANTS]
@@ -150,7 +150,7 @@ class PlacementSpec:
                 or FULL_PRECISION not in self.variants):
             raise ValueError(f"variants: must be distinct values of {', '.join(VARIANTS)}"
                              f" including fp16 (every expert keeps a full-precision replica), "
-                             f"got {list(self.variants)}")
+                             f"got {clip(list(self.variants))}")
         if self.seed is not None:
             _positive_int(self.seed, "seed", low=0)
         _floats(self, "redundancy")
@@ -174,7 +174,7 @@ class CapacitySpec:
             for i, load in enumerate(loads):
                 _finite(load, f"loads[{i}]", gt=0)
             if len(set(loads)) != len(loads):
-                raise ValueError(f"loads: a load is listed twice: {loads}")
+                raise ValueError(f"loads: a load is listed twice: {clip(loads)}")
             object.__setattr__(self, "loads", tuple(float(v) for v in loads))
         if self.time_dilation is not None:
             _finite(self.time_dilation, "time_dilation", ge=1.0)
@@ -223,7 +223,7 @@ class Workload:
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival: must be one of {', '.join(ARRIVALS)}, "
-                             f"got {self.arrival!r}")
+                             f"got {clip(self.arrival)}")
         if self.arrival == "poisson":
             if self.rate_rps is None:
                 raise ValueError("rate_rps: missing: a poisson workload needs a rate")
@@ -258,7 +258,7 @@ class Workload:
             object.__setattr__(self, "home", tuple((n, float(w)) for n, w in pairs))
         elif self.home not in ("users", "uniform"):
             raise ValueError(f"home: must be users, uniform or a node → weight mapping, "
-                             f"got {self.home!r}")
+                             f"got {clip(self.home)}")
         _floats(self, "rate_rps", "think_s", "duration_s", "warmup_s")
 
     def home_shares(self, topology: Topology) -> dict[str, float]:
@@ -313,7 +313,7 @@ class Scenario:
                 raise ValueError(f"policies[{i}]: must be one of {', '.join(ROUTER_POLICIES)}, "
                                  f"got {describe(policy)}")
             if policy in self.policies[:i]:
-                raise ValueError(f"policies[{i}]: {policy!r} is listed twice")
+                raise ValueError(f"policies[{i}]: {clip(policy)} is listed twice")
         if not self.policies:
             raise ValueError("policies: name at least one router policy")
         _finite(self.quality_budget_pct, "quality_budget_pct", ge=0)
@@ -328,14 +328,15 @@ class Scenario:
             raise ValueError(f"repeat: must be a whole number >= 1, got {describe(self.repeat)}")
         if self.runtime not in RUNTIMES:
             raise ValueError(f"runtime: must be one of {', '.join(RUNTIMES)}, "
-                             f"got {self.runtime!r}")
+                             f"got {clip(self.runtime)}")
         if self.shaper not in SHAPERS:
-            raise ValueError(f"shaper: must be one of {', '.join(SHAPERS)}, got {self.shaper!r}")
+            raise ValueError(f"shaper: must be one of {', '.join(SHAPERS)}, "
+                             f"got {clip(self.shaper)}")
         if self.runtime == "local" and self.shaper == "tc":
             raise ValueError("shaper: tc needs the netns or docker runtime (local nodes share "
                              "127.0.0.1: use shaper app or auto)")
         if self.clock not in CLOCKS:
-            raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+            raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {clip(self.clock)}")
         if self.clock == "virtual" and (why := self.virtual_blocker()):
             raise ValueError(f"clock: virtual cannot run here: {why}")
         names = self.topology.names
@@ -373,7 +374,7 @@ class Scenario:
         names = self.topology.names
         for node in fault.target:
             if node not in names:
-                raise ValueError(f"faults[{i}].{fault.action}: unknown node {node!r} "
+                raise ValueError(f"faults[{i}].{fault.action}: unknown node {clip(node)} "
                                  f"(nodes: {', '.join(names)})")
         end = self.workload.duration_s
         if end is not None and fault.at_s >= end:
@@ -495,7 +496,7 @@ def _read_topology(raw: Any, loc: Loc, base: Path, name: str) -> Topology:
     if isinstance(raw, str):
         path = base / raw
         if not path.is_file():
-            raise loc.error(f"topology file {str(path)!r} not found (paths are relative to "
+            raise loc.error(f"topology file {clip(str(path))} not found (paths are relative to "
                             f"the scenario file)")
         return load_topology(path)
     return topology_from_data(raw, loc, default_name=name)
