@@ -19,11 +19,13 @@ _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%/]*)\s*
 _TIME_MS = {"": 1.0, "ms": 1.0, "msec": 1.0, "s": 1e3, "sec": 1e3, "us": 1e-3, "usec": 1e-3,
             "µs": 1e-3}
 _RATE_MBIT = {
-    "": 1.0, "mbit": 1.0, "mbps": 1.0, "mbit/s": 1.0, "m": 1.0,
-    "kbit": 1e-3, "kbps": 1e-3, "kbit/s": 1e-3, "k": 1e-3,
-    "gbit": 1e3, "gbps": 1e3, "gbit/s": 1e3, "g": 1e3,
-    "bit": 1e-6, "bps": 1e-6, "bit/s": 1e-6,
+    "": 1.0, "mbit": 1.0, "mbit/s": 1.0, "m": 1.0,
+    "kbit": 1e-3, "kbit/s": 1e-3, "k": 1e-3,
+    "gbit": 1e3, "gbit/s": 1e3, "g": 1e3,
+    "bit": 1e-6, "bit/s": 1e-6,
 }
+# "10mbps": megabits to most people, megabytes to tc (whose units ignore case): refused
+_AMBIGUOUS = {"bps": ("", 1e-6), "kbps": ("k", 1e-3), "mbps": ("m", 1.0), "gbps": ("g", 1e3)}
 
 
 def _split(what: str, value: Any, units: dict[str, float], hint: str) -> float:
@@ -49,9 +51,12 @@ def parse_delay_ms(value: Any) -> float:
 
 
 def parse_rate_mbit(value: Any) -> float:
-    """"1gbit" -> 1000.0, "100Mbps" -> 100.0, "512kbit" -> 0.512; a bare number is Mbit/s.
+    """"1gbit" -> 1000.0, "100mbit/s" -> 100.0, "512kbit" -> 0.512; a bare number is Mbit/s.
 
     A capital B means bytes ("10MB/s", "10MBps" -> 80.0); otherwise units are bits, in any case.
+    `bps`, `kbps`, `mbps`, `gbps` with a small b are refused: tc reads them as bytes per
+    second, people mostly as bits, so the message states both readings and asks for `mbit`
+    (bits) or `MB/s` (bytes).
     """
     if isinstance(value, str):
         m = _NUM.match(value)
@@ -59,6 +64,14 @@ def parse_rate_mbit(value: Any) -> float:
             scale = {"B": 1e-6, "k": 1e-3, "m": 1.0, "g": 1e3}[m.group(2)[0].lower()
                                                                 if m.group(2)[0] != "B" else "B"]
             return float(m.group(1)) * scale * 8
+        if m and m.group(2).lower() in _AMBIGUOUS:
+            prefix, mbit = _AMBIGUOUS[m.group(2).lower()]
+            number = float(m.group(1))
+            big = prefix.upper() if prefix else ""
+            raise ValueError(
+                f"rate: {clip(value)} is ambiguous: as bits it is {number * mbit:g} Mbit/s, "
+                f"as bytes (how tc reads {m.group(2).lower()}) {number * mbit * 8:g} Mbit/s; "
+                f"write {m.group(1)}{prefix}bit for bits or {m.group(1)}{big}B/s for bytes")
     return _split("rate", value, _RATE_MBIT, '"100mbit"')
 
 
