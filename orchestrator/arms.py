@@ -121,6 +121,24 @@ def _label(policy: str, placement: str | None, redundancy: float | None,
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
+def _check_settings(settings: Mapping[str, Any]) -> None:
+    """The router's own check of its settings (`router.settings.Settings`, what every node runs
+    on PUT /v1/mesh), run here so that `scenario check` refuses what the run would: a bad
+    value fails at its line, before any node starts. Values are plain numbers or short names
+    first, so no message repeats a list or a long text."""
+    from router.settings import Settings
+
+    for key, value in settings.items():
+        if not (is_number(value, finite=False) or isinstance(value, str | bool)) or (
+                isinstance(value, str) and len(value) > 32):
+            raise ValueError(f"settings.{key}: must be a number (or a dtype name for "
+                             f"wire_dtype), got {describe(value)}")
+    try:
+        Settings.from_json(settings)
+    except ValueError as exc:
+        raise ValueError(f"settings: {str(exc)[:160]}") from None
+
+
 def _number(value: Any, key: str, low: float, high: float) -> float:
     if not is_number(value):
         raise ValueError(f"{key}: must be a number, got {describe(value)}")
@@ -139,7 +157,8 @@ def parse_arm(item: Any) -> Arm:
     elif isinstance(item, Mapping):
         unknown = sorted(set(item) - set(_KEYS))
         if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(map(str, unknown))} (known: "
+            raise ValueError(f"unknown key(s) {', '.join(clip(str(k), 40) for k in unknown[:5])} "
+                             f"(known: "
                              f"{', '.join(_KEYS)})")
         if "policy" not in item:
             raise ValueError("missing required field 'policy'")
@@ -167,9 +186,11 @@ def parse_arm(item: Any) -> Arm:
     known = _settings_fields()
     bad = sorted(set(settings) - known)
     if bad:
-        raise ValueError(f"settings: unknown router setting(s) {', '.join(map(str, bad))} "
+        raise ValueError(f"settings: unknown router setting(s) "
+                         f"{', '.join(clip(str(k), 40) for k in bad[:5])} "
                          f"(known: {', '.join(sorted(known))})")
     settings = {str(k): v for k, v in settings.items()}
+    _check_settings(settings)
     dense = data.get("dense", "home")
     if dense not in DENSE_MODES:
         raise ValueError(f"dense: must be one of {', '.join(DENSE_MODES)}, got {describe(dense)}")

@@ -224,14 +224,14 @@ def load_yaml_text(text: str, file: str = "<string>") -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         problem = exc.problem or exc.context or "unreadable"
-        raise InputError(f"not valid YAML: {clip(problem, 160)}", file=file, line=line) from None
+        raise InputError(f"not valid YAML: {problem[:160]}", file=file, line=line) from None
     except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {clip(str(exc), 160)}", file=file) from None
+        raise InputError(f"not valid YAML: {str(exc)[:160]}", file=file) from None
     except (ValueError, OverflowError, RecursionError) as exc:
         if isinstance(exc, InputError):
             raise
         # a constructor's own refusal (an integer of 5,000 digits, a bad date)
-        raise InputError(f"a value cannot be read: {clip(str(exc), 120)}", file=file) from None
+        raise InputError(f"a value cannot be read: {str(exc)[:120]}", file=file) from None
     finally:
         if loader is not None:
             loader.dispose()
