@@ -123,7 +123,11 @@ def shorten(scenario: Scenario, *, requests: int | None = None,
         notes.append(f"workload shortened to {requests} requests (was "
                      f"{w.requests if w.requests is not None else f'{w.duration_s:g} s'}), "
                      f"warm-up {warm:g} s")
-        faults = scenario.faults
+        end = wl.arrivals_end_s  # faults past it are refused by Scenario: dropped, said so
+        faults = tuple(f for f in scenario.faults if end is None or f.at_s < end)
+        if len(faults) < len(scenario.faults):
+            notes.append(f"{len(scenario.faults) - len(faults)} fault(s) after the "
+                         f"{requests} requests' expected end ({end:g} s) dropped")
     else:
         assert duration_s is not None
         if not duration_s > 0:

@@ -271,6 +271,14 @@ class Workload:
         return {n: dict(self.home).get(n, 0.0) / total for n in topology.names}
 
     @property
+    def arrivals_end_s(self) -> float | None:
+        """When an open loop of `requests:` expects its last arrival (requests / rate): a fault
+        at or after it would mostly fall after the run (None: a duration, or a closed loop)."""
+        if self.requests is not None and self.arrival == "poisson" and self.rate_rps:
+            return self.requests / self.rate_rps
+        return None
+
+    @property
     def expected_requests(self) -> float | None:
         """Requests the workload will send (mean), when known before it runs."""
         if self.requests is not None:
@@ -380,6 +388,13 @@ class Scenario:
         if end is not None and fault.at_s >= end:
             raise ValueError(f"faults[{i}].at: {fault.at_s:g} s is not before the workload's "
                              f"end ({end:g} s)")
+        expected = self.workload.arrivals_end_s
+        if end is None and expected is not None and fault.at_s >= expected:
+            raise ValueError(f"faults[{i}].at: {fault.at_s:g} s is not before the workload's "
+                             f"expected end ({self.workload.requests} requests at "
+                             f"{self.workload.rate_rps:g} req/s arrive within about "
+                             f"{expected:g} s): it would not happen; give a `duration:` or an "
+                             f"earlier time")
         if fault.change is not None:
             for a, b in fault.directions():
                 try:
