@@ -150,62 +150,100 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_list)
 
 
+class _Open:
+    """A list or mapping the bounds walk is inside: its anchor, its size with aliases expanded,
+    and where the next item goes (`key` of a mapping, `index` of a list)."""
+
+    def __init__(self, anchor: str | None, mapping: bool, field: str) -> None:
+        self.anchor, self.mapping, self.field = anchor, mapping, field
+        self.size = 1
+        self.index = 0
+        self.key: str | None = None  # a mapping's current key; None: the next node is a key
+
+    def child(self) -> str:
+        """The field path of the node that comes next in this collection."""
+        if not self.mapping:
+            return f"{self.field}[{self.index}]"
+        key = self.key if self.key is not None else "?"
+        name = key if _KEY.match(key) else clip(key, 40)
+        return f"{self.field}.{name}" if self.field else name
+
+    def done_item(self, scalar: str | None) -> None:
+        """A node of this collection ended (`scalar`: its text when it was a plain value)."""
+        if not self.mapping:
+            self.index += 1
+        elif self.key is None:
+            self.key = scalar if scalar is not None else "?"
+        else:
+            self.key = None
+
+
 def _check_bounds(text: str, file: str) -> None:
-    """Walk the parse events (no document is built) and refuse, at its line, a document past
-    MAX_NODES once every alias is expanded, MAX_DEPTH deep or with a value past
+    """Walk the parse events (no document is built) and refuse, at its line and field, a
+    document past MAX_NODES once every alias is expanded, MAX_DEPTH deep or with a value past
     MAX_SCALAR_CHARS. An alias counts what its anchor expanded to (remembered, never
     re-expanded), so the walk is linear in the text whatever the aliases multiply to."""
     loader = _BaseLoader(text)
     sizes: dict[str, int] = {}  # anchor → expanded node count
-    stack: list[list[Any]] = []  # open collections: [anchor, expanded size so far]
+    stack: list[_Open] = []
     total = 0
+
+    def fail(message: str, line: int | None) -> InputError:
+        field = stack[-1].child() if stack else ""
+        return InputError(message, file=file, line=line, field=field)
+
     try:
         while loader.check_event():
             event = loader.get_event()
             line = event.start_mark.line + 1 if event.start_mark is not None else None
+            scalar = None
             if isinstance(event, yaml.AliasEvent):
-                if any(anchor == event.anchor for anchor, _ in stack):
-                    raise InputError(f"the alias *{clip(event.anchor, 40)} refers to a list or "
-                                     "mapping that holds it (a value without end)",
-                                     file=file, line=line)
+                if any(o.anchor == event.anchor for o in stack):
+                    raise fail(f"the alias {clip(event.anchor, 40)} refers to a list or "
+                               "mapping that holds it (a value without end)", line)
                 size = sizes.get(event.anchor, 1)  # an unknown anchor: the composer says so
             elif isinstance(event, yaml.ScalarEvent):
                 if len(event.value) > MAX_SCALAR_CHARS:
-                    raise InputError(f"a value of {len(event.value):,} characters (at most "
-                                     f"{MAX_SCALAR_CHARS:,})", file=file, line=line)
-                size = 1
+                    raise fail(f"a value of {len(event.value):,} characters (at most "
+                               f"{MAX_SCALAR_CHARS:,})", line)
+                size, scalar = 1, event.value
                 if event.anchor is not None:
                     sizes[event.anchor] = 1
             elif isinstance(event, yaml.CollectionStartEvent):
-                stack.append([event.anchor, 1])
+                field = stack[-1].child() if stack else ""
+                stack.append(_Open(event.anchor, isinstance(event, yaml.MappingStartEvent),
+                                   field))
+                total += 1
                 if len(stack) > MAX_DEPTH:
                     raise InputError(f"lists and mappings nested more than {MAX_DEPTH} deep",
-                                     file=file, line=line)
-                total += 1
+                                     file=file, line=line, field=field[:40] + "…")
                 if total > MAX_NODES:
-                    raise _too_many(file, line)
+                    raise _too_many(file, line, field)
                 continue
             elif isinstance(event, yaml.CollectionEndEvent):
-                anchor, size = stack.pop()
-                if anchor is not None:
-                    sizes[anchor] = size
+                done = stack.pop()
+                if done.anchor is not None:
+                    sizes[done.anchor] = done.size
                 if stack:
-                    stack[-1][1] += size
+                    stack[-1].size += done.size
+                    stack[-1].done_item(None)
                 continue
             else:
                 continue
             total += size
-            if stack:
-                stack[-1][1] += size
             if total > MAX_NODES:
-                raise _too_many(file, line)
+                raise fail(_too_many(file, line).message, line)
+            if stack:
+                stack[-1].size += size
+                stack[-1].done_item(scalar)
     finally:
         loader.dispose()
 
 
-def _too_many(file: str, line: int | None) -> InputError:
+def _too_many(file: str, line: int | None, field: str = "") -> InputError:
     return InputError(f"more than {MAX_NODES:,} values, lists and mappings once aliases are "
-                      "expanded (an alias repeats what its anchor holds)", file=file, line=line)
+                      "expanded (an alias repeats what its anchor holds)", file=file, line=line,
+                      field=field)
 
 
 def load_yaml_text(text: str, file: str = "<string>") -> Any:
