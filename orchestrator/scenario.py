@@ -94,14 +94,24 @@ ARRIVALS = ("poisson", "closed")
 DEFAULT_SLO_MS = 300.0  # HetRoute's SLO: a request's mean token latency within 300 ms
 MODES = ("real", "modeled")
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Bounds on sizes a run would build before sending its first request (docs/contracts.md):
+# a workload's requests are planned up front, a token range sizes prompts and KV caches.
+MAX_REQUESTS = 10_000_000
+MAX_USERS = 100_000
+MAX_TOKENS = 1_000_000
+MAX_SEED = 2**64 - 1
+MAX_REDUNDANCY = 100.0  # as arms' `redundancy`: every expert 100 times over
+MAX_DILATION = 10_000.0
 # Dataclass field → the YAML key people write (errors name the YAML key).
 ALIASES = {"at_s": "at", "for_s": "for", "duration_s": "duration", "warmup_s": "warmup",
            "think_s": "think", "change": ""}
 
 
-def _positive_int(value: Any, name: str, low: int = 1) -> None:
+def _positive_int(value: Any, name: str, low: int = 1, high: int | None = None) -> None:
     if not is_number(value, integer=True) or value < low:
         raise ValueError(f"{name}: must be a whole number >= {low}, got {describe(value)}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}: must be <= {high:,}, got {describe(value)}")
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,9 @@ class PlacementSpec:
             raise ValueError(f"policy: must be one of {', '.join(PLACEMENT_POLICIES)}, "
                              f"got {clip(self.policy)}")
         _finite(self.redundancy, "redundancy", ge=1.0)
+        if self.redundancy > MAX_REDUNDANCY:
+            raise ValueError(f"redundancy: must be <= {MAX_REDUNDANCY:g}, got "
+                             f"{clip(self.redundancy)}")
         object.__setattr__(self, "variants", tuple(self.variants))
         bad = [v for v in self.variants if v not in VARIANTS]
         if (bad or len(set(self.variants)) != len(self.variants)
@@ -152,7 +165,7 @@ class PlacementSpec:
                              f" including fp16 (every expert keeps a full-precision replica), "
                              f"got {clip(list(self.variants))}")
         if self.seed is not None:
-            _positive_int(self.seed, "seed", low=0)
+            _positive_int(self.seed, "seed", low=0, high=MAX_SEED)
         _floats(self, "redundancy")
 
 
@@ -189,8 +202,8 @@ class IntRange:
     hi: int
 
     def __post_init__(self) -> None:
-        _positive_int(self.lo, "min")
-        _positive_int(self.hi, "max")
+        _positive_int(self.lo, "min", high=MAX_TOKENS)
+        _positive_int(self.hi, "max", high=MAX_TOKENS)
         if self.hi < self.lo:
             raise ValueError(f"max: must be >= min ({self.lo}), got {self.hi}")
 
@@ -234,7 +247,7 @@ class Workload:
         else:
             if self.concurrency is None:
                 raise ValueError("concurrency: missing: a closed workload needs concurrency")
-            _positive_int(self.concurrency, "concurrency")
+            _positive_int(self.concurrency, "concurrency", high=MAX_USERS)
             if self.rate_rps is not None:
                 raise ValueError("rate_rps: only for `arrival: poisson`")
             _finite(self.think_s, "think_s", ge=0)
@@ -243,12 +256,17 @@ class Workload:
         if self.duration_s is not None:
             _finite(self.duration_s, "duration_s", gt=0)
         if self.requests is not None:
-            _positive_int(self.requests, "requests")
+            _positive_int(self.requests, "requests", high=MAX_REQUESTS)
         _finite(self.warmup_s, "warmup_s", ge=0)
+        planned = self.expected_requests
+        if planned is not None and planned > MAX_REQUESTS:
+            raise ValueError(f"rate_rps: {self.rate_rps:g} req/s for {self.duration_s:g} s is "
+                             f"about {planned:.3g} requests, more than a run plans "
+                             f"({MAX_REQUESTS:,})")
         if self.duration_s is not None and self.warmup_s >= self.duration_s:
             raise ValueError(f"warmup_s: must be shorter than the duration "
                              f"({self.duration_s:g} s), got {self.warmup_s:g} s")
-        _positive_int(self.seed, "seed", low=0)
+        _positive_int(self.seed, "seed", low=0, high=MAX_SEED)
         if not isinstance(self.home, str):
             pairs = tuple((str(n), w) for n, w in self.home)
             for node, weight in pairs:
@@ -329,6 +347,9 @@ class Scenario:
             raise ValueError(f"quality_budget_pct: must be <= 100, got {self.quality_budget_pct}")
         _finite(self.slo_ms, "slo_ms", gt=0)
         _finite(self.time_dilation, "time_dilation", ge=1.0)
+        if self.time_dilation > MAX_DILATION:
+            raise ValueError(f"time_dilation: must be <= {MAX_DILATION:g}, got "
+                             f"{clip(self.time_dilation)}")
         if not isinstance(self.auto_dilation, bool):
             raise ValueError(f"auto_dilation: must be true or false, got "
                              f"{describe(self.auto_dilation)}")
