@@ -159,6 +159,7 @@ class _Open:
         self.size = 1
         self.index = 0
         self.key: str | None = None  # a mapping's current key; None: the next node is a key
+        self.keys: dict[str, int] = {}  # a mapping's plain keys so far → their lines
 
     def child(self) -> str:
         """The field path of the node that comes next in this collection."""
@@ -206,10 +207,18 @@ def _check_bounds(text: str, file: str) -> None:
                 if len(event.value) > MAX_SCALAR_CHARS:
                     raise fail(f"a value of {len(event.value):,} characters (at most "
                                f"{MAX_SCALAR_CHARS:,})", line)
+                _check_tag(event, fail, line)
                 size, scalar = 1, event.value
+                top = stack[-1] if stack else None
+                if top is not None and top.mapping and top.key is None and scalar != "<<":
+                    if scalar in top.keys:
+                        top.key = scalar
+                        raise fail(f"duplicate key (first on line {top.keys[scalar]})", line)
+                    top.keys[scalar] = line or 0
                 if event.anchor is not None:
                     sizes[event.anchor] = 1
             elif isinstance(event, yaml.CollectionStartEvent):
+                _check_tag(event, fail, line)
                 field = stack[-1].child() if stack else ""
                 stack.append(_Open(event.anchor, isinstance(event, yaml.MappingStartEvent),
                                    field))
@@ -240,6 +249,18 @@ def _check_bounds(text: str, file: str) -> None:
         loader.dispose()
 
 
+# the tags a safe load builds; any other explicit tag (`!!python/object`, `!custom`) is refused
+# at its field before anything is built
+_TAGS = {None, "!", *(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null",
+                                                        "seq", "map"))}
+
+
+def _check_tag(event: Any, fail: Any, line: int | None) -> None:
+    if event.tag not in _TAGS:
+        raise fail(f"the tag {clip(event.tag, 60)} is not allowed (plain values, lists and "
+                   "mappings only)", line)
+
+
 def _too_many(file: str, line: int | None, field: str = "") -> InputError:
     return InputError(f"more than {MAX_NODES:,} values, lists and mappings once aliases are "
                       "expanded (an alias repeats what its anchor holds)", file=file, line=line,
@@ -258,6 +279,11 @@ def load_yaml_text(text: str, file: str = "<string>") -> Any:
         loader = _LineLoader(text)
         loader.file = file
         return loader.get_single_data()
+    except yaml.reader.ReaderError as exc:  # a character YAML refuses: its line, not its text
+        line = text.count("\n", 0, exc.position) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or " ")
+        raise InputError(f"not valid YAML: character #x{code:04x} is not allowed (control "
+                         "characters are refused)", file=file, line=line) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -380,10 +406,10 @@ class Section:
     """
 
     def __init__(self, data: Any, loc: Loc, what: str = "a mapping") -> None:
-        if not isinstance(data, Mapping):
-            raise loc.error(f"must be {what}, got {describe(data)}")
         if loc.line is None and getattr(data, "line", None) is not None:
             loc = Loc(loc.file, loc.field, data.line)
+        if not isinstance(data, Mapping):
+            raise loc.error(f"must be {what}, got {describe(data)}")
         self.data = data
         self.loc = loc
         self._read: set[Any] = set()
