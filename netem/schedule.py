@@ -224,13 +224,19 @@ def read_mahimahi(lines: Iterable[str], source: str = "<trace>",
     return Schedule(tuple(steps), period_ms / 1e3, source, trace)
 
 
+def _shown(path: str | Path) -> str:
+    """A path as errors show it: as written, or clipped when it is long (it came from a file)."""
+    text = str(path)
+    return text if len(text) <= 160 else clip(text, 160)
+
+
 def read_lines(path: str | Path, what: str = "schedule file",
                limit: int = MAX_FILE_BYTES) -> list[str]:
     """The lines of a regular text file of at most `limit` bytes; a ValueError naming the file
     otherwise (a folder, /dev/zero, a FIFO: its kind is checked before it is opened, and the
     read stops at limit + 1 bytes). The content is never quoted."""
     path = Path(path)
-    where = f"{what} {path}"
+    where = f"{what} {_shown(path)}"
     try:
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode):
@@ -257,10 +263,10 @@ def read_schedule(path: str | Path, kind: str, bin_ms: float = DEFAULT_BIN_MS,
     """A schedule file: kind "csv" (loop: repeat after the last step + its gap) or "mahimahi"."""
     lines = read_lines(path)
     if kind == "mahimahi":
-        return read_mahimahi(lines, str(path), bin_ms)
+        return read_mahimahi(lines, _shown(path), bin_ms)
     if kind != "csv":
         raise ValueError(f"schedule kind must be csv or mahimahi, got {clip(kind)}")
-    sched = read_csv(lines, str(path))
+    sched = read_csv(lines, _shown(path))
     if loop:
         times = [s.t_s for s in sched.steps]
         gap = times[-1] - times[-2] if len(times) > 1 else 1.0

@@ -81,6 +81,8 @@ CASES: list[tuple[str, str, int | None, str]] = [
     ("schedule-csv-secret", _topo_with("schedule: {csv: {secret}}"), 7, "not a number"),
     ("schedule-dev-zero", _topo_with("schedule: /dev/zero"), 7, "not a regular file"),
     ("schedule-folder", _topo_with("schedule: {dir}"), 7, "is a folder"),
+    ("schedule-long-path", _topo_with("schedule: " + "p/" * 1500 + "x.csv"), 7,
+     "schedule file"),
     ("topology-dev-zero", "topology: /dev/zero\nworkload: {rate_rps: 2, duration: 60s}\n", 1,
      "topology"),
     ("empty-file", "", None, "a scenario mapping"),
