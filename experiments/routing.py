@@ -173,8 +173,8 @@ def _load_jsonl(path: Path) -> RoutingTrace:
     if not rows:
         raise TraceFileError(f"{path}: no positions in it")
     if len(policies) > 1:
-        raise TraceFileError(f"{path}: holds the routing of several policies "
-                             f"({', '.join(clip(p, 40) for p in sorted(policies)[:5])}); "
+        names = ", ".join(p if len(p) <= 40 else clip(p, 40) for p in sorted(policies)[:5])
+        raise TraceFileError(f"{path}: holds the routing of several policies ({names}); "
                              "export one with --policy")
     rows.sort(key=lambda r: (r[0], r[1]))
     experts = _rectangular(path, "experts", [r[2] for r in rows], np.int64)
