@@ -153,7 +153,8 @@ async def run_chaos(scenario: Scenario, arms: Sequence[Arm], spec: ChaosSpec, *,
                   f"{', '.join(a.label for a in arms)}, time dilation "
                   f"{scenario.time_dilation:g}")
     work_dir = Path(tempfile.mkdtemp(prefix="moemesh-chaos-"))
-    mark(work_dir, "work")  # moemesh clean: ours, and whether this run still lives
+    mark(work_dir, "work", made=("profiles", "nodes"))  # moemesh clean: ours, and whether
+    # this run still lives; what the mesh makes in it
     probe = LeakProbe(work_dir)
     t0 = time.monotonic()
     try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from moe.vocab import is_number
+from moe.vocab import clip, is_number
 
 __all__ = ["ROUTING_FILE", "RoutingTrace", "TraceFileError", "export_trace", "load_trace",
            "read_routing", "request_offsets", "routing_line"]
@@ -173,8 +173,9 @@ def _load_jsonl(path: Path) -> RoutingTrace:
     if not rows:
         raise TraceFileError(f"{path}: no positions in it")
     if len(policies) > 1:
-        raise TraceFileError(f"{path}: holds the routing of several policies "
-                             f"({', '.join(sorted(policies))}); export one with --policy")
+        names = ", ".join(p if len(p) <= 40 else clip(p, 40) for p in sorted(policies)[:5])
+        raise TraceFileError(f"{path}: holds the routing of several policies ({names}); "
+                             "export one with --policy")
     rows.sort(key=lambda r: (r[0], r[1]))
     experts = _rectangular(path, "experts", [r[2] for r in rows], np.int64)
     has_w = [r[3] is not None for r in rows]

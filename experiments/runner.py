@@ -123,7 +123,11 @@ def shorten(scenario: Scenario, *, requests: int | None = None,
         notes.append(f"workload shortened to {requests} requests (was "
                      f"{w.requests if w.requests is not None else f'{w.duration_s:g} s'}), "
                      f"warm-up {warm:g} s")
-        faults = scenario.faults
+        end = wl.arrivals_end_s  # faults past it are refused by Scenario: dropped, said so
+        faults = tuple(f for f in scenario.faults if end is None or f.at_s < end)
+        if len(faults) < len(scenario.faults):
+            notes.append(f"{len(scenario.faults) - len(faults)} fault(s) after the "
+                         f"{requests} requests' expected end ({end:g} s) dropped")
     else:
         assert duration_s is not None
         if not duration_s > 0:
@@ -493,7 +497,6 @@ class _Run:
                 for d in watch.deaths:
                     self.progress.note(f"{key}: node {d.node} {d.how}; log kept in "
                                        f"{d.log or '(none)'}; it restarts before the next arm")
-            self.progress.end_arm()
             self.meta["load"][key] = [round(load, 2), round(os.getloadavg()[0], 2)]
             self.meta["faults"][key] = faults
             self._time(key, t)
@@ -504,6 +507,7 @@ class _Run:
             if rep == 0:  # quality is scored once per arm
                 await self.quality(mesh, arm)
             self._finish(key, stream, before, result, {"label": arm.label, "rep": rep})
+            self.progress.end_arm()  # "(done)" only once the part is on disk (fsynced)
         finally:
             stream.close()  # a failed part leaves its streamed rows, closed
 
@@ -557,7 +561,6 @@ class _Run:
             load = os.getloadavg()[0]
             result, _ = await _drive_with_faults(mesh, self.scenario, small, label, self.options,
                                                  self.progress, faults=False, stream=stream.add)
-            self.progress.end_arm()
             self.meta["load"][label.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
             await mesh.use_links(None)
             self.meta["overhead"] = {
@@ -566,6 +569,7 @@ class _Run:
             self._time("overhead_s", t)
             result.links, result.routing = [], []  # not the scenario's links; no routing file
             self._finish(OVERHEAD, stream, before, result, {"overhead": self.meta["overhead"]})
+            self.progress.end_arm()  # done once on disk, as an arm
         finally:
             stream.close()
 

@@ -9,6 +9,7 @@ quality tables, the scenario parser, the placement reports and the CLIs all read
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -22,6 +23,7 @@ __all__ = [
     "VARIANT_SPECS",
     "PlacementEntry",
     "Variant",
+    "clip",
     "is_number",
 ]
 
@@ -59,6 +61,47 @@ def is_number(value: Any, *, integer: bool = False, finite: bool = True) -> bool
     if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
         return False
     return not finite or integer or math.isfinite(value)
+
+
+CLIP_CHARS = 80  # the most of a value an error message quotes (docs/contracts.md)
+
+
+class _Bounded(reprlib.Repr):
+    """A repr whose work and length are bounded whatever the value: YAML's dict and list
+    subclasses are shown as dicts and lists (reprlib would fall back to their full repr), and
+    an integer too long to print is described, never converted."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist, self.maxtuple = 3, 4, 6, 6
+        self.maxset = self.maxfrozenset = self.maxdeque = self.maxarray = 6
+        self.maxstring = self.maxlong = self.maxother = limit
+
+    def repr1(self, x: Any, level: int) -> str:
+        if isinstance(x, bool) or x is None or isinstance(x, float):
+            return repr(x)
+        if isinstance(x, int):
+            bits = x.bit_length()
+            return repr(x) if bits < 4 * self.maxlong else f"<a {bits}-bit integer>"
+        if isinstance(x, str):
+            return self.repr_str(x, level)
+        if isinstance(x, bytes):
+            return repr(x[: self.maxstring])
+        if isinstance(x, dict):
+            return self.repr_dict(x, level)
+        if isinstance(x, list):
+            return self.repr_list(x, level)
+        if isinstance(x, tuple):
+            return self.repr_tuple(x, level)
+        return self.repr_instance(x, level)
+
+
+def clip(value: Any, limit: int = CLIP_CHARS) -> str:
+    """`repr(value)` cut to `limit` characters with an ellipsis: what an error message quotes
+    of a value it was given. The one helper for this: a message never repeats a whole value
+    (a YAML alias bomb's, a file's), and building it costs O(limit), not O(the value)."""
+    text = _Bounded(limit).repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class PlacementEntry(NamedTuple):

@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from moe.vocab import clip
+
 __all__ = ["PACKET_BYTES", "DeliveryTrace", "OpportunityQueue", "parse_trace"]
 
 PACKET_BYTES = 1504  # what one opportunity carries (Mahimahi's PACKET_SIZE)
@@ -57,14 +59,14 @@ class DeliveryTrace:
             raise ValueError("trace: no timestamps")
         if any(isinstance(s, bool) or not isinstance(s, int) for s in stamps):
             bad = next(s for s in stamps if isinstance(s, bool) or not isinstance(s, int))
-            raise ValueError(f"trace: timestamps must be whole milliseconds, got {bad!r}")
+            raise ValueError(f"trace: timestamps must be whole milliseconds, got {clip(bad)}")
         if stamps[0] < 0 or any(b < a for a, b in itertools.pairwise(stamps)):
             raise ValueError("trace: timestamps must be >= 0 and never go back in time")
         if stamps[-1] <= 0:
             raise ValueError("trace: the last timestamp (the period) must be after 0 ms")
         if (isinstance(self.scale, bool) or not isinstance(self.scale, int | float)
                 or not math.isfinite(self.scale) or self.scale <= 0):
-            raise ValueError(f"trace: scale must be a number > 0, got {self.scale!r}")
+            raise ValueError(f"trace: scale must be a number > 0, got {clip(self.scale)}")
         object.__setattr__(self, "stamps_ms", stamps)
         object.__setattr__(self, "scale", float(self.scale))
 
@@ -106,7 +108,7 @@ class DeliveryTrace:
     def from_json(cls, data: Any) -> DeliveryTrace:
         if not isinstance(data, Mapping) or not isinstance(data.get("stamps_ms"), list):
             raise ValueError(f"schedule.trace must be a mapping with a list stamps_ms, got "
-                             f"{str(data)[:80]}")
+                             f"{clip(data)}")
         unknown = sorted(set(data) - {"stamps_ms", "scale"})
         if unknown:
             raise ValueError(f"schedule.trace: unknown field(s) {', '.join(unknown)}; known: "
@@ -124,17 +126,18 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>",
         text = line.strip()
         if not text:
             continue
-        if not text.isdigit():
-            raise ValueError(f"{source}:{no}: {text!r} is not a whole number of milliseconds")
-        value = int(text)
-        if value > max_ms:
+        if not (text.isascii() and text.isdigit()):  # the line itself is never quoted
+            raise ValueError(f"{source}:{no}: not a whole number of milliseconds (a Mahimahi "
+                             f"trace holds one per line)")
+        if len(text) > 15 or int(text) > max_ms:
             raise ValueError(
-                f"{source}:{no}: {value} ms is {value / 3.6e6:.3g} hours into the trace, past "
-                f"the longest read here ({max_ms / 3.6e6:.3g} hours): a Mahimahi trace counts "
-                f"milliseconds; is this one in µs or ns? (divide by 1,000 or 1,000,000)")
+                f"{source}:{no}: a timestamp past the longest trace read here "
+                f"({max_ms / 3.6e6:.3g} hours): a Mahimahi trace counts milliseconds; is this "
+                f"one in µs or ns? (divide by 1,000 or 1,000,000)")
+        value = int(text)
         if stamps and value < stamps[-1]:
-            raise ValueError(f"{source}:{no}: {value} ms goes back in time (after "
-                             f"{stamps[-1]} ms)")
+            raise ValueError(f"{source}:{no}: goes back in time (before the timestamp of the "
+                             "line above)")
         stamps.append(value)
     if not stamps or stamps[-1] <= 0:
         raise ValueError(f"{source}: a trace needs timestamps ending after 0 ms")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from moe.vocab import clip
+
 __all__ = ["parse_delay_ms", "parse_link", "parse_loss_pct", "parse_pct", "parse_rate_mbit"]
 
 _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%/]*)\s*$")
@@ -17,25 +19,27 @@ _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z%/]*)\s*
 _TIME_MS = {"": 1.0, "ms": 1.0, "msec": 1.0, "s": 1e3, "sec": 1e3, "us": 1e-3, "usec": 1e-3,
             "µs": 1e-3}
 _RATE_MBIT = {
-    "": 1.0, "mbit": 1.0, "mbps": 1.0, "mbit/s": 1.0, "m": 1.0,
-    "kbit": 1e-3, "kbps": 1e-3, "kbit/s": 1e-3, "k": 1e-3,
-    "gbit": 1e3, "gbps": 1e3, "gbit/s": 1e3, "g": 1e3,
-    "bit": 1e-6, "bps": 1e-6, "bit/s": 1e-6,
+    "": 1.0, "mbit": 1.0, "mbit/s": 1.0, "m": 1.0,
+    "kbit": 1e-3, "kbit/s": 1e-3, "k": 1e-3,
+    "gbit": 1e3, "gbit/s": 1e3, "g": 1e3,
+    "bit": 1e-6, "bit/s": 1e-6,
 }
+# "10mbps": megabits to most people, megabytes to tc (whose units ignore case): refused
+_AMBIGUOUS = {"bps": ("", 1e-6), "kbps": ("k", 1e-3), "mbps": ("m", 1.0), "gbps": ("g", 1e3)}
 
 
 def _split(what: str, value: Any, units: dict[str, float], hint: str) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"{what}: expected a number or a string like {hint}, got {value!r}")
+        raise ValueError(f"{what}: expected a number or a string like {hint}, got {clip(value)}")
     if isinstance(value, int | float):
         return float(value)
     if not isinstance(value, str):
-        raise ValueError(f"{what}: expected a number or a string like {hint}, got {value!r}")
+        raise ValueError(f"{what}: expected a number or a string like {hint}, got {clip(value)}")
     m = _NUM.match(value.replace("µs", "us"))
     unit = m.group(2).lower() if m else None
     if m is None or unit not in units:
         raise ValueError(
-            f"{what}: cannot read {value!r}; write it like {hint} "
+            f"{what}: cannot read {clip(value)}; write it like {hint} "
             f"(units: {', '.join(u for u in units if u)})"
         )
     return float(m.group(1)) * units[unit]
@@ -47,9 +51,12 @@ def parse_delay_ms(value: Any) -> float:
 
 
 def parse_rate_mbit(value: Any) -> float:
-    """"1gbit" -> 1000.0, "100Mbps" -> 100.0, "512kbit" -> 0.512; a bare number is Mbit/s.
+    """"1gbit" -> 1000.0, "100mbit/s" -> 100.0, "512kbit" -> 0.512; a bare number is Mbit/s.
 
     A capital B means bytes ("10MB/s", "10MBps" -> 80.0); otherwise units are bits, in any case.
+    `bps`, `kbps`, `mbps`, `gbps` with a small b are refused: tc reads them as bytes per
+    second, people mostly as bits, so the message states both readings and asks for `mbit`
+    (bits) or `MB/s` (bytes).
     """
     if isinstance(value, str):
         m = _NUM.match(value)
@@ -57,6 +64,14 @@ def parse_rate_mbit(value: Any) -> float:
             scale = {"B": 1e-6, "k": 1e-3, "m": 1.0, "g": 1e3}[m.group(2)[0].lower()
                                                                 if m.group(2)[0] != "B" else "B"]
             return float(m.group(1)) * scale * 8
+        if m and m.group(2).lower() in _AMBIGUOUS:
+            prefix, mbit = _AMBIGUOUS[m.group(2).lower()]
+            number = float(m.group(1))
+            big = prefix.upper() if prefix else ""
+            raise ValueError(
+                f"rate: {clip(value)} is ambiguous: as bits it is {number * mbit:g} Mbit/s, "
+                f"as bytes (how tc reads {m.group(2).lower()}) {number * mbit * 8:g} Mbit/s; "
+                f"write {m.group(1)}{prefix}bit for bits or {m.group(1)}{big}B/s for bytes")
     return _split("rate", value, _RATE_MBIT, '"100mbit"')
 
 
@@ -76,7 +91,7 @@ def parse_link(data: Any) -> dict[str, float]:
     Returns LinkSpec keyword arguments; the caller builds the LinkSpec (which validates ranges).
     """
     if not isinstance(data, dict):
-        raise ValueError(f"a link must be a mapping, got {data!r}")
+        raise ValueError(f"a link must be a mapping, got {clip(data)}")
     readers = {
         "delay": ("delay_ms", parse_delay_ms), "delay_ms": ("delay_ms", parse_delay_ms),
         "jitter": ("jitter_ms", parse_delay_ms), "jitter_ms": ("jitter_ms", parse_delay_ms),
@@ -90,9 +105,9 @@ def parse_link(data: Any) -> dict[str, float]:
             out["queue_pkts"] = value
             continue
         if key not in readers:
-            raise ValueError(f"unknown link field {key!r}; known: {', '.join(readers)}, queue")
+            raise ValueError(f"unknown link field {clip(key)}; known: {', '.join(readers)}, queue")
         name, read = readers[key]
         if name in out:
-            raise ValueError(f"link field {name} given twice (as {key!r})")
+            raise ValueError(f"link field {name} given twice (as {clip(key)})")
         out[name] = read(value)
     return out

@@ -23,18 +23,23 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from moe.vocab import clip
 from netem.mahimahi import PACKET_BYTES, DeliveryTrace, parse_trace
 
-__all__ = ["MIN_RATE_MBIT", "Schedule", "Step", "read_csv", "read_mahimahi", "read_schedule"]
+__all__ = ["MIN_RATE_MBIT", "Schedule", "Step", "read_csv", "read_lines", "read_mahimahi",
+           "read_schedule"]
 
 MIN_RATE_MBIT = 0.012  # about one 1,500-byte packet per second
 DEFAULT_BIN_MS = 100.0
 MAX_STEPS = 100_000
+MAX_FILE_BYTES = 16 << 20  # a schedule or trace file (the shipped traces are under 90 kB)
 CSV_COLUMNS = ("t_s", "delay_ms", "rate_mbit", "loss_pct")
 
 
@@ -77,13 +82,14 @@ class Schedule:
             for name, value in zip(CSV_COLUMNS, step, strict=True):
                 if value is not None and (isinstance(value, bool) or not isinstance(
                         value, int | float) or not math.isfinite(value)):
-                    raise ValueError(f"schedule: step {i} {name} must be a number, got {value!r}")
+                    raise ValueError(f"schedule: step {i} {name} must be a number, "
+                                     f"got {clip(value)}")
         if self.loop_s is not None and not self.loop_s > steps[-1].t_s:
             raise ValueError(f"schedule: loop_s ({self.loop_s:g}) must be after the last step "
                              f"(t_s={steps[-1].t_s:g})")
         if self.trace is not None:
             if not isinstance(self.trace, DeliveryTrace):
-                raise ValueError(f"schedule: trace must be a DeliveryTrace, got {self.trace!r}")
+                raise ValueError(f"schedule: trace must be a DeliveryTrace, got {clip(self.trace)}")
             if self.loop_s is None or not math.isclose(self.loop_s * 1e3, self.trace.period_ms):
                 raise ValueError(f"schedule: loop_s ({self.loop_s}) must be the trace's period "
                                  f"({self.trace.period_ms / 1e3:g} s)")
@@ -135,7 +141,7 @@ class Schedule:
     @classmethod
     def from_json(cls, data: Any) -> Schedule:
         if not isinstance(data, Mapping) or "steps" not in data:
-            raise ValueError(f"schedule must be a mapping with steps, got {data!r}")
+            raise ValueError(f"schedule must be a mapping with steps, got {clip(data)}")
         unknown = sorted(set(data) - {"steps", "loop_s", "source", "trace"})
         if unknown:
             raise ValueError(f"schedule: unknown field(s) {', '.join(unknown)}; "
@@ -151,15 +157,17 @@ class Schedule:
 
 
 def _number(text: str, what: str) -> float | None:
+    """A cell's number; the error names the place, never the cell (a file's content is not
+    echoed: `schedule: /etc/shadow` must not quote it)."""
     text = text.strip()
     if not text:
         return None
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{what}: {text!r} is not a number") from None
+        raise ValueError(f"{what}: not a number") from None
     if not math.isfinite(value):
-        raise ValueError(f"{what}: {text!r} is not finite")
+        raise ValueError(f"{what}: not finite")
     return value
 
 
@@ -200,7 +208,7 @@ def read_mahimahi(lines: Iterable[str], source: str = "<trace>",
     """A Mahimahi delivery-opportunity trace: the trace, and its rate in steps of bin_ms
     (see the module docstring)."""
     if not 1 <= bin_ms <= 10_000:
-        raise ValueError(f"{source}: bin_ms must be in 1..10000, got {bin_ms!r}")
+        raise ValueError(f"{source}: bin_ms must be in 1..10000, got {clip(bin_ms)}")
     trace = parse_trace(lines, source, max_ms=MAX_STEPS * bin_ms)  # bins stay <= MAX_STEPS
     period_ms = trace.stamps_ms[-1]
     bins = math.ceil(period_ms / bin_ms)
@@ -216,19 +224,49 @@ def read_mahimahi(lines: Iterable[str], source: str = "<trace>",
     return Schedule(tuple(steps), period_ms / 1e3, source, trace)
 
 
+def _shown(path: str | Path) -> str:
+    """A path as errors show it: as written, or clipped when it is long (it came from a file)."""
+    text = str(path)
+    return text if len(text) <= 160 else clip(text, 160)
+
+
+def read_lines(path: str | Path, what: str = "schedule file",
+               limit: int = MAX_FILE_BYTES) -> list[str]:
+    """The lines of a regular text file of at most `limit` bytes; a ValueError naming the file
+    otherwise (a folder, /dev/zero, a FIFO: its kind is checked before it is opened, and the
+    read stops at limit + 1 bytes). The content is never quoted."""
+    path = Path(path)
+    where = f"{what} {_shown(path)}"
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{where}: is a folder, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{where}: is not a regular file (a device, FIFO or socket)")
+        if st.st_size > limit:
+            raise ValueError(f"{where}: {st.st_size:,} bytes, more than the {limit:,} read here")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > limit:
+        raise ValueError(f"{where}: more than the {limit:,} bytes read here")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: not text (byte {exc.start:,} is not UTF-8)") from None
+    return text.splitlines()
+
+
 def read_schedule(path: str | Path, kind: str, bin_ms: float = DEFAULT_BIN_MS,
                   loop: bool = False) -> Schedule:
     """A schedule file: kind "csv" (loop: repeat after the last step + its gap) or "mahimahi"."""
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(f"schedule file {path}: {exc.strerror or exc}") from None
+    lines = read_lines(path)
     if kind == "mahimahi":
-        return read_mahimahi(lines, str(path), bin_ms)
+        return read_mahimahi(lines, _shown(path), bin_ms)
     if kind != "csv":
-        raise ValueError(f"schedule kind must be csv or mahimahi, got {kind!r}")
-    sched = read_csv(lines, str(path))
+        raise ValueError(f"schedule kind must be csv or mahimahi, got {clip(kind)}")
+    sched = read_csv(lines, _shown(path))
     if loop:
         times = [s.t_s for s in sched.steps]
         gap = times[-1] - times[-2] if len(times) > 1 else 1.0

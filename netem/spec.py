@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from moe.vocab import clip
 from netem.dist import DISTRIBUTIONS
 from netem.errors import BadLinkInput
 from netem.gemodel import GeLoss
@@ -42,9 +43,9 @@ MAX_QUEUE_PKTS = 1_000_000
 
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise ValueError(f"{name} must be a number, got {clip(value)}")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise ValueError(f"{name} must be finite, got {clip(value)}")
     return float(value)
 
 
@@ -85,19 +86,20 @@ class LinkSpec:
         rate = _number("rate_mbit", self.rate_mbit)
         loss = _number("loss_pct", self.loss_pct)
         if delay < 0 or delay > MAX_DELAY_MS:
-            raise ValueError(f"delay_ms must be in 0..{MAX_DELAY_MS:g}, got {self.delay_ms!r}")
+            raise ValueError(f"delay_ms must be in 0..{MAX_DELAY_MS:g}, got {clip(self.delay_ms)}")
         if jitter < 0:
-            raise ValueError(f"jitter_ms must be >= 0, got {self.jitter_ms!r}")
+            raise ValueError(f"jitter_ms must be >= 0, got {clip(self.jitter_ms)}")
         if jitter > delay:
             raise ValueError(
-                f"jitter_ms ({self.jitter_ms!r}) must not exceed delay_ms ({self.delay_ms!r})"
+                f"jitter_ms ({clip(self.jitter_ms)}) must not exceed delay_ms "
+                f"({clip(self.delay_ms)})"
             )
         if rate <= 0 or rate > MAX_RATE_MBIT:
             raise ValueError(
-                f"rate_mbit must be > 0 and <= {MAX_RATE_MBIT:g}, got {self.rate_mbit!r}"
+                f"rate_mbit must be > 0 and <= {MAX_RATE_MBIT:g}, got {clip(self.rate_mbit)}"
             )
         if loss < 0 or loss > 100:
-            raise ValueError(f"loss_pct must be in 0..100, got {self.loss_pct!r}")
+            raise ValueError(f"loss_pct must be in 0..100, got {clip(self.loss_pct)}")
         if self.queue_pkts is not None and (
             isinstance(self.queue_pkts, bool)
             or not isinstance(self.queue_pkts, int)
@@ -105,7 +107,7 @@ class LinkSpec:
         ):
             raise ValueError(
                 f"queue_pkts must be None or an integer in 1..{MAX_QUEUE_PKTS}, "
-                f"got {self.queue_pkts!r}"
+                f"got {clip(self.queue_pkts)}"
             )
         # Normalise ints to floats so equal specs compare and hash equal.
         for name, value in (("delay_ms", delay), ("jitter_ms", jitter),
@@ -116,22 +118,22 @@ class LinkSpec:
     def _check_extras(self) -> None:
         if self.jitter_dist not in DISTRIBUTIONS:
             raise ValueError(f"jitter_dist must be one of {', '.join(DISTRIBUTIONS)}, "
-                             f"got {self.jitter_dist!r}")
+                             f"got {clip(self.jitter_dist)}")
         for name in ("jitter_corr_pct", "reorder_pct"):
             value = _number(name, getattr(self, name))
             if not 0 <= value <= 100:
-                raise ValueError(f"{name} must be in 0..100, got {value!r}")
+                raise ValueError(f"{name} must be in 0..100, got {clip(value)}")
             object.__setattr__(self, name, value)
         if self.reorder_pct > 0 and self.delay_ms == 0:
             raise ValueError("reorder_pct needs delay_ms > 0 (netem reorders by not delaying)")
         if self.loss_model is not None:
             if not isinstance(self.loss_model, GeLoss):
-                raise ValueError(f"loss_model must be a GeLoss, got {self.loss_model!r}")
+                raise ValueError(f"loss_model must be a GeLoss, got {clip(self.loss_model)}")
             if self.loss_pct not in (0.0, 100.0):
                 raise ValueError("give loss_pct or loss_model, not both")
         if self.schedule is not None:
             if not isinstance(self.schedule, Schedule):
-                raise ValueError(f"schedule must be a Schedule, got {self.schedule!r}")
+                raise ValueError(f"schedule must be a Schedule, got {clip(self.schedule)}")
             for i, step in enumerate(self.schedule.steps):
                 try:
                     self.at_step(step)
@@ -165,7 +167,7 @@ class LinkSpec:
         (the caller passes it to `Shaper.apply` separately).
         """
         if not isinstance(data, Mapping):
-            raise ValueError(f"a link must be a JSON object, got {data!r}")
+            raise ValueError(f"a link must be a JSON object, got {clip(data)}")
         unknown = sorted(set(data) - set(JSON_FIELDS) - _IGNORED_JSON_FIELDS)
         if unknown:
             raise ValueError(
@@ -197,7 +199,7 @@ class LinkSpec:
         """This link in emulated time: delays x factor, rate / factor (docs/cost-model.md)."""
         factor = _number("time_dilation", factor)
         if factor <= 0:
-            raise ValueError(f"time_dilation must be > 0, got {factor!r}")
+            raise ValueError(f"time_dilation must be > 0, got {clip(factor)}")
         if factor == 1.0:
             return self
         return replace(
@@ -216,13 +218,13 @@ class LinkSpec:
 def check_links(links: Mapping[str, LinkSpec]) -> dict[str, LinkSpec]:
     """Validate a peer -> LinkSpec mapping (shared by both backends)."""
     if not isinstance(links, Mapping):
-        raise BadLinkInput(f"links must be a mapping of peer name to LinkSpec, got {links!r}")
+        raise BadLinkInput(f"links must be a mapping of peer name to LinkSpec, got {clip(links)}")
     out: dict[str, LinkSpec] = {}
     for peer, spec in links.items():
         if not isinstance(peer, str) or not peer:
-            raise BadLinkInput(f"peer names must be non-empty strings, got {peer!r}")
+            raise BadLinkInput(f"peer names must be non-empty strings, got {clip(peer)}")
         if not isinstance(spec, LinkSpec):
-            raise BadLinkInput(f"link to {peer!r} must be a LinkSpec, got {spec!r}")
+            raise BadLinkInput(f"link to {clip(peer)} must be a LinkSpec, got {clip(spec)}")
         out[peer] = spec
     return out
 
@@ -239,5 +241,5 @@ def check_access(rate_mbit: object, field: str = "uplink_mbit") -> float | None:
         return None
     if (isinstance(rate_mbit, bool) or not isinstance(rate_mbit, int | float)
             or not math.isfinite(rate_mbit) or not rate_mbit > 0):
-        raise BadLinkInput(f"{field} must be a rate > 0, got {rate_mbit!r}")
+        raise BadLinkInput(f"{field} must be a rate > 0, got {clip(rate_mbit)}")
     return float(rate_mbit)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from moe.vocab import is_number
+from moe.vocab import clip, is_number
 from orchestrator.scenario import (
     PLACEMENT_POLICIES,
     ROUTER_POLICIES,
@@ -121,11 +121,29 @@ def _label(policy: str, placement: str | None, redundancy: float | None,
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
+def _check_settings(settings: Mapping[str, Any]) -> None:
+    """The router's own check of its settings (`router.settings.Settings`, what every node runs
+    on PUT /v1/mesh), run here so that `scenario check` refuses what the run would: a bad
+    value fails at its line, before any node starts. Values are plain numbers or short names
+    first, so no message repeats a list or a long text."""
+    from router.settings import Settings
+
+    for key, value in settings.items():
+        if not (is_number(value, finite=False) or isinstance(value, str | bool)) or (
+                isinstance(value, str) and len(value) > 32):
+            raise ValueError(f"settings.{key}: must be a number (or a dtype name for "
+                             f"wire_dtype), got {describe(value)}")
+    try:
+        Settings.from_json(settings)
+    except ValueError as exc:
+        raise ValueError(f"settings: {str(exc)[:160]}") from None
+
+
 def _number(value: Any, key: str, low: float, high: float) -> float:
     if not is_number(value):
         raise ValueError(f"{key}: must be a number, got {describe(value)}")
     if not low <= value <= high:
-        raise ValueError(f"{key}: must be in {low:g}..{high:g}, got {value!r}")
+        raise ValueError(f"{key}: must be in {low:g}..{high:g}, got {clip(value)}")
     return float(value)
 
 
@@ -139,7 +157,8 @@ def parse_arm(item: Any) -> Arm:
     elif isinstance(item, Mapping):
         unknown = sorted(set(item) - set(_KEYS))
         if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(map(str, unknown))} (known: "
+            raise ValueError(f"unknown key(s) {', '.join(clip(str(k), 40) for k in unknown[:5])} "
+                             f"(known: "
                              f"{', '.join(_KEYS)})")
         if "policy" not in item:
             raise ValueError("missing required field 'policy'")
@@ -149,10 +168,10 @@ def parse_arm(item: Any) -> Arm:
                          f"'policy', got {describe(item)}")
     policy = data["policy"]
     if policy not in ROUTERS:
-        raise ValueError(f"unknown router policy {policy!r} (known: {', '.join(ROUTERS)})")
+        raise ValueError(f"unknown router policy {clip(policy)} (known: {', '.join(ROUTERS)})")
     placement = data.get("placement")
     if placement is not None and placement not in PLACEMENT_POLICIES:
-        raise ValueError(f"unknown placement {placement!r} (known: "
+        raise ValueError(f"unknown placement {clip(placement)} (known: "
                          f"{', '.join(PLACEMENT_POLICIES)})")
     redundancy = data.get("redundancy")
     if redundancy is not None:
@@ -167,15 +186,17 @@ def parse_arm(item: Any) -> Arm:
     known = _settings_fields()
     bad = sorted(set(settings) - known)
     if bad:
-        raise ValueError(f"settings: unknown router setting(s) {', '.join(map(str, bad))} "
+        raise ValueError(f"settings: unknown router setting(s) "
+                         f"{', '.join(clip(str(k), 40) for k in bad[:5])} "
                          f"(known: {', '.join(sorted(known))})")
     settings = {str(k): v for k, v in settings.items()}
+    _check_settings(settings)
     dense = data.get("dense", "home")
     if dense not in DENSE_MODES:
         raise ValueError(f"dense: must be one of {', '.join(DENSE_MODES)}, got {describe(dense)}")
     if dense == "pipeline" and placement != PIPELINE_PLACEMENT:
         raise ValueError(f"dense: pipeline needs placement: {PIPELINE_PLACEMENT} (the one that "
-                         f"cuts the model into stages), got placement {placement!r}")
+                         f"cuts the model into stages), got placement {clip(placement)}")
     label = data.get("label") or _label(policy, placement, redundancy, budget, settings)
     if dense != "home" and not data.get("label"):
         label += f" [dense={dense}]"
@@ -192,7 +213,7 @@ def arms_of(scenario: Scenario, items: list[Any] | tuple[Any, ...] | None = None
     seen: set[str] = set()
     for arm in out:
         if arm.label in seen:
-            raise ValueError(f"policies: {arm.label!r} is listed twice")
+            raise ValueError(f"policies: {clip(arm.label)} is listed twice")
         seen.add(arm.label)
     return out
 
@@ -213,7 +234,7 @@ def load_experiment(path: str | Path) -> tuple[Scenario, tuple[Arm, ...]]:
             except ValueError as exc:
                 raise plist.item(raw, i).error(str(exc)) from None
             if parsed[-1].label in [a.label for a in parsed[:-1]]:
-                raise plist.item(raw, i).error(f"{parsed[-1].label!r} is listed twice")
+                raise plist.item(raw, i).error(f"{clip(parsed[-1].label)} is listed twice")
         arms = tuple(parsed)
         plain = list(dict.fromkeys(a.policy for a in parsed if a.policy in ROUTER_POLICIES))
         copy = type(data)(data)

@@ -13,9 +13,12 @@ by a sweep of names alone:
 * Docker containers and networks labelled `io.moemesh.run` whose `io.moemesh.pid` label names
   a process of this host that is gone.
 
-A folder without a marker, a marker whose process still runs, another user's folder, and a
-namespace that looks like ours but whose id no marker names are left alone and listed as
-such (`kept`). `doctor` reports what `find` finds.
+A folder without a marker, or with a marker but no manifest of what moemesh made in it, a
+marker whose process still runs, another user's folder, and a namespace that looks like ours
+but whose id no marker names are left alone and listed as such (`kept`). Of a dead run's
+folder only what its manifest lists goes (`orchestrator.markers.remove_recorded`): a file the
+tool did not record stays, and so does the folder holding it. `doctor` reports what `find`
+finds.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.markers import marker, owner_alive
+from orchestrator.markers import MANIFEST, marker, owner_alive, recorded, remove_recorded
 from orchestrator.runtimes.processes import process_alive, process_start_ticks
 
 __all__ = ["Found", "Leftover", "find", "register", "remove"]
@@ -82,6 +85,10 @@ def _dead_folders(tmp: Path, kept: list[str], live: set[str]) -> list[tuple[Path
             continue
         if folder.stat().st_uid != os.getuid():
             kept.append(f"folder {folder}: another user's")
+            continue
+        if recorded(folder) is None:
+            kept.append(f"folder {folder}: a marker but no {MANIFEST} of what moemesh made "
+                        "in it (a marker alone removes nothing)")
             continue
         if owner_alive(data):
             live.add(str(data.get("id")))
@@ -197,8 +204,9 @@ def find(tmp: Path | None = None) -> Found:
 _ORDER = ("process", "container", "veth", "netns", "iptables", "bridge", "network", "folder")
 
 
-def remove(leftovers: list[Leftover]) -> list[str]:
-    """Remove each leftover (processes first, folders last); the errors, named."""
+def remove(leftovers: list[Leftover], kept: list[str] | None = None) -> list[str]:
+    """Remove each leftover (processes first, folders last); the errors, named. A folder
+    loses only what its manifest lists; what else it holds is named in `kept`."""
     errors = []
     for item in sorted(leftovers, key=lambda x: _ORDER.index(x.kind)):
         code, text = 0, ""
@@ -222,7 +230,11 @@ def remove(leftovers: list[Leftover]) -> list[str]:
         elif item.kind == "network":
             code, text = _cmd("docker", "network", "rm", item.name)
         elif item.kind == "folder":
-            shutil.rmtree(item.name, ignore_errors=True)
+            left = remove_recorded(Path(item.name))
+            if left and kept is not None:
+                more = f", ... ({len(left) - 6} more)" if len(left) > 6 else ""
+                kept.append(f"folder {item.name}: kept, it holds what moemesh did not make: "
+                            f"{', '.join(left[:6])}{more}")
         if code != 0 and "Cannot find" not in text and "No such" not in text:
             errors.append(f"{item.kind} {item.name}: {text}")
     return errors
@@ -246,7 +258,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _clean(args: argparse.Namespace) -> int:
     found = find()
-    errors = [] if args.dry_run else remove(found.leftovers)
+    errors = [] if args.dry_run else remove(found.leftovers, found.kept)
     if args.json:
         print(json.dumps({"leftovers": [asdict(x) for x in found.leftovers],
                           "kept": found.kept, "errors": errors}, indent=1))

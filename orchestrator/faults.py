@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from moe.vocab import is_number
+from moe.vocab import clip, is_number
 from netem import timing
 from netem.parse import parse_delay_ms, parse_loss_pct, parse_rate_mbit
 from netem.spec import LinkSpec
@@ -57,9 +57,9 @@ def _finite(value: Any, name: str, *, ge: float | None = None, gt: float | None 
     if not is_number(value):
         raise ValueError(f"{name}: must be a finite number, got {describe(value)}")
     if ge is not None and value < ge:
-        raise ValueError(f"{name}: must be >= {ge:g}, got {value!r}")
+        raise ValueError(f"{name}: must be >= {ge:g}, got {clip(value)}")
     if gt is not None and value <= gt:
-        raise ValueError(f"{name}: must be > {gt:g}, got {value!r}")
+        raise ValueError(f"{name}: must be > {gt:g}, got {clip(value)}")
 
 
 def _floats(obj: object, *names: str) -> None:
@@ -115,15 +115,15 @@ class Fault:
     def __post_init__(self) -> None:
         if self.action not in FAULT_ACTIONS:
             raise ValueError(f"action: must be one of {', '.join(FAULT_ACTIONS)}, "
-                             f"got {self.action!r}")
+                             f"got {clip(self.action)}")
         object.__setattr__(self, "target", tuple(self.target))
         arity = FAULT_ACTIONS[self.action]
         if len(self.target) != arity or not all(isinstance(t, str) for t in self.target):
             want = "two node names A B" if arity == 2 else "one node name"
-            raise ValueError(f"{self.action}: needs {want}, got {list(self.target)}")
+            raise ValueError(f"{self.action}: needs {want}, got {clip(list(self.target))}")
         if arity == 2 and self.target[0] == self.target[1]:
             raise ValueError(f"{self.action}: a link joins two different nodes, "
-                             f"got {self.target[0]!r} twice")
+                             f"got {clip(self.target[0])} twice")
         _finite(self.at_s, "at_s", ge=0)
         if self.for_s is not None:
             _finite(self.for_s, "for_s", gt=0)
@@ -221,7 +221,7 @@ def fault_from_data(data: Any, loc: Loc) -> Fault:
         try:
             factor = float(text)
         except (TypeError, ValueError):
-            raise sec.at(action).error(f"factor must be a number, got {text!r}") from None
+            raise sec.at(action).error(f"factor must be a number, got {clip(text)}") from None
     if action == "node-slow" and factor is None:
         raise sec.at(action).error("needs a factor: `node-slow: edge2 3` or `factor: 3`")
     sec.done()
@@ -312,7 +312,7 @@ class FaultTimeline:
         _finite(time_dilation, "time_dilation", gt=0)
         for event in events:
             if not isinstance(event, Fault):
-                raise ValueError(f"timeline events must be Fault, got {event!r}")
+                raise ValueError(f"timeline events must be Fault, got {clip(event)}")
         self.target = target
         self.events = tuple(sorted(events, key=lambda f: f.at_s))
         self.time_dilation = float(time_dilation)

@@ -10,6 +10,13 @@ folder without a marker and say what they found in it.
 
 State folders (`moemesh up`'s default) must also be private: owned by this user, mode 0700,
 not a link; another local user cannot plant one for us (`private_dir`).
+
+Beside the marker, a manifest, `.moemesh-manifest`, lists what the tool made in the folder
+(one relative name a line: a file, or a subfolder it made whole), written when the folder is
+marked and appended to (`record`) before each thing is made. `remove_recorded` (`moemesh
+clean`, `down`) removes only those entries, the manifest and the marker, then the folder if
+nothing else is left: a marker alone (forged, copied, or from before manifests) removes
+nothing, and a file the tool did not record stays where it is.
 """
 
 from __future__ import annotations
@@ -21,13 +28,16 @@ import secrets
 import shutil
 import stat
 import time
-from pathlib import Path
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-__all__ = ["MARKER", "NotOurs", "describe", "mark", "marker", "new_id", "owner_alive",
-           "private_dir", "remove_ours", "require_ours", "update"]
+__all__ = ["MANIFEST", "MARKER", "NotOurs", "describe", "mark", "marker", "new_id",
+           "owner_alive", "private_dir", "record", "recorded", "remove_ours", "remove_recorded",
+           "require_ours", "update"]
 
 MARKER = ".moemesh-marker"
+MANIFEST = ".moemesh-manifest"
 TOOL = "moemesh"
 
 
@@ -47,10 +57,13 @@ def _start_ticks(pid: int) -> int | None:
     return process_start_ticks(pid)
 
 
-def mark(folder: Path, kind: str, run_id: str | None = None, **extra: Any) -> str:
-    """Create `folder` if needed and write its marker; returns the id."""
+def mark(folder: Path, kind: str, run_id: str | None = None, made: Iterable[str] = (),
+         **extra: Any) -> str:
+    """Create `folder` if needed and write its marker, and its manifest with `made` (the
+    names the caller is about to make there, `record`); returns the id."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    record(folder, *made)
     run_id = run_id or new_id()
     data = {"tool": TOOL, "kind": kind, "id": run_id, "pid": os.getpid(),
             "start_ticks": _start_ticks(os.getpid()), "uid": os.getuid(),
@@ -59,6 +72,68 @@ def mark(folder: Path, kind: str, run_id: str | None = None, **extra: Any) -> st
     tmp.write_text(json.dumps(data) + "\n")
     os.replace(tmp, folder / MARKER)
     return run_id
+
+
+def _entry(name: str) -> str:
+    """A manifest entry: a relative name inside the folder, never out of it."""
+    path = PurePosixPath(name)
+    if (not name or "\n" in name or path.is_absolute() or ".." in path.parts
+            or path.parts[0] in (MARKER, MANIFEST)):
+        raise ValueError(f"not a name inside a marked folder: {name!r}")
+    return str(path)
+
+
+def record(folder: Path, *names: str) -> None:
+    """Add `names` to the folder's manifest (created if absent): call it before making them,
+    so that a run killed right after still has them listed."""
+    entries = [_entry(n) for n in names]
+    with open(Path(folder) / MANIFEST, "a") as fh:
+        fh.writelines(e + "\n" for e in entries)
+
+
+def recorded(folder: Path) -> list[str] | None:
+    """The names the manifest lists (first mention, in order), or None when there is none."""
+    try:
+        lines = (Path(folder) / MANIFEST).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    out: list[str] = []
+    for line in lines:
+        try:
+            name = _entry(line)
+        except ValueError:
+            continue  # a line that would leave the folder is ignored, never followed
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def remove_recorded(folder: Path) -> list[str]:
+    """Remove what the manifest lists (a link as a link, never followed; a recorded subfolder
+    whole), then the manifest and the marker, then the folder if it is empty. Returns the names
+    left in it (what the tool did not record). Without a manifest nothing is removed."""
+    folder = Path(folder)
+    names = recorded(folder)
+    if names is None:
+        return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    for name in sorted(names, key=lambda n: -len(PurePosixPath(n).parts)):
+        path = folder / name
+        if any((folder / Path(*PurePosixPath(name).parts[:i])).is_symlink()
+               for i in range(1, len(PurePosixPath(name).parts))):
+            continue  # under a link: not inside this folder any more
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+    for name in (MANIFEST, f"{MARKER}.tmp", MARKER):
+        with contextlib.suppress(FileNotFoundError):
+            (folder / name).unlink()
+    left = sorted(p.name for p in folder.iterdir())
+    if not left:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    return left
 
 
 def marker(folder: Path) -> dict[str, Any] | None:
@@ -107,13 +182,15 @@ def require_ours(folder: Path, what: str, kind: str | None = None) -> dict[str, 
     return data
 
 
-def remove_ours(folder: Path, what: str, kind: str | None = None) -> None:
-    """Delete a folder moemesh made (its marker says so); NotOurs otherwise. Gone: no-op."""
+def remove_ours(folder: Path, what: str, kind: str | None = None) -> list[str]:
+    """Delete what moemesh recorded it made in a marked folder (`remove_recorded`), and the
+    folder when nothing else is left; NotOurs without the marker. Returns the names kept.
+    Gone: no-op."""
     folder = Path(folder)
     if not folder.exists():
-        return
+        return []
     require_ours(folder, what, kind)
-    shutil.rmtree(folder, ignore_errors=True)
+    return remove_recorded(folder)
 
 
 def owner_alive(data: dict[str, Any]) -> bool:

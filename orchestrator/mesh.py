@@ -163,7 +163,8 @@ class LiveMesh:
     async def start(self) -> dict[str, Endpoint]:
         if self.work_dir is None:
             self.work_dir = Path(tempfile.mkdtemp(prefix="moemesh-mesh-"))
-            mark(self.work_dir, "work")  # moemesh clean: ours, and whether this run lives
+            mark(self.work_dir, "work", made=("profiles", "nodes"))  # moemesh clean: ours, and
+            # whether this run lives; what node_launches makes is recorded as made
         self.work_dir.mkdir(parents=True, exist_ok=True)
         launches = node_launches(self.scenario, self.runtime, self.token, self.work_dir)
         async with undone_on_error(self.stop):

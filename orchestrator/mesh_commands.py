@@ -31,7 +31,7 @@ from typing import Any
 
 from orchestrator.cli import BadInput
 from orchestrator.markers import describe, mark, marker, private_dir, remove_ours, require_ours
-from orchestrator.meshd import LOG_FILE, STATE_FILE, read_state, request
+from orchestrator.meshd import LOG_FILE, SOCKET_FILE, STATE_FILE, read_state, request
 from orchestrator.runtimes.local import process_alive
 
 __all__ = ["down_command", "mesh_dir", "register"]
@@ -166,7 +166,9 @@ def _up(args: argparse.Namespace) -> int:
     if folder.stat().st_uid == os.getuid():
         os.chmod(folder, 0o700)
     private_dir(folder)
-    mark(folder, "mesh")
+    # what meshd makes there (orchestrator.meshd): `down` removes these and nothing else
+    mark(folder, "mesh", made=(STATE_FILE, f".{STATE_FILE}.tmp", SOCKET_FILE, LOG_FILE, "logs",
+                               "work"))
     argv = [sys.executable, "-m", "orchestrator.cli", "meshd", "--detach", "--dir", str(folder),
             "--scenario", str(args.scenario.resolve())]
     for key in ("runtime", "shaper", "policy"):

@@ -53,7 +53,7 @@ from moe import DEFAULT_MODEL, MoEError
 from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
-from moe.vocab import FULL_PRECISION, VARIANTS, is_number
+from moe.vocab import FULL_PRECISION, VARIANTS, clip, is_number
 from orchestrator.faults import (  # the one copy of these validators
     FAULT_ACTIONS,
     Fault,
@@ -98,14 +98,24 @@ ARRIVALS = ("poisson", "closed")
 DEFAULT_SLO_MS = 300.0  # HetRoute's SLO: a request's mean token latency within 300 ms
 MODES = ("real", "modeled")
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Bounds on sizes a run would build before sending its first request (docs/contracts.md):
+# a workload's requests are planned up front, a token range sizes prompts and KV caches.
+MAX_REQUESTS = 10_000_000
+MAX_USERS = 100_000
+MAX_TOKENS = 1_000_000
+MAX_SEED = 2**64 - 1
+MAX_REDUNDANCY = 100.0  # as arms' `redundancy`: every expert 100 times over
+MAX_DILATION = 10_000.0
 # Dataclass field → the YAML key people write (errors name the YAML key).
 ALIASES = {"at_s": "at", "for_s": "for", "duration_s": "duration", "warmup_s": "warmup",
            "think_s": "think", "change": ""}
 
 
-def _positive_int(value: Any, name: str, low: int = 1) -> None:
+def _positive_int(value: Any, name: str, low: int = 1, high: int | None = None) -> None:
     if not is_number(value, integer=True) or value < low:
         raise ValueError(f"{name}: must be a whole number >= {low}, got {describe(value)}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}: must be <= {high:,}, got {describe(value)}")
 
 
 @dataclass(frozen=True)
@@ -118,18 +128,18 @@ class ModelChoice:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {clip(self.mode)}")
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name: must be a model name, got {describe(self.name)}")
         if self.mode == "modeled" and self.name not in model_profiles.names():
-            raise ValueError(f"name: no model profile {self.name!r} for the modeled mode "
+            raise ValueError(f"name: no model profile {clip(self.name)} for the modeled mode "
                              f"(profiles: {', '.join(model_profiles.names())})")
         if self.mode == "real" and not (self.name == DEFAULT_MODEL
                                         or self.name in builtin_models()
                                         or Path(self.name).is_dir()):
             hint = (" (it is a profile: use `mode: modeled`)"
                     if self.name in model_profiles.names() else "")
-            raise ValueError(f"name: {self.name!r} is neither a built-in model "
+            raise ValueError(f"name: {clip(self.name)} is neither a built-in model "
                              f"({DEFAULT_MODEL}) nor a checkpoint folder{hint}")
 
 
@@ -146,17 +156,20 @@ class PlacementSpec:
     def __post_init__(self) -> None:
         if self.policy not in PLACEMENT_POLICIES:
             raise ValueError(f"policy: must be one of {', '.join(PLACEMENT_POLICIES)}, "
-                             f"got {self.policy!r}")
+                             f"got {clip(self.policy)}")
         _finite(self.redundancy, "redundancy", ge=1.0)
+        if self.redundancy > MAX_REDUNDANCY:
+            raise ValueError(f"redundancy: must be <= {MAX_REDUNDANCY:g}, got "
+                             f"{clip(self.redundancy)}")
         object.__setattr__(self, "variants", tuple(self.variants))
         bad = [v for v in self.variants if v not in VARIANTS]
         if (bad or len(set(self.variants)) != len(self.variants)
                 or FULL_PRECISION not in self.variants):
             raise ValueError(f"variants: must be distinct values of {', '.join(VARIANTS)}"
                              f" including fp16 (every expert keeps a full-precision replica), "
-                             f"got {list(self.variants)}")
+                             f"got {clip(list(self.variants))}")
         if self.seed is not None:
-            _positive_int(self.seed, "seed", low=0)
+            _positive_int(self.seed, "seed", low=0, high=MAX_SEED)
         _floats(self, "redundancy")
 
 
@@ -178,7 +191,7 @@ class CapacitySpec:
             for i, load in enumerate(loads):
                 _finite(load, f"loads[{i}]", gt=0)
             if len(set(loads)) != len(loads):
-                raise ValueError(f"loads: a load is listed twice: {loads}")
+                raise ValueError(f"loads: a load is listed twice: {clip(loads)}")
             object.__setattr__(self, "loads", tuple(float(v) for v in loads))
         if self.time_dilation is not None:
             _finite(self.time_dilation, "time_dilation", ge=1.0)
@@ -193,8 +206,8 @@ class IntRange:
     hi: int
 
     def __post_init__(self) -> None:
-        _positive_int(self.lo, "min")
-        _positive_int(self.hi, "max")
+        _positive_int(self.lo, "min", high=MAX_TOKENS)
+        _positive_int(self.hi, "max", high=MAX_TOKENS)
         if self.hi < self.lo:
             raise ValueError(f"max: must be >= min ({self.lo}), got {self.hi}")
 
@@ -227,7 +240,7 @@ class Workload:
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival: must be one of {', '.join(ARRIVALS)}, "
-                             f"got {self.arrival!r}")
+                             f"got {clip(self.arrival)}")
         if self.arrival == "poisson":
             if self.rate_rps is None:
                 raise ValueError("rate_rps: missing: a poisson workload needs a rate")
@@ -238,7 +251,7 @@ class Workload:
         else:
             if self.concurrency is None:
                 raise ValueError("concurrency: missing: a closed workload needs concurrency")
-            _positive_int(self.concurrency, "concurrency")
+            _positive_int(self.concurrency, "concurrency", high=MAX_USERS)
             if self.rate_rps is not None:
                 raise ValueError("rate_rps: only for `arrival: poisson`")
             _finite(self.think_s, "think_s", ge=0)
@@ -247,12 +260,17 @@ class Workload:
         if self.duration_s is not None:
             _finite(self.duration_s, "duration_s", gt=0)
         if self.requests is not None:
-            _positive_int(self.requests, "requests")
+            _positive_int(self.requests, "requests", high=MAX_REQUESTS)
         _finite(self.warmup_s, "warmup_s", ge=0)
+        planned = self.expected_requests
+        if planned is not None and planned > MAX_REQUESTS:
+            raise ValueError(f"rate_rps: {self.rate_rps:g} req/s for {self.duration_s:g} s is "
+                             f"about {planned:.3g} requests, more than a run plans "
+                             f"({MAX_REQUESTS:,})")
         if self.duration_s is not None and self.warmup_s >= self.duration_s:
             raise ValueError(f"warmup_s: must be shorter than the duration "
                              f"({self.duration_s:g} s), got {self.warmup_s:g} s")
-        _positive_int(self.seed, "seed", low=0)
+        _positive_int(self.seed, "seed", low=0, high=MAX_SEED)
         if not isinstance(self.home, str):
             pairs = tuple((str(n), w) for n, w in self.home)
             for node, weight in pairs:
@@ -262,7 +280,7 @@ class Workload:
             object.__setattr__(self, "home", tuple((n, float(w)) for n, w in pairs))
         elif self.home not in ("users", "uniform"):
             raise ValueError(f"home: must be users, uniform or a node → weight mapping, "
-                             f"got {self.home!r}")
+                             f"got {clip(self.home)}")
         _floats(self, "rate_rps", "think_s", "duration_s", "warmup_s")
 
     def home_shares(self, topology: Topology) -> dict[str, float]:
@@ -273,6 +291,14 @@ class Workload:
             return {n: 1 / len(topology.nodes) for n in topology.names}
         total = sum(w for _, w in self.home)
         return {n: dict(self.home).get(n, 0.0) / total for n in topology.names}
+
+    @property
+    def arrivals_end_s(self) -> float | None:
+        """When an open loop of `requests:` expects its last arrival (requests / rate): a fault
+        at or after it would mostly fall after the run (None: a duration, or a closed loop)."""
+        if self.requests is not None and self.arrival == "poisson" and self.rate_rps:
+            return self.requests / self.rate_rps
+        return None
 
     @property
     def expected_requests(self) -> float | None:
@@ -318,7 +344,7 @@ class Scenario:
                 raise ValueError(f"policies[{i}]: must be one of {', '.join(ROUTER_POLICIES)}, "
                                  f"got {describe(policy)}")
             if policy in self.policies[:i]:
-                raise ValueError(f"policies[{i}]: {policy!r} is listed twice")
+                raise ValueError(f"policies[{i}]: {clip(policy)} is listed twice")
         if not self.policies:
             raise ValueError("policies: name at least one router policy")
         _finite(self.quality_budget_pct, "quality_budget_pct", ge=0)
@@ -326,6 +352,9 @@ class Scenario:
             raise ValueError(f"quality_budget_pct: must be <= 100, got {self.quality_budget_pct}")
         _finite(self.slo_ms, "slo_ms", gt=0)
         _finite(self.time_dilation, "time_dilation", ge=1.0)
+        if self.time_dilation > MAX_DILATION:
+            raise ValueError(f"time_dilation: must be <= {MAX_DILATION:g}, got "
+                             f"{clip(self.time_dilation)}")
         if not isinstance(self.auto_dilation, bool):
             raise ValueError(f"auto_dilation: must be true or false, got "
                              f"{describe(self.auto_dilation)}")
@@ -333,14 +362,15 @@ class Scenario:
             raise ValueError(f"repeat: must be a whole number >= 1, got {describe(self.repeat)}")
         if self.runtime not in RUNTIMES:
             raise ValueError(f"runtime: must be one of {', '.join(RUNTIMES)}, "
-                             f"got {self.runtime!r}")
+                             f"got {clip(self.runtime)}")
         if self.shaper not in SHAPERS:
-            raise ValueError(f"shaper: must be one of {', '.join(SHAPERS)}, got {self.shaper!r}")
+            raise ValueError(f"shaper: must be one of {', '.join(SHAPERS)}, "
+                             f"got {clip(self.shaper)}")
         if self.runtime == "local" and self.shaper == "tc":
             raise ValueError("shaper: tc needs the netns or docker runtime (local nodes share "
                              "127.0.0.1: use shaper app or auto)")
         if self.clock not in CLOCKS:
-            raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {self.clock!r}")
+            raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {clip(self.clock)}")
         if self.clock == "virtual" and (why := self.virtual_blocker()):
             raise ValueError(f"clock: virtual cannot run here: {why}")
         names = self.topology.names
@@ -378,12 +408,19 @@ class Scenario:
         names = self.topology.names
         for node in fault.target:
             if node not in names:
-                raise ValueError(f"faults[{i}].{fault.action}: unknown node {node!r} "
+                raise ValueError(f"faults[{i}].{fault.action}: unknown node {clip(node)} "
                                  f"(nodes: {', '.join(names)})")
         end = self.workload.duration_s
         if end is not None and fault.at_s >= end:
             raise ValueError(f"faults[{i}].at: {fault.at_s:g} s is not before the workload's "
                              f"end ({end:g} s)")
+        expected = self.workload.arrivals_end_s
+        if end is None and expected is not None and fault.at_s >= expected:
+            raise ValueError(f"faults[{i}].at: {fault.at_s:g} s is not before the workload's "
+                             f"expected end ({self.workload.requests} requests at "
+                             f"{self.workload.rate_rps:g} req/s arrive within about "
+                             f"{expected:g} s): it would not happen; give a `duration:` or an "
+                             f"earlier time")
         if fault.change is not None:
             for a, b in fault.directions():
                 try:
@@ -510,7 +547,7 @@ def _read_topology(raw: Any, loc: Loc, base: Path, name: str) -> Topology:
     if isinstance(raw, str):
         path = base / raw
         if not path.is_file():
-            raise loc.error(f"topology file {str(path)!r} not found (paths are relative to "
+            raise loc.error(f"topology file {clip(str(path))} not found (paths are relative to "
                             f"the scenario file)")
         return load_topology(path)
     return topology_from_data(raw, loc, default_name=name)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from moe.vocab import is_number
+from moe.vocab import clip, is_number
 from netem import classes
 from netem.gemodel import FIELDS as GE_FIELDS
 from netem.gemodel import GeLoss
@@ -86,7 +86,7 @@ class Node:
         if not is_number(self.users, finite=False):
             raise ValueError(f"users: must be a number, got {describe(self.users)}")
         if not 0 <= self.users < float("inf"):
-            raise ValueError(f"users: must be >= 0, got {self.users!r}")
+            raise ValueError(f"users: must be >= 0, got {clip(self.users)}")
         object.__setattr__(self, "users", float(self.users))
         for name in ACCESS_FIELDS:
             rate = getattr(self, name)
@@ -133,7 +133,7 @@ class Topology:
         names = [n.name for n in nodes]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup is not None:
-            raise ValueError(f"nodes: duplicate node name {dup!r}")
+            raise ValueError(f"nodes: duplicate node name {clip(dup)}")
         if sum(n.users for n in nodes) <= 0:
             raise ValueError("nodes: the users weights sum to 0; at least one node needs users")
         order = {n: i for i, n in enumerate(names)}
@@ -141,9 +141,9 @@ class Topology:
         for link in self.links:
             for end in (link.src, link.dst):
                 if end not in order:
-                    raise ValueError(f"links: unknown node {end!r} (nodes: {', '.join(names)})")
+                    raise ValueError(f"links: unknown node {clip(end)} (nodes: {', '.join(names)})")
             if link.src == link.dst:
-                raise ValueError(f"links: a link from {link.src!r} to itself")
+                raise ValueError(f"links: a link from {clip(link.src)} to itself")
             if not isinstance(link.spec, LinkSpec):
                 raise ValueError(f"links: {link.src}→{link.dst} spec is not a LinkSpec")
             if (link.src, link.dst) in index:
@@ -198,7 +198,7 @@ class Topology:
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise KeyError(f"unknown node {name!r} (nodes: {', '.join(self.names)})")
+        raise KeyError(f"unknown node {clip(name)} (nodes: {', '.join(self.names)})")
 
     def link(self, src: str, dst: str) -> LinkSpec:
         """The one-way link src → dst."""
@@ -462,7 +462,7 @@ def _read_links(
                                                                          sec.at("to"))
             table, keys, what = oneway, [(a, b)], f"{a}→{b}"
         if a == b:
-            raise at.error(f"a link from {a!r} to itself")
+            raise at.error(f"a link from {clip(a)} to itself")
         for key in keys:
             if key in table:
                 raise at.error(f"{what} already given by {table[key][1]}")
@@ -497,7 +497,7 @@ def topology_from_data(data: Any, loc: Loc, default_name: str = "topology") -> T
         for j, other in enumerate(nodes):
             if other.name == node.name:
                 raise nodes_loc.item(raw_nodes, i).sub("name").error(
-                    f"duplicate node name {node.name!r} (also nodes[{j}])")
+                    f"duplicate node name {clip(node.name)} (also nodes[{j}])")
         nodes.append(node)
         gave.append(gave_users)
     if any(gave) and not all(gave):

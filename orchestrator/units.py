@@ -12,6 +12,8 @@ import math
 import re
 from typing import Any
 
+from moe.vocab import clip
+
 __all__ = ["parse_duration_s", "parse_size_gb"]
 
 _NUMBER_UNIT = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)\s*$")
@@ -30,16 +32,18 @@ _SIZE_UNITS = {"": 1.0, "gb": 1.0, "g": 1.0, "tb": 1000.0, "t": 1000.0, "mb": 1e
 
 def _split(value: Any, what: str, example: str) -> tuple[float, str]:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"{what} must be a number or a string like {example!r}, got {value!r}")
+        raise ValueError(f"{what} must be a number or a string like {example!r}, "
+                         f"got {clip(value)}")
     if isinstance(value, str):
         match = _NUMBER_UNIT.match(value)
         if not match:
-            raise ValueError(f"cannot read {value!r} as a {what} (write it like {example!r})")
+            raise ValueError(f"cannot read {clip(value)} as a {what} (write it like "
+                             f"{example!r})")
         number, unit = float(match.group(1)), match.group(2)
     else:
         number, unit = float(value), ""
     if not math.isfinite(number):
-        raise ValueError(f"{what} must be finite, got {value!r}")
+        raise ValueError(f"{what} must be finite, got {clip(value)}")
     return number, unit
 
 
@@ -49,7 +53,7 @@ def parse_duration_s(value: Any) -> float:
     scale = _TIME_UNITS.get(unit.lower())
     if scale is None:
         raise ValueError(
-            f"unknown time unit {unit!r} in {value!r} (use us, ms, s, m or h, e.g. '10s')"
+            f"unknown time unit {clip(unit)} in {clip(value)} (use us, ms, s, m or h, e.g. '10s')"
         )
     return number * scale
 
@@ -59,5 +63,6 @@ def parse_size_gb(value: Any) -> float:
     number, unit = _split(value, "memory size", "24GB")
     scale = _SIZE_UNITS.get(unit.lower())
     if scale is None:
-        raise ValueError(f"unknown size unit {unit!r} in {value!r} (use MB, GB or TB, e.g. '24GB')")
+        raise ValueError(f"unknown size unit {clip(unit)} in {clip(value)} (use MB, GB or TB, "
+                         "e.g. '24GB')")
     return number * scale

@@ -12,13 +12,22 @@ Who does what:
   `rate_mbits` is an error naming the closest known key, never silently ignored).
 
 `InputError` is a `ValueError`, so `moemesh` maps it to exit code 2 with the message as is.
+
+Bounds, checked before anything is built or echoed (docs/contracts.md, "Input files"): a file is
+a regular file of at most `MAX_FILE_BYTES`; before the document is built its parse events are
+counted, so a document of more than `MAX_NODES` values, lists and mappings with every alias
+expanded (a 605-byte alias bomb expands to billions), nested deeper than `MAX_DEPTH`, or with
+a value longer than `MAX_SCALAR_CHARS` is refused at the line where the bound is crossed; an
+error quotes a value through `moe.vocab.clip` (at most 80 characters).
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from moe.vocab import is_number
+from moe.vocab import clip, is_number
 
 __all__ = [
     "InputError",
@@ -39,9 +48,16 @@ __all__ = [
     "load_yaml",
     "load_yaml_text",
     "locate",
+    "read_bounded",
 ]
 
 _MISSING: Any = object()
+_KEY = re.compile(r"^[\w+-]{1,64}$")  # a key shown as written in a field path
+
+MAX_FILE_BYTES = 1 << 20  # 1 MiB: the largest shipped file is under 6 kB
+MAX_NODES = 200_000  # values, lists and mappings, each alias counted as what it expands to
+MAX_DEPTH = 64  # lists and mappings inside each other (libyaml's composer recurses)
+MAX_SCALAR_CHARS = 4096  # one value (a description, a path); a longer one is not a setting
 
 
 class InputError(ValueError):
@@ -111,7 +127,7 @@ def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> YMap:
                              line=line) from None
         if i >= merged and key in explicit_keys:
             raise InputError(
-                f"duplicate key {key!r} (first on line {out.lines[key]})",
+                f"duplicate key {clip(key)} (first on line {out.lines[key]})",
                 file=loader.file, line=line,
             )
         if i >= merged:
@@ -134,34 +150,198 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_list)
 
 
-def load_yaml_text(text: str, file: str = "<string>") -> Any:
-    """Parse one YAML document; mappings come back as `YMap`, sequences as `YList`."""
-    loader = _LineLoader(text)
-    loader.file = file
+class _Open:
+    """A list or mapping the bounds walk is inside: its anchor, its size with aliases expanded,
+    and where the next item goes (`key` of a mapping, `index` of a list)."""
+
+    def __init__(self, anchor: str | None, mapping: bool, field: str) -> None:
+        self.anchor, self.mapping, self.field = anchor, mapping, field
+        self.size = 1
+        self.index = 0
+        self.key: str | None = None  # a mapping's current key; None: the next node is a key
+        self.keys: dict[str, int] = {}  # a mapping's plain keys so far → their lines
+
+    def child(self) -> str:
+        """The field path of the node that comes next in this collection."""
+        if not self.mapping:
+            return f"{self.field}[{self.index}]"
+        key = self.key if self.key is not None else "?"
+        name = key if _KEY.match(key) else clip(key, 40)
+        return f"{self.field}.{name}" if self.field else name
+
+    def done_item(self, scalar: str | None) -> None:
+        """A node of this collection ended (`scalar`: its text when it was a plain value)."""
+        if not self.mapping:
+            self.index += 1
+        elif self.key is None:
+            self.key = scalar if scalar is not None else "?"
+        else:
+            self.key = None
+
+
+def _check_bounds(text: str, file: str) -> None:
+    """Walk the parse events (no document is built) and refuse, at its line and field, a
+    document past MAX_NODES once every alias is expanded, MAX_DEPTH deep or with a value past
+    MAX_SCALAR_CHARS. An alias counts what its anchor expanded to (remembered, never
+    re-expanded), so the walk is linear in the text whatever the aliases multiply to."""
+    loader = _BaseLoader(text)
+    sizes: dict[str, int] = {}  # anchor → expanded node count
+    stack: list[_Open] = []
+    total = 0
+
+    def fail(message: str, line: int | None) -> InputError:
+        field = stack[-1].child() if stack else ""
+        return InputError(message, file=file, line=line, field=field)
+
     try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        problem = exc.problem or exc.context or "unreadable"
-        raise InputError(f"not valid YAML: {problem}", file=file, line=line) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"not valid YAML: {exc}", file=file) from None
+        while loader.check_event():
+            event = loader.get_event()
+            line = event.start_mark.line + 1 if event.start_mark is not None else None
+            scalar = None
+            if isinstance(event, yaml.AliasEvent):
+                if any(o.anchor == event.anchor for o in stack):
+                    raise fail(f"the alias {clip(event.anchor, 40)} refers to a list or "
+                               "mapping that holds it (a value without end)", line)
+                size = sizes.get(event.anchor, 1)  # an unknown anchor: the composer says so
+            elif isinstance(event, yaml.ScalarEvent):
+                if len(event.value) > MAX_SCALAR_CHARS:
+                    raise fail(f"a value of {len(event.value):,} characters (at most "
+                               f"{MAX_SCALAR_CHARS:,})", line)
+                _check_tag(event, fail, line)
+                size, scalar = 1, event.value
+                top = stack[-1] if stack else None
+                if top is not None and top.mapping and top.key is None and scalar != "<<":
+                    if scalar in top.keys:
+                        top.key = scalar
+                        raise fail(f"duplicate key (first on line {top.keys[scalar]})", line)
+                    top.keys[scalar] = line or 0
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+            elif isinstance(event, yaml.CollectionStartEvent):
+                _check_tag(event, fail, line)
+                field = stack[-1].child() if stack else ""
+                stack.append(_Open(event.anchor, isinstance(event, yaml.MappingStartEvent),
+                                   field))
+                total += 1
+                if len(stack) > MAX_DEPTH:
+                    raise InputError(f"lists and mappings nested more than {MAX_DEPTH} deep",
+                                     file=file, line=line, field=field[:40] + "…")
+                if total > MAX_NODES:
+                    raise _too_many(file, line, field)
+                continue
+            elif isinstance(event, yaml.CollectionEndEvent):
+                done = stack.pop()
+                if done.anchor is not None:
+                    sizes[done.anchor] = done.size
+                if stack:
+                    stack[-1].size += done.size
+                    stack[-1].done_item(None)
+                continue
+            else:
+                continue
+            total += size
+            if total > MAX_NODES:
+                raise fail(_too_many(file, line).message, line)
+            if stack:
+                stack[-1].size += size
+                stack[-1].done_item(scalar)
     finally:
         loader.dispose()
 
 
-def load_yaml(path: str | Path) -> Any:
-    """Read and parse a YAML file; a missing or unreadable file is an `InputError`."""
+# the tags a safe load builds; any other explicit tag (`!!python/object`, `!custom`) is refused
+# at its field before anything is built
+_TAGS = {None, "!", *(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null",
+                                                        "seq", "map"))}
+
+
+def _check_tag(event: Any, fail: Any, line: int | None) -> None:
+    if event.tag not in _TAGS:
+        raise fail(f"the tag {clip(event.tag, 60)} is not allowed (plain values, lists and "
+                   "mappings only)", line)
+
+
+def _too_many(file: str, line: int | None, field: str = "") -> InputError:
+    return InputError(f"more than {MAX_NODES:,} values, lists and mappings once aliases are "
+                      "expanded (an alias repeats what its anchor holds)", file=file, line=line,
+                      field=field)
+
+
+def load_yaml_text(text: str, file: str = "<string>") -> Any:
+    """Parse one YAML document within the bounds above; mappings come back as `YMap`,
+    sequences as `YList`."""
+    if len(text) > MAX_FILE_BYTES:
+        raise InputError(f"{len(text):,} characters, more than the {MAX_FILE_BYTES:,} bytes a "
+                         "scenario or topology may hold", file=file)
+    loader = None
+    try:
+        _check_bounds(text, file)
+        loader = _LineLoader(text)
+        loader.file = file
+        return loader.get_single_data()
+    except yaml.reader.ReaderError as exc:  # a character YAML refuses: its line, not its text
+        line = text.count("\n", 0, exc.position) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or " ")
+        raise InputError(f"not valid YAML: character #x{code:04x} is not allowed (control "
+                         "characters are refused)", file=file, line=line) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "unreadable"
+        raise InputError(f"not valid YAML: {problem[:160]}", file=file, line=line) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"not valid YAML: {str(exc)[:160]}", file=file) from None
+    except (ValueError, OverflowError, RecursionError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        # a constructor's own refusal (an integer of 5,000 digits, a bad date)
+        raise InputError(f"a value cannot be read: {str(exc)[:120]}", file=file) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def read_bounded(path: str | Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; an `InputError` naming the file
+    otherwise (a folder, a device such as /dev/zero, a FIFO, a missing or larger file). The
+    kind is checked before the file is opened (opening a FIFO would block) and the read stops
+    at limit + 1 bytes, whatever the file's size says."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        st = os.stat(path)
     except FileNotFoundError:
         raise InputError("file not found", file=str(path)) from None
-    except IsADirectoryError:
-        raise InputError("is a folder, not a YAML file", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {exc}", file=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or type(exc).__name__}",
+                         file=str(path)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"is a folder, not {what}", file=str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"is not a regular file (a device, FIFO or socket), not {what}",
+                         file=str(path))
+    if st.st_size > limit:
+        raise InputError(f"{st.st_size:,} bytes, more than the {limit:,} {what} may hold",
+                         file=str(path))
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or type(exc).__name__}",
+                         file=str(path)) from None
+    if len(data) > limit:
+        raise InputError(f"more than the {limit:,} bytes {what} may hold", file=str(path))
+    return data
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Read and parse a YAML file (`read_bounded`: a regular file of at most MAX_FILE_BYTES);
+    a missing, unreadable, oversized or binary file is an `InputError`."""
+    data = read_bounded(path, MAX_FILE_BYTES, "a YAML file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start:,} is not): a YAML file is text",
+                         file=str(path)) from None
     return load_yaml_text(text, str(path))
 
 
@@ -175,7 +355,7 @@ def describe(value: Any) -> str:
         return "a list"
     if value is None:
         return "nothing (an empty value)"
-    return repr(value)
+    return clip(value)
 
 
 @dataclass(frozen=True)
@@ -192,7 +372,8 @@ class Loc:
         line = lines.get(key) if isinstance(lines, dict) else None
         if line is None:
             line = getattr(mapping, "line", None) or self.line
-        field = f"{self.field}.{key}" if self.field else str(key)
+        name = str(key) if _KEY.match(str(key)) else clip(key, 40)  # a key is echoed too
+        field = f"{self.field}.{name}" if self.field else name
         return Loc(self.file, field, line)
 
     def item(self, seq: Any, index: int) -> Loc:
@@ -213,7 +394,7 @@ def _number(value: Any, loc: Loc) -> float:
     if not is_number(value, finite=False):
         raise loc.error(f"must be a number, got {describe(value)}")
     if not math.isfinite(value):
-        raise loc.error(f"must be finite, got {value!r}")
+        raise loc.error(f"must be finite, got {clip(value)}")
     return value
 
 
@@ -225,10 +406,10 @@ class Section:
     """
 
     def __init__(self, data: Any, loc: Loc, what: str = "a mapping") -> None:
-        if not isinstance(data, Mapping):
-            raise loc.error(f"must be {what}, got {describe(data)}")
         if loc.line is None and getattr(data, "line", None) is not None:
             loc = Loc(loc.file, loc.field, data.line)
+        if not isinstance(data, Mapping):
+            raise loc.error(f"must be {what}, got {describe(data)}")
         self.data = data
         self.loc = loc
         self._read: set[Any] = set()
@@ -263,7 +444,7 @@ class Section:
             if not isinstance(raw, str) or not raw.strip():
                 raise loc.error(f"must be a non-empty string, got {describe(raw)}")
             if choices and raw not in choices:
-                raise loc.error(f"must be one of {', '.join(choices)}, got {raw!r}")
+                raise loc.error(f"must be one of {', '.join(choices)}, got {clip(raw)}")
             return raw
 
         return self.value(key, parse, default)
@@ -320,7 +501,7 @@ class Section:
             return
         key = unknown[0]
         known = sorted(str(k) for k in self._read | self._known)
-        close = difflib.get_close_matches(str(key), known, n=1)
+        close = difflib.get_close_matches(str(key)[:100], known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(known)})"
         raise self.at(key).error(f"unknown field{hint}")
 
@@ -331,11 +512,11 @@ def check_range(
 ) -> float:
     """`value` if inside the bounds, else an error that names the bound and the value."""
     if gt is not None and not value > gt:
-        raise loc.error(f"must be > {gt:g}, got {value!r}")
+        raise loc.error(f"must be > {gt:g}, got {clip(value)}")
     if ge is not None and not value >= ge:
-        raise loc.error(f"must be >= {ge:g}, got {value!r}")
+        raise loc.error(f"must be >= {ge:g}, got {clip(value)}")
     if le is not None and not value <= le:
-        raise loc.error(f"must be <= {le:g}, got {value!r}")
+        raise loc.error(f"must be <= {le:g}, got {clip(value)}")
     return value
 
 

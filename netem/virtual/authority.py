@@ -171,6 +171,11 @@ class Authority:
 
     def __init__(self, *, stall_s: float = STALL_S) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="moemesh-clock-"))
+        # moemesh clean finds it after a killed run by this marker and removes what it lists
+        # (the orchestrator's marker, imported here: netem itself writes no other folder)
+        from orchestrator.markers import mark
+
+        mark(self.folder, "clock", made=("time", "sock"))
         self.clock = SharedClock(self.folder / "time", create=True)
         self.clock.set(REALTIME, 2.0 ** 21)  # real time, counted from 2**21 s (virtual_origin)
         self.stall_s = stall_s

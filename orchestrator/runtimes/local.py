@@ -138,7 +138,8 @@ class LocalRuntime(ProcessRuntime):
                 self.log_dir = self._log_dir_given
             else:
                 self.log_dir = Path(tempfile.mkdtemp(prefix="moemesh-local-"))
-                mark(self.log_dir, "logs")  # moemesh clean: ours, and whether it still runs
+                mark(self.log_dir, "logs", made=[*(f"{n.name}.log" for n in nodes), "template.log"])
+                # moemesh clean: ours, whether it still runs, and what it made
             for launch in nodes:
                 self._nodes[launch.name] = ProcessNode(launch, HOST, 0,
                                                        self.log_dir / f"{launch.name}.log")

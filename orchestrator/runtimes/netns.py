@@ -176,7 +176,8 @@ class NetnsRuntime(ProcessRuntime):
                 raise ValueError(f"subnet {subnet} has room for {len(hosts) - 1} nodes, "
                                  f"not {len(nodes)}")
             self.log_dir = Path(tempfile.mkdtemp(prefix=f"moemesh-netns-{self.id}-"))
-            mark(self.log_dir, "netns", self.id)  # moemesh clean finds the id's objects by it
+            mark(self.log_dir, "netns", self.id, made=[f"{n.name}.log" for n in nodes])
+            # moemesh clean finds the id's objects by it (and removes only these logs)
             await self._make_bridge(f"{hosts[0]}/{subnet.prefixlen}")
             for i, launch in enumerate(nodes):
                 node = _Node(launch, str(hosts[i + 1]), launch.port, index=i,

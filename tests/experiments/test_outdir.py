@@ -36,7 +36,7 @@ def test_a_rerun_into_a_finished_folder_refuses_unless_forced(tmp_path: Path) ->
         claim_out(out)
     assert (out / "tokens.csv").read_text() == "old rows\n"  # untouched
     claim_out(out, force=True)
-    assert sorted(p.name for p in out.iterdir()) == [".moemesh-marker"]
+    assert sorted(p.name for p in out.iterdir()) == [".moemesh-manifest", ".moemesh-marker"]
 
 
 def test_a_folder_moemesh_did_not_make_is_refused_even_with_force(tmp_path: Path) -> None:

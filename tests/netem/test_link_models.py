@@ -153,7 +153,7 @@ def test_csv_schedule_reads_and_names_lines() -> None:
     assert [sched.index_at(t) for t in (0, 1.99, 2, 10)] == [0, 0, 1, 2]
     assert sched.next_change(0) == 2.0 and sched.next_change(3.5) is None
     for lines, needle in ((["0,1", "0,2"], "x.csv:2: t_s 0 must be >= 0 and after"),
-                          (["0,abc"], "x.csv:1: delay_ms: 'abc' is not a number"),
+                          (["0,abc"], "x.csv:1: delay_ms: not a number"),
                           (["1,2"], "the first step must be at t_s = 0"),
                           (["0,1,2,3,4"], "x.csv:1: 5 columns"),
                           (["t_s,rate", "0,1"], "x.csv:1: header must be")):
@@ -171,9 +171,9 @@ def test_mahimahi_trace_becomes_looping_rate_steps() -> None:
     assert sched.trace is not None and sched.trace.stamps_ms == (*range(0, 100, 10), 200)
     assert sched.index_at(0.25) == 0 and sched.index_at(0.35) == 1
     assert sched.next_change(0.25) == pytest.approx(0.3)
-    with pytest.raises(ValueError, match="t:2: 5 ms goes back in time"):
+    with pytest.raises(ValueError, match="t:2: goes back in time"):
         read_mahimahi(["10", "5"], "t")
-    with pytest.raises(ValueError, match="t:1: 'x' is not a whole number"):
+    with pytest.raises(ValueError, match="t:1: not a whole number"):
         read_mahimahi(["x"], "t")
 
 
@@ -225,7 +225,7 @@ def test_a_mahimahi_trace_in_microseconds_is_refused_before_memory_goes(tmp_path
     from netem.schedule import read_schedule
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(ValueError, match=r"ns\.trace:2: 1000000000 ms .* µs or ns"):
+    with pytest.raises(ValueError, match=r"ns\.trace:2: a timestamp past .* µs or ns"):
         read_schedule(trace, "mahimahi")
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
     ok = read_mahimahi([str(t) for t in range(0, 999_000, 7)], "t", bin_ms=10)

@@ -83,11 +83,27 @@ def test_parse_delay(text: object, ms: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "mbit"),
-    [("1gbit", 1000.0), ("1Gbit", 1000.0), ("100mbit", 100.0), ("100Mbps", 100.0),
+    [("1gbit", 1000.0), ("1Gbit", 1000.0), ("100mbit", 100.0), ("100mbit/s", 100.0),
      ("512kbit", 0.512), ("10MB/s", 80.0), ("10MBps", 80.0), (25, 25.0)],
 )
 def test_parse_rate(text: object, mbit: float) -> None:
     assert parse_rate_mbit(text) == pytest.approx(mbit)
+
+
+@pytest.mark.parametrize(("text", "bits", "nbytes", "spell"),
+                         [("10mbps", "10 Mbit/s", "80 Mbit/s", "10mbit for bits or 10MB/s"),
+                          ("10Mbps", "10 Mbit/s", "80 Mbit/s", "10mbit for bits or 10MB/s"),
+                          ("2gbps", "2000 Mbit/s", "16000 Mbit/s", "2gbit for bits or 2GB/s"),
+                          ("512kbps", "0.512 Mbit/s", "4.096 Mbit/s", "512kbit for bits")])
+def test_ambiguous_rate_units_are_refused_with_both_readings(text: str, bits: str, nbytes: str,
+                                                            spell: str) -> None:
+    """tc reads `mbps` as megabytes per second; people mostly mean megabits: neither is
+    guessed, the message gives both readings and the two unambiguous spellings."""
+    with pytest.raises(ValueError) as info:
+        parse_rate_mbit(text)
+    message = str(info.value)
+    assert "ambiguous" in message and bits in message and nbytes in message
+    assert spell in message
 
 
 @pytest.mark.parametrize(

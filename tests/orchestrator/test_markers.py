@@ -55,9 +55,11 @@ def test_the_stale_clean_up_refuses_a_folder_without_the_marker(tmp_path: Path) 
             _clean_stale(folder, state)
         assert sleeper.poll() is None  # not signalled
         assert (folder / "results.csv").exists()
-        mark(folder, "mesh")
-        assert _clean_stale(folder, state) == ["n"]  # ours: ended and removed
-        assert not folder.exists()
+        mark(folder, "mesh", made=("state.json",))
+        (folder / "state.json").write_text("{}")
+        assert _clean_stale(folder, state) == ["n"]  # ours: ended, what it made removed
+        # a marker is no licence to delete the user's files: only what was recorded goes
+        assert sorted(p.name for p in folder.iterdir()) == ["notes", "results.csv"]
     finally:
         sleeper.kill()
         sleeper.wait()

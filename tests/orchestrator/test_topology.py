@@ -176,9 +176,9 @@ links:
      "as booleans: quote it)"),
     ("nodes: []\n", "1: nodes: must be a non-empty list of nodes, got a list"),
     ("name: x\n", "1: missing required field 'nodes'"),
-    ("- a\n", "must be a topology mapping (name, nodes, defaults, links), got a list"),
+    ("- a\n", "1: must be a topology mapping (name, nodes, defaults, links), got a list"),
     ("nodes:\n  - {name: a, profile: hetroute-s}\nnodes:\n  - {name: b, profile: hetroute-s}\n",
-     "3: duplicate key 'nodes' (first on line 1)"),
+     "3: nodes: duplicate key (first on line 1)"),
 ]
 
 
