@@ -161,3 +161,49 @@ def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
     assert b"<svg" in (tmp_path / "forest_h_vs_g.svg").read_bytes()[:400]
     assert "| h lower than g on mean_latency |" in md and "![forest_h_vs_g.png]" in md
     assert f"`{'ab' * 32}`" in md and "| w2 | +2.0% [" in md
+
+
+@pytest.mark.slow
+def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -> None:
+    """Two 4-node worlds of a tiny scenario, 3 requests each; then --resume reruns nothing."""
+    import json
+
+    from experiments.scaling import tiny_scaled
+    from orchestrator.randomtopo import random_topology
+    from orchestrator.topology import topology_to_data
+    from orchestrator.yamlio import dump_yaml
+    from tests.helpers import moemesh_process
+
+    # scaled for tiny-moe (as paper10-tiny.yaml): unscaled, every node holds every expert
+    topo = tiny_scaled(random_topology(4, 3), name="random-4n-seed3")
+    scen = {"name": "tiny-study", "topology": topology_to_data(topo),
+            "model": "tiny-moe", "runtime": "local", "shaper": "app", "clock": "virtual",
+            "placement": {"policy": "hetroute", "redundancy": 2.0},
+            "policies": ["greedy", "hetroute"],
+            "workload": {"rate_rps": 2, "requests": 3, "gen_tokens": 4,
+                         "prompt_tokens": [8, 16], "seed": 1},
+            "claims": [{"metric": "traffic", "policy": "hetroute", "baseline": "greedy",
+                        "direction": "lower"}]}
+    path = tmp_path / "tiny-study.yaml"
+    path.write_text(dump_yaml(scen, "a study test"))
+    out = tmp_path / "study"
+    args = ["study", str(path), "--topologies", "2", "--seeds", "1", "--out", str(out),
+            "--quiet"]
+    done = moemesh_process(*args, timeout_s=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((out / "study.json").read_text())
+    assert [w["name"] for w in data["worlds"]] == [f"t{w.topology_seed}-w{w.workload_seed}"
+                                                   for w in draw_worlds(1, 2, 1)]
+    claim = [c for c in data["comparisons"] if c["claim"]]
+    assert len(claim) == 1 and claim[0]["verdict"] in ("held", "not held", "reversed")
+    assert {c["metric"] for c in data["comparisons"]} == {"mean_latency", "ttft",
+                                                          "decode_latency", "traffic"}
+    assert all(len(c["per_world"]) == 2 for c in data["comparisons"])
+    assert (out / "forest_hetroute_vs_greedy.svg").is_file()
+    for w in data["worlds"]:
+        assert (out / w["folder"] / "report.md").is_file()
+    again = moemesh_process(*args, "--resume", timeout_s=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    redo = json.loads((out / "study.json").read_text())
+    assert [r["ran"] for r in redo["ran"]] == [False, False]
+    assert redo["comparisons"] == data["comparisons"]
