@@ -54,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue a study in --out: complete worlds are kept, a stopped one "
                         "runs only what it lacks")
+    p.add_argument("--no-run", action="store_true",
+                   help="run nothing: draw study.json and study.md from the worlds complete "
+                        "in --out (a study still running or stopped), the others listed as "
+                        "missing")
     p.set_defaults(handler=_study)
 
 
@@ -86,7 +90,7 @@ def _study(args: argparse.Namespace) -> int:
     from orchestrator.arms import load_experiment
 
     from .outdir import claim_out, finish_out
-    from .study import analyse, rows_for, run_worlds
+    from .study import analyse, rows_for, run_worlds, world_done
     from .study_report import write_study
     from .worlds import draw_worlds, generator_of
 
@@ -103,22 +107,33 @@ def _study(args: argparse.Namespace) -> int:
     rows = rows_for(claims, labels, args.baseline)
     options = replace(_options(args, scenario), quiet=True, link_probe=args.link_probe)
     out = args.out or Path("results") / f"{scenario.name}-study"
-    claim_out(out, force=options.force, scenario=scenario.name, resume=bool(args.resume))
     t0 = time.monotonic()
-    try:
-        ran = run_worlds(worlds, out, _world_runner(arms, options, notes, scenario, gen),
-                         quiet=args.quiet)
-    except BaseException:
-        finish_out(out, ok=False)
-        raise
+    missing: list[str] = []
+    if args.no_run:  # read-only on the worlds: no claim on the folder, nothing run
+        ran = []
+        missing = [w.name for w in worlds if not world_done(out / "worlds" / w.name)]
+        worlds = [w for w in worlds if w.name not in missing]
+        if not worlds:
+            raise ValueError(f"--no-run: no complete world in {out / 'worlds'}")
+    else:
+        claim_out(out, force=options.force, scenario=scenario.name,
+                  resume=bool(args.resume))
+        try:
+            ran = run_worlds(worlds, out, _world_runner(arms, options, notes, scenario, gen),
+                             quiet=args.quiet)
+        except BaseException:
+            finish_out(out, ok=False)
+            raise
     loaded, _ = load_experiment(args.scenario)
     meta = {"scenario": scenario.name, "scenario_file": str(Path(args.scenario).resolve()),
             "scenario_sha256": loaded.source_sha256, "topologies": args.topologies,
             "seeds": args.seeds, "generator": gen.to_json(), "arms": labels,
-            "notes": notes, "wall_s": round(time.monotonic() - t0, 1), "ran": ran}
+            "notes": notes, "wall_s": round(time.monotonic() - t0, 1), "ran": ran,
+            "missing_worlds": missing}
     data = analyse(out, worlds, rows, study_seed=args.study_seed, meta=meta)
     path = write_study(out, data)
-    finish_out(out, ok=True)
+    if not args.no_run:
+        finish_out(out, ok=True)
     for c in data["comparisons"]:
         if c["metric"] == "mean_latency" or c["claim"]:
             lo, hi = c["hier_ci95_pct"]

@@ -103,6 +103,11 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
              + f") x {data['seeds']} workload seeds, all drawn from study seed "
                f"{data['study_seed']}. The scenario file's sha256: "
                f"`{data.get('scenario_sha256') or 'unknown'}`.", ""]
+    if data.get("missing_worlds"):
+        lines += [f"> **Partial study**: {len(data['missing_worlds'])} of "
+                  f"{len(worlds) + len(data['missing_worlds'])} worlds drawn are not complete "
+                  f"on disk and are left out ({', '.join(data['missing_worlds'])}); the "
+                  f"figures below are over the {len(worlds)} that are.", ""]
     if data.get("notes"):
         lines += ["Runs: " + "; ".join(data["notes"]) + ".", ""]
     lines += ["Per world, each policy is compared with its baseline paired by request (the "

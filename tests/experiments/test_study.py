@@ -161,6 +161,9 @@ def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
     assert b"<svg" in (tmp_path / "forest_h_vs_g.svg").read_bytes()[:400]
     assert "| h lower than g on mean_latency |" in md and "![forest_h_vs_g.png]" in md
     assert f"`{'ab' * 32}`" in md and "| w2 | +2.0% [" in md
+    assert "Partial study" not in md
+    partial = write_study(tmp_path, {**data, "missing_worlds": ["t5-w9"]}).read_text()
+    assert "**Partial study**: 1 of 5 worlds drawn are not complete on disk" in partial
 
 
 @pytest.mark.slow
