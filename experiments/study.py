@@ -189,6 +189,7 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
         summary = json.loads((folder / "summary.json").read_text())
         world_info.append({**world.to_json(), "folder": f"worlds/{world.name}",
                            "wall_s": rmeta.timings.get("total_s"),
+                           "commit": rmeta.host.get("commit"),
                            "faithful": summary.get("faithful")})
         for i, row in enumerate(rows):
             eff = world_effect(by, row, rmeta.seed)

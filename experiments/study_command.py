@@ -78,10 +78,18 @@ def _world_runner(arms: Any, options: Any, notes: list[str], scenario: Any, gen:
                 resume = load(folder)
             except ValueError:
                 resume = None  # not resumable: run it again from scratch
-        run_clocked(run_experiment(ws, arms, open_live, folder,
-                                   replace(options, force=resume is None),
-                                   notes=[*notes, f"study world {world.name}"],
-                                   resume=resume), ws)
+        def once(resume: Any) -> None:
+            run_clocked(run_experiment(ws, arms, open_live, folder,
+                                       replace(options, force=resume is None),
+                                       notes=[*notes, f"study world {world.name}"],
+                                       resume=resume), ws)
+
+        try:
+            once(resume)
+        except ValueError as exc:  # not the same run (another commit, scenario, arms)
+            if resume is None or not str(exc).startswith("--resume"):
+                raise
+            once(None)  # refused before it wrote anything: run the world afresh
 
     return run_one
 
