@@ -611,7 +611,8 @@ def _reproduction_lines(meta: RunMeta, by_name: Mapping[str, PolicyStats],
         return []
     lines = ["", "## Reproduction", "",
              "What the papers report (docs/papers.md) beside this run. 'Holds' = the measured "
-             "change has the paper's direction and its 95% CI excludes 0. These rows were "
+             "change has the paper's direction and its 95% CI excludes 0 (the CI rules: a p "
+             "shown beside it is for reference and may disagree). These rows were "
              "not pre-registered: the scenarios were written, and some of their knobs "
              "(link rates, durations) changed, by people who had seen results (issue 39); "
              "what a scenario states before it is run is under 'Pre-registered claims', "
