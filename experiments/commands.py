@@ -5,6 +5,7 @@
     moemesh run SCENARIO --repeat 4                      # every policy 4 times, interleaved
     moemesh report results/quickstart                    # redraw from the raw records
     moemesh sweep SCENARIO --knob redundancy --values 1,2,3 --out results/sweep-redundancy
+    moemesh study SCENARIO --topologies 8 --seeds 2      # across worlds (experiments.study)
 
 Bad input (a scenario file, a flag) raises ValueError: `moemesh` prints it and exits 2.
 A run that is not faithful (experiments.faithful) ends with a warning on stderr naming why;
@@ -173,6 +174,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "finished points are kept, a stopped point runs only what it lacks "
                          "(as `moemesh run --resume`), the others run")
     sw.set_defaults(handler=_sweep)
+
+    from .study_command import register as register_study  # `moemesh study`
+
+    register_study(sub)
 
 
 # ----------------------------------------------------------------------------- handlers

@@ -9,7 +9,8 @@ A comparison of two policies (`compare`) gives the change of the mean token late
 traffic per token) with a 95% confidence interval from a bootstrap over requests (tokens of
 one request are not independent, so requests are resampled whole), and a two-sided
 Mann-Whitney U test on the per-request mean latency. A change whose interval holds 0 is not
-called a difference. The report compares policies paired by request instead
+called a difference, whatever the p-value says: the verdict has one rule, the CI. The report
+compares policies paired by request instead
 (`experiments.paired`): every policy serves the same requests, so they are resampled
 together; `compare` stays for samples that are not paired.
 
@@ -367,7 +368,8 @@ class Comparison:
                     [_num(self.ci_low_pct), _num(self.ci_high_pct)],
                 "p_value": _num(self.p_value), "significant": self.significant,
                 "requests": self.n_a if self.paired else [self.n_a, self.n_b],
-                "mean_diff": _num(self.mean_diff), "verdict": self.verdict()}
+                "mean_diff": _num(self.mean_diff), "verdict": self.verdict(),
+                "verdict_rule": "ci95"}  # the verdict is the CI's, whatever p says
 
 
 def _per_request(tokens: Sequence[TokenRow], attr: str) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,12 @@ Metrics (the name is what `summary.json`'s `comparisons` say):
   summed token counts, for each side of each resample;
 * `p99_latency`: the 99th percentile of the paired requests' token latencies (the rank the
   HDR histograms of the tables use, on exact values);
-* `traffic`: bytes moved per measured token, like `mean_latency`.
+* `traffic`: bytes moved per measured token, like `mean_latency`;
+* `ttft`: the first generated token's latency (index 0 in tokens.csv: the prompt's prefill
+  and the first decode step), mean over the paired requests;
+* `decode_latency`: mean latency of the other tokens (index >= 1: decode steps only), like
+  `mean_latency` on those tokens. The overall mean mixes the two; a policy can win on
+  prefill and not on decode (issue 39 saw exactly that), so both are compared apart.
 
 Failed tokens are not dropped from the latency metrics, or a policy that fails its slow
 tokens would look faster than one that completes them: a measured token that failed counts
@@ -30,7 +35,12 @@ report redrawn from the same rows gives the same interval. With repetitions
 (`moemesh run --repeat N`) a request's tokens of every repetition are pooled into that
 request: the unit stays the request, and the run-to-run noise is inside each unit's value.
 The p-value (mean metrics) is a two-sided Wilcoxon signed-rank test on the per-request
-differences of the request's mean; `p99_latency` gets none.
+differences of the request's mean; `p99_latency` gets none. The two can disagree (the test is
+about the median per-request difference, the CI about the change of the token-weighted mean):
+the verdict is the CI's alone (`Comparison.verdict`), and the report says so.
+
+`paired_changes` gives the bootstrap replicates themselves (the same draw as
+`paired_compare`'s): `experiments.study` resamples requests inside each world with it.
 """
 
 from __future__ import annotations
@@ -46,9 +56,13 @@ from scipy.stats import wilcoxon
 from .metrics import BOOTSTRAP, Comparison
 from .rows import TokenRow
 
-__all__ = ["METRICS", "PerRequest", "failed_charge", "paired_compare", "per_request"]
+__all__ = ["METRICS", "PerRequest", "failed_charge", "paired_changes", "paired_compare",
+           "per_request"]
 
-METRICS = {"mean_latency": "latency_ms", "p99_latency": "latency_ms", "traffic": "bytes"}
+METRICS = {"mean_latency": "latency_ms", "p99_latency": "latency_ms", "traffic": "bytes",
+           "ttft": "latency_ms", "decode_latency": "latency_ms"}
+# which tokens of a request a metric reads (by `index`; None: every token)
+TOKENS: dict[str, tuple[int, int | None] | None] = {"ttft": (0, 1), "decode_latency": (1, None)}
 P99 = 99.0
 _CHUNK = 250  # resamples per block in the percentile bootstrap (bounds the memory)
 
@@ -64,13 +78,16 @@ class PerRequest:
 
 
 def per_request(tokens: Sequence[TokenRow], attr: str = "latency_ms",
-                failed_at: float | None = None) -> PerRequest:
+                failed_at: float | None = None,
+                index: tuple[int, int | None] | None = None) -> PerRequest:
     """The completed, measured (outside the warm-up) tokens' `attr`, by request id; every
     repetition of a request is pooled into it. With `failed_at`, a measured token that failed
-    counts at that value (see the module docstring)."""
+    counts at that value (see the module docstring); with `index` = (lo, hi), only the tokens
+    whose position in their request is in lo..hi-1 (hi None: no end) count."""
     out: dict[int, list[float]] = defaultdict(list)
+    lo, hi = index if index is not None else (0, None)
     for t in tokens:
-        if t.warmup:
+        if t.warmup or t.index < lo or (hi is not None and t.index >= hi):
             continue
         if not t.ok:
             if failed_at is not None:
@@ -117,41 +134,32 @@ def _percentile_boot(a: list[np.ndarray], b: list[np.ndarray], idx: np.ndarray,
     return np.concatenate(out_a), np.concatenate(out_b)
 
 
-def paired_compare(a_name: str, a: Sequence[TokenRow], b_name: str, b: Sequence[TokenRow],
-                   metric: str = "mean_latency", *, seed: int = 0,
-                   resamples: int = BOOTSTRAP, failed_at: float | None = None) -> Comparison:
-    """`b` against `a` on `metric` (see the module docstring), paired by request id; with
-    `failed_at` (latency metrics only) a failed measured token counts at that many ms."""
+def _paired_values(a: Sequence[TokenRow], b: Sequence[TokenRow], metric: str,
+                   failed_at: float | None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per paired request (ids both sides have, in id order), each side's values."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     attr = METRICS[metric]
     charge = (failed_at if attr == "latency_ms" and failed_at is not None
               and math.isfinite(failed_at) else None)
-    pa, pb = per_request(a, attr, charge), per_request(b, attr, charge)
+    which = TOKENS.get(metric)
+    pa, pb = per_request(a, attr, charge, which), per_request(b, attr, charge, which)
     keys = sorted(pa.ids() & pb.ids())
-    nan = math.nan
-    va = [np.asarray(pa.values[k], dtype=float) for k in keys]
-    vb = [np.asarray(pb.values[k], dtype=float) for k in keys]
-    if not keys:
-        return Comparison(metric, a_name, b_name, nan, nan, nan, nan, nan, nan, 0, 0,
-                          paired=True)
+    return ([np.asarray(pa.values[k], dtype=float) for k in keys],
+            [np.asarray(pb.values[k], dtype=float) for k in keys])
+
+
+def _point(values: list[np.ndarray], metric: str) -> float:
     if metric == "p99_latency":
-        def point(values: list[np.ndarray]) -> float:
-            flat = np.sort(np.concatenate(values))
-            return float(_nearest_rank(flat, np.ones((1, len(flat))), P99)[0])
-    else:
-        def point(values: list[np.ndarray]) -> float:
-            return float(sum(v.sum() for v in values) / sum(len(v) for v in values))
-    ma, mb = point(va), point(vb)
-    change = 100.0 * (mb / ma - 1.0) if ma else nan
-    means_a = np.array([v.mean() for v in va])
-    means_b = np.array([v.mean() for v in vb])
-    diff = float(np.mean(means_b - means_a))
-    if len(keys) < 2:
-        return Comparison(metric, a_name, b_name, ma, mb, change, nan, nan, nan, 1, 1,
-                          paired=True, mean_diff=diff)
-    rng = np.random.default_rng([seed, 0xB007])
-    idx = rng.integers(0, len(keys), size=(resamples, len(keys)))
+        flat = np.sort(np.concatenate(values))
+        return float(_nearest_rank(flat, np.ones((1, len(flat))), P99)[0])
+    return float(sum(v.sum() for v in values) / sum(len(v) for v in values))
+
+
+def _boot_changes(va: list[np.ndarray], vb: list[np.ndarray], metric: str,
+                  idx: np.ndarray) -> np.ndarray:
+    """The change in % of b against a under each row of request indices `idx` (B, n); the
+    non-finite ones dropped."""
     if metric == "p99_latency":
         boot_a, boot_b = _percentile_boot(va, vb, idx, P99)
     else:
@@ -161,7 +169,50 @@ def paired_compare(a_name: str, a: Sequence[TokenRow], b_name: str, b: Sequence[
         boot_b = sb[idx].sum(axis=1) / cb[idx].sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         changes = 100.0 * (boot_b / boot_a - 1.0)
-    changes = changes[np.isfinite(changes)]
+    return changes[np.isfinite(changes)]
+
+
+def _draw(seed: int, n: int, resamples: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, 0xB007])
+    return rng.integers(0, n, size=(resamples, n))
+
+
+def paired_changes(a: Sequence[TokenRow], b: Sequence[TokenRow], metric: str = "mean_latency",
+                   *, seed: int = 0, resamples: int = BOOTSTRAP,
+                   failed_at: float | None = None) -> tuple[float, np.ndarray, int]:
+    """(change in %, its bootstrap replicates, paired requests) of b against a: the same
+    numbers `paired_compare` summarises (same draw for the same seed). Fewer than two paired
+    requests: no replicates (an empty array)."""
+    va, vb = _paired_values(a, b, metric, failed_at)
+    if not va:
+        return math.nan, np.empty(0), 0
+    ma, mb = _point(va, metric), _point(vb, metric)
+    change = 100.0 * (mb / ma - 1.0) if ma else math.nan
+    if len(va) < 2:
+        return change, np.empty(0), len(va)
+    return change, _boot_changes(va, vb, metric, _draw(seed, len(va), resamples)), len(va)
+
+
+def paired_compare(a_name: str, a: Sequence[TokenRow], b_name: str, b: Sequence[TokenRow],
+                   metric: str = "mean_latency", *, seed: int = 0,
+                   resamples: int = BOOTSTRAP, failed_at: float | None = None) -> Comparison:
+    """`b` against `a` on `metric` (see the module docstring), paired by request id; with
+    `failed_at` (latency metrics only) a failed measured token counts at that many ms."""
+    va, vb = _paired_values(a, b, metric, failed_at)
+    nan = math.nan
+    if not va:
+        return Comparison(metric, a_name, b_name, nan, nan, nan, nan, nan, nan, 0, 0,
+                          paired=True)
+    ma, mb = _point(va, metric), _point(vb, metric)
+    change = 100.0 * (mb / ma - 1.0) if ma else nan
+    means_a = np.array([v.mean() for v in va])
+    means_b = np.array([v.mean() for v in vb])
+    diff = float(np.mean(means_b - means_a))
+    n = len(va)
+    if n < 2:
+        return Comparison(metric, a_name, b_name, ma, mb, change, nan, nan, nan, 1, 1,
+                          paired=True, mean_diff=diff)
+    changes = _boot_changes(va, vb, metric, _draw(seed, n, resamples))
     lo, hi = (np.percentile(changes, [2.5, 97.5]) if len(changes) else (nan, nan))
     p = nan
     if metric != "p99_latency":
@@ -174,4 +225,4 @@ def paired_compare(a_name: str, a: Sequence[TokenRow], b_name: str, b: Sequence[
             except ValueError:
                 p = nan
     return Comparison(metric, a_name, b_name, ma, mb, float(change), float(lo), float(hi), p,
-                      len(keys), len(keys), paired=True, mean_diff=diff)
+                      n, n, paired=True, mean_diff=diff)

@@ -42,6 +42,7 @@ from .intervals import policy_intervals
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
 from .paired import METRICS, failed_charge, paired_compare
 from .parts import missing
+from .prereg import judge_run, prereg_lines
 from .quality import QualitySet, identical_set
 from .reproduce import DIFFERENCES, reproduction_rows
 from .rows import RequestRow, TokenRow, read_rows
@@ -50,7 +51,8 @@ from .runmeta import RunMeta
 __all__ = ["build_report", "comparisons", "load_run", "quality_delta", "render_markdown"]
 
 METRIC_LABELS = {"mean_latency": "mean latency", "p99_latency": "p99 latency",
-                 "traffic": "traffic/token"}
+                 "traffic": "traffic/token", "ttft": "first token (TTFT)",
+                 "decode_latency": "decode tokens"}
 
 
 def load_run(folder: Path) -> tuple[RunMeta, list[TokenRow], list[RequestRow], list[TokenRow]]:
@@ -260,9 +262,13 @@ def _comparison_lines(stats: Sequence[PolicyStats], comps: Sequence[Comparison],
              f"Each policy against `{ref}` (the first listed), paired by request: every policy "
              f"served the same seeded requests, so the 95% CI is a paired bootstrap over the "
              f"requests both were asked for (the same resampled requests on both sides, "
-             f"seeded with the run's seed). Mean metrics are per measured token; p is a "
-             f"Wilcoxon signed-rank test on the per-request differences of the request's "
-             f"mean; a CI that holds 0 is no difference.", "",
+             f"seeded with the run's seed). Mean metrics are per measured token; the first "
+             f"token (TTFT: the prompt's prefill and the first step) and the decode tokens "
+             f"(every later one) are compared apart besides the overall mean. **The verdict "
+             f"is the CI's**: a CI that holds 0 is no difference. p (a Wilcoxon signed-rank "
+             f"test on the per-request differences of the request's mean) is shown for "
+             f"reference only; it tests the median per-request difference, not the change of "
+             f"the mean, so the two can disagree: such rows are marked †.", "",
              f"Failed tokens are not dropped from the latency comparisons (a policy that "
              f"fails its slow tokens would look faster): each failed measured token counts "
              f"at {_f(charge)} ms, the slowest token any policy of this run completed. "
@@ -274,9 +280,21 @@ def _comparison_lines(stats: Sequence[PolicyStats], comps: Sequence[Comparison],
               else f"{c.ci_low_pct:+.1f}% .. {c.ci_high_pct:+.1f}%")
         rows.append([c.b, METRIC_LABELS.get(c.metric, c.metric), _f(c.value_a), _f(c.value_b),
                      "–" if not math.isfinite(c.change_pct) else f"{c.change_pct:+.1f}%", ci,
-                     str(c.n_a), _f(c.p_value, 2), c.verdict()])
-    return lines + _table(["policy", "metric", ref, "this", "change", "paired 95% CI",
-                           "requests", "p", "verdict"], rows)
+                     str(c.n_a), _f(c.p_value, 2) + (" †" if p_disagrees(c) else ""),
+                     c.verdict()])
+    lines += _table(["policy", "metric", ref, "this", "change", "paired 95% CI",
+                     "requests", "p", "verdict (CI)"], rows)
+    if any(p_disagrees(c) for c in comps):
+        lines += ["", "† p and the CI disagree at the 5% level; the verdict follows the "
+                      "CI (the change of the mean per token, what the row reports)."]
+    return lines
+
+
+def p_disagrees(c: Comparison) -> bool:
+    """The Wilcoxon p (< 0.05 or not) and the CI (excludes 0 or not) say different things."""
+    if not (math.isfinite(c.p_value) and math.isfinite(c.ci_low_pct)):
+        return False
+    return (c.p_value < 0.05) != c.significant
 
 
 def _quality_lines(meta: RunMeta, qset: QualitySet,
@@ -600,8 +618,12 @@ def _reproduction_lines(meta: RunMeta, by_name: Mapping[str, PolicyStats],
         return []
     lines = ["", "## Reproduction", "",
              "What the papers report (docs/papers.md) beside this run. 'Holds' = the measured "
-             "change has the paper's direction and its 95% CI excludes 0. The scenarios "
-             "were not tuned to match.", ""]
+             "change has the paper's direction and its 95% CI excludes 0 (the CI rules: a p "
+             "shown beside it is for reference and may disagree). These rows were "
+             "not pre-registered: the scenarios were written, and some of their knobs "
+             "(link rates, durations) changed, by people who had seen results (issue 39); "
+             "what a scenario states before it is run is under 'Pre-registered claims', "
+             "with its file's sha256.", ""]
     lines += _table(["paper", "comparison", "paper", "this run", "difference", "holds",
                      "arms / note"], [r.cells() for r in repro])
     return lines + ["", "Where and why we differ:", ""] + [f"- {d}" for d in DIFFERENCES]
@@ -638,6 +660,7 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
         lines += ["", "## Plots", ""]
         lines += [f"![{cap}]({name})" for cap, name in images.items()]
     lines += _reproduction_lines(meta, by_name, tokens)
+    lines += ["", *prereg_lines(meta.to_json(), tokens)]
     return "\n".join(lines) + "\n"
 
 
@@ -689,6 +712,8 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
         summary["fidelity"] = fidelity
     if meta.dense:
         summary["dense"] = meta.dense
+    summary["scenario_sha256"] = raw.get("scenario_sha256")
+    summary["claims"] = judge_run(raw, tok)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     images: dict[str, str] = {}
     if plots_too and tokens:

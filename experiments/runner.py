@@ -339,6 +339,9 @@ class _Run:
             "heldout_sha256": plan.text_sha256, "notes": list(notes),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": _host(),
             "scenario_data": _jsonable(scenario_to_data(scenario)),
+            # the scenario file's sha256 and its pre-registered claims (orchestrator.claims)
+            "scenario_sha256": scenario.source_sha256 or None,
+            "claims": [c.to_data() for c in scenario.claims],
             "runtime": scenario.runtime, "shaper": scenario.shaper,
             "clock": scenario.clock, "virtual_speedup": None,
             "placements": {}, "faults": {}, "quality": {}, "timings": {}, "overhead": None,

@@ -31,12 +31,14 @@ with file:line messages of their own.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from moe.vocab import clip, is_number
+from orchestrator.claims import check_labels
 from orchestrator.scenario import (
     PLACEMENT_POLICIES,
     ROUTER_POLICIES,
@@ -243,6 +245,12 @@ def load_experiment(path: str | Path) -> tuple[Scenario, tuple[Arm, ...]]:
         copy["policies"] = plain or [ROUTER_POLICIES[0]]
         data = copy
     scenario = scenario_from_data(data, Loc(str(path)), path.parent, default_name=path.stem)
+    scenario = replace(scenario, source_sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+    labels = [a.label for a in (arms if arms is not None else arms_of(scenario))]
+    try:
+        check_labels(scenario.claims, labels)
+    except ValueError as exc:
+        raise Loc(str(path)).key(data, "claims").error(str(exc)) from None
     if arms is not None and scenario.shaper == "tc":
         for i, arm in enumerate(arms):
             if arm.dense != "home":

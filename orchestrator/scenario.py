@@ -40,6 +40,8 @@ The YAML form, with every default:
       seed: 0
     faults:
       - {at: 30s, link-down: edge1 edge2, for: 10s}
+    claims:                             # pre-registered claims (orchestrator.claims)
+      - {metric: mean_latency, policy: hetroute, baseline: greedy, direction: lower}
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
 from moe.vocab import FULL_PRECISION, VARIANTS, clip, is_number
+from orchestrator.claims import Claim, read_claims
 from orchestrator.faults import (  # the one copy of these validators
     FAULT_ACTIONS,
     Fault,
@@ -332,6 +335,9 @@ class Scenario:
     description: str = ""
     repeat: int = 1  # `moemesh run` runs every policy this many times (experiments.repeats)
     batching: Batching = field(default_factory=Batching)  # at each home (router.batching)
+    claims: tuple[Claim, ...] = ()  # pre-registered (orchestrator.claims)
+    # sha256 of the file it was read from ("" when built in code); not part of its identity
+    source_sha256: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not SCENARIO_NAME.match(self.name):
@@ -339,6 +345,7 @@ class Scenario:
                              f"result folders), got {describe(self.name)}")
         object.__setattr__(self, "policies", tuple(self.policies))
         object.__setattr__(self, "faults", tuple(self.faults))
+        object.__setattr__(self, "claims", tuple(self.claims))
         for i, policy in enumerate(self.policies):
             if policy not in ROUTER_POLICIES:
                 raise ValueError(f"policies[{i}]: must be one of {', '.join(ROUTER_POLICIES)}, "
@@ -582,6 +589,7 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "faults": sec.value("faults", _read_faults, ()),
         "repeat": sec.raw("repeat", 1),
         "batching": sec.value("batching", _read_batching, Batching()),
+        "claims": sec.value("claims", read_claims, ()),
     }
     sec.done()
     try:
@@ -645,6 +653,8 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
         data["repeat"] = scenario.repeat
     if scenario.batching.on:
         data["batching"] = scenario.batching.to_json()
+    if scenario.claims:
+        data["claims"] = [c.to_data() for c in scenario.claims]
     cap = scenario.capacity
     if cap != CapacitySpec():
         data["capacity"] = {"loads": None if cap.loads is None else list(cap.loads),

@@ -131,7 +131,7 @@ def test_a_faithful_run_says_so_and_summary_has_the_keys(tmp_path: Path) -> None
     comps = summary["comparisons"]
     assert {(c["policy"], c["metric"]) for c in comps} == {
         (p, m) for p in ("greedy", "hetroute")
-        for m in ("mean_latency", "p99_latency", "traffic")}
+        for m in ("mean_latency", "p99_latency", "traffic", "ttft", "decode_latency")}
     for c in comps:
         assert c["against"] == "local-first"
         assert set(c) >= {"policy", "against", "metric", "change_pct", "paired_ci_pct"}

@@ -1,0 +1,237 @@
+"""Studies: a scenario's comparisons as distributions across worlds, not one draw of them.
+
+`moemesh study SCENARIO --topologies N --seeds M` runs the scenario in N x M worlds (N
+topologies drawn by the scenario's own generator, M workload seeds: experiments.worlds), each
+a full run in `OUT/worlds/<world>/`, then compares each policy with its baseline inside each
+world, paired by request (experiments.paired: the same bootstrap the report uses), and pools:
+
+* per world: the change in % and its paired 95% CI (requests resampled);
+* the median of the per-world changes, and the share of worlds where the change is
+  significant (CI beyond 0) in the claimed direction (and, apart, in the other);
+* a hierarchical 95% CI of the mean change across worlds: resample the topologies with
+  replacement (a topology's workload seeds travel with it: they share its links and devices,
+  so they are not independent draws), then, for every world drawn, one of its own bootstrap
+  replicates (its requests resampled). The interval covers both sources of spread: which
+  world one lands in, and request-to-request noise inside it;
+* a forest plot per comparison (PNG and SVG): every world's change and CI, the pooled mean
+  and its interval below.
+
+Comparisons: the pairs of the scenario's pre-registered claims (orchestrator.claims) when it
+states any, else each arm against `baseline` (the first arm by default); each on
+`STUDY_METRICS` (plus a claim's own metric). A claim is judged on the hierarchical CI by the
+report's rule (`orchestrator.claims.judge`): it holds only where it holds across worlds.
+Results: `study.json` (worlds, seeds, per-world effects, pooled figures) and `study.md`
+(experiments.study_report). A world whose folder holds a complete run is not run again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator.claims import Claim, judge
+
+from .metrics import BOOTSTRAP
+from .paired import failed_charge, paired_changes
+from .worlds import World
+
+__all__ = ["STUDY_METRICS", "Row", "analyse", "hierarchical_ci", "rows_for", "world_done",
+           "world_effect"]
+
+STUDY_METRICS = ("mean_latency", "ttft", "decode_latency", "traffic")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One comparison of a study: `policy` against `baseline` on `metric`."""
+
+    policy: str
+    baseline: str
+    metric: str
+    claim: Claim | None = None  # the pre-registered claim this row judges, if any
+
+    @property
+    def direction(self) -> str:
+        """The claimed direction (lower when nothing is claimed: less time, fewer bytes)."""
+        return self.claim.direction if self.claim else "lower"
+
+
+def rows_for(claims: Sequence[Claim], labels: Sequence[str], baseline: str | None = None
+             ) -> list[Row]:
+    """The study's comparisons (module docstring)."""
+    if claims:
+        pairs = list(dict.fromkeys((c.policy, c.baseline) for c in claims))
+    else:
+        base = baseline or labels[0]
+        if base not in labels:
+            raise ValueError(f"--baseline: no arm {base!r} (arms: {', '.join(labels)})")
+        pairs = [(p, base) for p in labels if p != base]
+    out = []
+    for policy, base in pairs:
+        mine = {c.metric: c for c in claims if (c.policy, c.baseline) == (policy, base)}
+        for m in dict.fromkeys([*STUDY_METRICS, *mine]):
+            out.append(Row(policy, base, m, mine.get(m)))
+    return out
+
+
+def world_effect(tokens: Mapping[str, Sequence[Any]], row: Row, seed: int,
+                 resamples: int = BOOTSTRAP) -> dict[str, Any]:
+    """`row` in one world: change %, CI, requests and the bootstrap replicates."""
+    charge = failed_charge(*tokens.values())
+    change, reps, n = paired_changes(tokens.get(row.baseline, ()), tokens.get(row.policy, ()),
+                                     row.metric, seed=seed, resamples=resamples,
+                                     failed_at=charge)
+    lo, hi = (np.percentile(reps, [2.5, 97.5]) if len(reps) else (math.nan, math.nan))
+    return {"change_pct": float(change), "ci95_pct": (float(lo), float(hi)), "requests": n,
+            "replicates": reps}
+
+
+def hierarchical_ci(effects: Sequence[float], replicates: Sequence[np.ndarray],
+                    clusters: Sequence[int], *, seed: int = 0, resamples: int = BOOTSTRAP
+                    ) -> tuple[float, float, float]:
+    """(mean of `effects`, 2.5th and 97.5th percentile) of the mean across worlds under the
+    two-stage bootstrap of the module docstring. A world with no replicates contributes its
+    point effect in every resample; worlds with a non-finite effect are left out."""
+    keep = [i for i, e in enumerate(effects) if math.isfinite(e)]
+    if not keep:
+        return math.nan, math.nan, math.nan
+    eff = np.array([effects[i] for i in keep], dtype=float)
+    reps = [replicates[i] if len(replicates[i]) else np.array([effects[i]]) for i in keep]
+    names = sorted({clusters[i] for i in keep})
+    cl = np.array([names.index(clusters[i]) for i in keep])
+    k = len(names)
+    rng = np.random.default_rng([seed, 0x57D1])
+    picks = rng.integers(0, k, size=(resamples, k))
+    total = np.zeros(resamples)
+    count = np.zeros(resamples)
+    for slot in range(k):
+        chosen = picks[:, slot]
+        for w, r in enumerate(reps):
+            hit = chosen == cl[w]
+            draw = r[rng.integers(0, len(r), size=resamples)]
+            total += np.where(hit, draw, 0.0)
+            count += hit
+    means = total / np.maximum(count, 1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(eff.mean()), float(lo), float(hi)
+
+
+def _significant(lo: float, hi: float, direction: str, min_pct: float = 0.0) -> bool:
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return False
+    return hi < -min_pct if direction == "lower" else lo > min_pct
+
+
+def _opposite(direction: str) -> str:
+    return "higher" if direction == "lower" else "lower"
+
+
+def pool(row: Row, per_world: Sequence[dict[str, Any]], clusters: Sequence[int], *,
+         seed: int) -> dict[str, Any]:
+    """The pooled figures of `row` from its per-world effects (module docstring)."""
+    effects = [w["change_pct"] for w in per_world]
+    finite = [e for e in effects if math.isfinite(e)]
+    mean, lo, hi = hierarchical_ci(effects, [w["replicates"] for w in per_world], clusters,
+                                   seed=seed)
+    m = row.claim.min_effect_pct if row.claim else 0.0
+    held = sum(_significant(*w["ci95_pct"], row.direction, m) for w in per_world)
+    against = sum(_significant(*w["ci95_pct"], _opposite(row.direction)) for w in per_world)
+    n = len(finite)
+    return {
+        "policy": row.policy, "baseline": row.baseline, "metric": row.metric,
+        "direction": row.direction, "claim": row.claim.to_data() if row.claim else None,
+        "median_pct": _num(float(np.median(finite)) if finite else math.nan),
+        "mean_pct": _num(mean), "hier_ci95_pct": [_num(lo), _num(hi)],
+        "worlds": n, "share_held": held / n if n else None,
+        "share_reversed": against / n if n else None,
+        "verdict": judge(row.claim, lo, hi) if row.claim else None,
+        "per_world": [{"world": w["world"], "change_pct": _num(w["change_pct"]),
+                       "ci95_pct": [_num(w["ci95_pct"][0]), _num(w["ci95_pct"][1])],
+                       "requests": w["requests"]} for w in per_world],
+    }
+
+
+def _num(x: float) -> float | None:
+    return round(float(x), 4) if x is not None and math.isfinite(x) else None
+
+
+def world_done(folder: Path) -> bool:
+    """Whether `folder` holds a complete run (summary drawn, no part missing, no error)."""
+    from .parts import missing
+
+    try:
+        meta = json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (folder / "summary.json").is_file() and not meta.get("error") and not missing(meta)
+
+
+def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_seed: int,
+            meta: Mapping[str, Any]) -> dict[str, Any]:
+    """study.json's content from the world folders under `out/worlds` (no rerun)."""
+    from .report import load_run
+
+    per_row: list[list[dict[str, Any]]] = [[] for _ in rows]
+    world_info = []
+    for world in worlds:
+        folder = out / "worlds" / world.name
+        rmeta, tokens, _, _ = load_run(folder)
+        by: dict[str, list[Any]] = {}
+        for t in tokens:
+            by.setdefault(t.policy, []).append(t)
+        summary = json.loads((folder / "summary.json").read_text())
+        world_info.append({**world.to_json(), "folder": f"worlds/{world.name}",
+                           "wall_s": rmeta.timings.get("total_s"),
+                           "commit": rmeta.host.get("commit"),
+                           "faithful": summary.get("faithful")})
+        for i, row in enumerate(rows):
+            eff = world_effect(by, row, rmeta.seed)
+            per_row[i].append({"world": world.name, **eff})
+    clusters = [w.topology for w in worlds]
+    return {**meta, "study_seed": study_seed, "worlds": world_info,
+            "comparisons": [pool(r, per_row[i], clusters, seed=study_seed)
+                            for i, r in enumerate(rows)]}
+
+
+def run_worlds(worlds: Sequence[World], out: Path, run_one: Callable[[World, Path], None],
+               *, quiet: bool = False) -> list[dict[str, Any]]:
+    """Run every world not complete on disk (`run_one(world, folder)`), with a rich progress
+    bar; returns per world {"world", "ran", "wall_s"}."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    done = []
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                  disable=quiet) as bar:
+        task = bar.add_task("worlds", total=len(worlds))
+        for world in worlds:
+            folder = out / "worlds" / world.name
+            if world_done(folder):
+                done.append({"world": world.name, "ran": False, "wall_s": 0.0})
+                bar.advance(task)
+                continue
+            bar.update(task, description=f"world {world.name}")
+            t0 = time.monotonic()
+            run_one(world, folder)
+            wall = time.monotonic() - t0
+            done.append({"world": world.name, "ran": True, "wall_s": round(wall, 1)})
+            if not quiet:
+                bar.console.print(f"{world.name}: {wall:.0f} s")
+            bar.advance(task)
+    return done

@@ -1,0 +1,164 @@
+"""`moemesh study SCENARIO --topologies N --seeds M`: a scenario across worlds (.study).
+
+    moemesh study experiments/scenarios/fg-access.yaml --topologies 8 --seeds 2
+    moemesh study SCENARIO --topologies 2 --seeds 1 --duration 10s --out /tmp/study   # a look
+    moemesh study SCENARIO --topologies 8 --seeds 2 --resume --out results/fg-access-study
+
+Every world is a full `moemesh run` in OUT/worlds/<world>/ (its report.md is there), with no
+quality scoring and no link probe by default (a study compares latency and traffic; the probe
+measures the shaper, the same in every world). Exit 0 when the study is written, 2 on bad
+input (a scenario whose topology has no known generator is bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .commands import _add_run_flags, _options, _prepare
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "study", help="run a scenario over generated topologies and workload seeds; pool each "
+        "comparison across the worlds",
+        description="Draw N topologies with the scenario's own generator and M workload seeds "
+        "(from --study-seed), run the scenario in every pair, compare each policy with its "
+        "baseline inside each world (paired by request), and report per comparison the "
+        "median change, the share of worlds where it holds, a hierarchical 95% CI (worlds, "
+        "then requests) and a forest plot; the scenario's pre-registered claims are judged "
+        "on it. Writes study.json, study.md and forest_*.png/.svg into --out.")
+    _add_run_flags(p)
+    p.set_defaults(quality_windows=0)
+    p.add_argument("--topologies", type=int, default=8, metavar="N",
+                   help="topologies to draw, e.g. 8")
+    p.add_argument("--seeds", type=int, default=2, metavar="M",
+                   help="workload seeds per topology, e.g. 2")
+    p.add_argument("--study-seed", type=int, default=1, metavar="S",
+                   help="seed the topology and workload seeds are drawn from, e.g. 1")
+    p.add_argument("--baseline", metavar="LABEL",
+                   help="the arm every other is compared with when the scenario states no "
+                        "claims, e.g. greedy (default: the first arm)")
+    p.add_argument("--link-probe", action="store_true",
+                   help="probe every pair's link in each world (default: not; ~10 s a world)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="study folder, e.g. results/fg-access-study (default: "
+                        "results/NAME-study)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a study in --out: complete worlds are kept, a stopped one "
+                        "runs only what it lacks")
+    p.add_argument("--no-run", action="store_true",
+                   help="run nothing: draw study.json and study.md from the worlds complete "
+                        "in --out (a study still running or stopped), the others listed as "
+                        "missing")
+    p.set_defaults(handler=_study)
+
+
+def _world_runner(arms: Any, options: Any, notes: list[str], scenario: Any, gen: Any
+                  ) -> Any:
+    from .clock import run_clocked
+    from .live import open_live
+    from .runner import run_experiment
+    from .worlds import world_scenario
+
+    def run_one(world: Any, folder: Path) -> None:
+        ws = world_scenario(scenario, gen, world)
+        resume = None
+        if (folder / "run.json").is_file():
+            from .resume import load
+
+            try:
+                resume = load(folder)
+            except ValueError:
+                resume = None  # not resumable: run it again from scratch
+        def once(resume: Any) -> None:
+            run_clocked(run_experiment(ws, arms, open_live, folder,
+                                       replace(options, force=resume is None),
+                                       notes=[*notes, f"study world {world.name}"],
+                                       resume=resume), ws)
+
+        try:
+            once(resume)
+        except ValueError as exc:  # not the same run (another commit, scenario, arms)
+            if resume is None or not str(exc).startswith("--resume"):
+                raise
+            once(None)  # refused before it wrote anything: run the world afresh
+
+    return run_one
+
+
+def _study(args: argparse.Namespace) -> int:
+    from orchestrator.arms import load_experiment
+
+    from .outdir import claim_out, finish_out
+    from .study import analyse, rows_for, run_worlds, world_done
+    from .study_report import write_study
+    from .worlds import draw_worlds, generator_of
+
+    if args.clock == "both":
+        raise ValueError("--clock both: not in a study (give virtual or realtime)")
+    scenario, arms, notes = _prepare(args)
+    gen = generator_of(scenario)
+    worlds = draw_worlds(args.study_seed, args.topologies, args.seeds)
+    labels = [a.label for a in arms]
+    claims = [c for c in scenario.claims if c.policy in labels and c.baseline in labels]
+    if len(claims) < len(scenario.claims):
+        notes.append(f"{len(scenario.claims) - len(claims)} claim(s) name arms left out by "
+                     f"--policies: not judged")
+    rows = rows_for(claims, labels, args.baseline)
+    options = replace(_options(args, scenario), quiet=True, link_probe=args.link_probe)
+    out = args.out or Path("results") / f"{scenario.name}-study"
+    t0 = time.monotonic()
+    missing: list[str] = []
+    if args.no_run:  # read-only on the worlds: no claim on the folder, nothing run
+        ran = []
+        missing = [w.name for w in worlds if not world_done(out / "worlds" / w.name)]
+        worlds = [w for w in worlds if w.name not in missing]
+        if not worlds:
+            raise ValueError(f"--no-run: no complete world in {out / 'worlds'}")
+    else:
+        claim_out(out, force=options.force, scenario=scenario.name,
+                  resume=bool(args.resume))
+        try:
+            ran = run_worlds(worlds, out, _world_runner(arms, options, notes, scenario, gen),
+                             quiet=args.quiet)
+        except BaseException:
+            finish_out(out, ok=False)
+            raise
+    loaded, _ = load_experiment(args.scenario)
+    meta = {"scenario": scenario.name, "scenario_file": str(Path(args.scenario).resolve()),
+            "scenario_sha256": loaded.source_sha256, "topologies": args.topologies,
+            "seeds": args.seeds, "generator": gen.to_json(), "arms": labels,
+            "notes": notes, "wall_s": round(time.monotonic() - t0, 1), "ran": ran,
+            "missing_worlds": missing}
+    data = analyse(out, worlds, rows, study_seed=args.study_seed, meta=meta)
+    path = write_study(out, data)
+    if not args.no_run:
+        finish_out(out, ok=True)
+    for c in data["comparisons"]:
+        if c["metric"] == "mean_latency" or c["claim"]:
+            lo, hi = c["hier_ci95_pct"]
+            print(f"  {c['policy']} vs {c['baseline']} {c['metric']}: median "
+                  f"{_pct(c['median_pct'])}, mean {_pct(c['mean_pct'])} [{_pct(lo)}, "
+                  f"{_pct(hi)}], significant lower in {_share(c, 'lower')} of "
+                  f"{c['worlds']} worlds" + (f": {c['verdict']}" if c["verdict"] else ""))
+    print(f"moemesh study: {len(worlds)} worlds in {data['wall_s']:.0f} s: {path}, "
+          f"{out / 'study.json'}", file=sys.stderr if args.quiet else sys.stdout)
+    json.dumps(data)  # fail here, not in a reader, if anything is not JSON
+    return 0
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:+.1f}%"
+
+
+def _share(c: dict[str, Any], way: str) -> str:
+    share = c["share_held"] if c["direction"] == way else c["share_reversed"]
+    return "–" if share is None else f"{100 * share:.0f}%"

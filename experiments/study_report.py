@@ -1,0 +1,178 @@
+"""study.json → study.md and the forest plots (PNG and SVG), from the figures only.
+
+One forest plot per compared pair (policy against baseline): a panel per metric, a row per
+world (its change and paired 95% CI, filled where the CI excludes 0), and below them the
+mean across worlds with its hierarchical 95% CI (experiments.study).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+
+__all__ = ["forest_plots", "study_markdown", "write_study"]
+
+LABELS = {"mean_latency": "mean token latency", "ttft": "first token (TTFT)",
+          "decode_latency": "decode tokens", "traffic": "traffic per token",
+          "p99_latency": "p99 token latency"}
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}%"
+
+
+def _ci(pair: Sequence[float | None]) -> str:
+    lo, hi = pair
+    return "–" if lo is None or hi is None else f"[{lo:+.1f}, {hi:+.1f}]"
+
+
+def _share(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "arm"
+
+
+def _pairs(data: Mapping[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in data["comparisons"]:
+        out.setdefault((c["policy"], c["baseline"]), []).append(c)
+    return out
+
+
+def forest_plots(data: Mapping[str, Any], out: Path) -> list[str]:
+    """Write forest_<policy>_vs_<baseline>.png and .svg per pair; returns the PNG names."""
+    names = []
+    for (policy, base), comps in _pairs(data).items():
+        worlds = [w["world"] for w in comps[0]["per_world"]]
+        fig, axes = plt.subplots(1, len(comps), figsize=(3.2 * len(comps) + 1.5,
+                                                         0.32 * len(worlds) + 1.8),
+                                 sharey=True, squeeze=False)
+        for ax, c in zip(axes[0], comps, strict=True):
+            for y, w in enumerate(c["per_world"]):
+                x, (lo, hi) = w["change_pct"], w["ci95_pct"]
+                if x is None:
+                    continue
+                sig = lo is not None and (lo > 0 or hi < 0)
+                if lo is not None:
+                    ax.plot([lo, hi], [y, y], color="#1971c2", lw=1.2)
+                ax.plot([x], [y], "s", color="#1971c2", mfc="#1971c2" if sig else "white",
+                        ms=5)
+            y = len(worlds) + 0.5
+            lo, hi = c["hier_ci95_pct"]
+            if c["mean_pct"] is not None and lo is not None:
+                ax.fill([lo, c["mean_pct"], hi, c["mean_pct"]], [y, y - 0.35, y, y + 0.35],
+                        color="#c92a2a")
+            ax.axvline(0, color="black", lw=0.8)
+            ax.set_title(LABELS.get(c["metric"], c["metric"]), fontsize=9)
+            ax.set_xlabel("change vs " + base + " (%)", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(axis="x", alpha=0.3)
+        axes[0][0].set_yticks([*range(len(worlds)), len(worlds) + 0.5],
+                              [*worlds, "mean (hier. CI)"])
+        axes[0][0].invert_yaxis()
+        fig.suptitle(f"{policy} vs {base}: per world (paired 95% CI; filled: excludes 0)",
+                     fontsize=10)
+        fig.tight_layout()
+        stem = f"forest_{_slug(policy)}_vs_{_slug(base)}"
+        fig.savefig(out / f"{stem}.png", dpi=110)
+        fig.savefig(out / f"{stem}.svg")
+        plt.close(fig)
+        names.append(f"{stem}.png")
+    return names
+
+
+def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
+    """study.md (see the module docstring of experiments.study for the statistics)."""
+    worlds = data["worlds"]
+    lines = [f"# Study: {data['scenario']}", "",
+             f"{len(worlds)} worlds: {data['topologies']} topologies drawn by the scenario's "
+             f"own generator (`{data['generator']['command']}`"
+             + (f", scaled for {data['generator']['scaled_for']}"
+                if data["generator"].get("scaled_for") else "")
+             + f") x {data['seeds']} workload seeds, all drawn from study seed "
+               f"{data['study_seed']}. The scenario file's sha256: "
+               f"`{data.get('scenario_sha256') or 'unknown'}`.", ""]
+    if data.get("missing_worlds"):
+        lines += [f"> **Partial study**: {len(data['missing_worlds'])} of "
+                  f"{len(worlds) + len(data['missing_worlds'])} worlds drawn are not complete "
+                  f"on disk and are left out ({', '.join(data['missing_worlds'])}); the "
+                  f"figures below are over the {len(worlds)} that are.", ""]
+    if data.get("notes"):
+        lines += ["Runs: " + "; ".join(data["notes"]) + ".", ""]
+    lines += ["Per world, each policy is compared with its baseline paired by request (the "
+              "report's bootstrap). Pooled: the **median** of the per-world changes; the "
+              "**share** of worlds whose paired 95% CI is beyond 0 in the claimed direction "
+              "(lower, where nothing is claimed) and, apart, in the other; the **mean** "
+              "change across worlds with a **hierarchical 95% CI** (topologies resampled, a "
+              "topology's seeds with it, then each drawn world's requests). A claim is judged "
+              "on the hierarchical CI alone: held, not held, reversed.", ""]
+    claims = [c for c in data["comparisons"] if c["claim"]]
+    lines += ["## Pre-registered claims", ""]
+    if claims:
+        lines += ["| claim | median | mean [hier. 95% CI] | share held | share reversed | "
+                  "verdict |", "|---|---|---|---|---|---|"]
+        for c in claims:
+            cl = c["claim"]
+            more = f" by > {cl['min_effect_pct']:g}%" if cl.get("min_effect_pct") else ""
+            lines.append(f"| {cl['policy']} {cl['direction']} than {cl['baseline']} on "
+                         f"{cl['metric']}{more} | {_pct(c['median_pct'])} | "
+                         f"{_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | "
+                         f"{_share(c['share_held'])} | {_share(c['share_reversed'])} | "
+                         f"**{c['verdict']}** |")
+    else:
+        lines.append("The scenario states no claims (`claims:`): the comparisons below are "
+                     "exploratory; none was registered before the run.")
+    lines += ["", "## Comparisons across worlds", "",
+              "TTFT is the first generated token (prefill and the first step); decode is "
+              "every later token; mean is all tokens.", "",
+              "| policy | vs | metric | median | mean [hier. 95% CI] | share lower | "
+              "share higher | worlds |", "|---|---|---|---|---|---|---|---|"]
+    for c in data["comparisons"]:
+        low, high = ((c["share_held"], c["share_reversed"]) if c["direction"] == "lower"
+                     else (c["share_reversed"], c["share_held"]))
+        lines.append(f"| {c['policy']} | {c['baseline']} | "
+                     f"{LABELS.get(c['metric'], c['metric'])} | {_pct(c['median_pct'])} | "
+                     f"{_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | {_share(low)} | "
+                     f"{_share(high)} | {c['worlds']} |")
+    lines += ["", "## Worlds", "", "| world | topology seed | workload seed | wall s | "
+              "faithful | folder |", "|---|---|---|---|---|---|"]
+    for w in worlds:
+        wall = "–" if w.get("wall_s") is None else f"{w['wall_s']:.0f}"
+        lines.append(f"| {w['name']} | {w['topology_seed']} | {w['workload_seed']} | {wall} | "
+                     f"{w.get('faithful')} | [{w['folder']}]({w['folder']}/report.md) |")
+    lines += ["", "## Per world", ""]
+    for (policy, base), comps in _pairs(data).items():
+        lines += [f"### {policy} vs {base}", "",
+                  "| world | " + " | ".join(LABELS.get(c["metric"], c["metric"])
+                                           for c in comps) + " |",
+                  "|---|" + "---|" * len(comps)]
+        for i, w in enumerate(comps[0]["per_world"]):
+            cells = [f"{_pct(c['per_world'][i]['change_pct'])} "
+                     f"{_ci(c['per_world'][i]['ci95_pct'])}" for c in comps]
+            lines.append(f"| {w['world']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if images:
+        lines += ["## Forest plots", "", *[f"![{n}]({n})" for n in images], ""]
+    return "\n".join(lines) + "\n"
+
+
+def write_study(out: Path, data: Mapping[str, Any]) -> Path:
+    """study.json, study.md and the forest plots into `out`; returns study.md's path."""
+    import json
+
+    (out / "study.json").write_text(json.dumps(data, indent=1) + "\n")
+    images = forest_plots(data, out)
+    path = out / "study.md"
+    path.write_text(study_markdown(data, images))
+    return path

@@ -1,0 +1,212 @@
+"""Studies across worlds (experiments.study, .worlds, .study_report): the hierarchical CI on
+synthetic worlds, the shares, the world draw and the generator, the written study."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from experiments.paired import paired_changes, paired_compare
+from experiments.study import Row, hierarchical_ci, pool, rows_for, world_effect
+from experiments.study_report import write_study
+from experiments.worlds import draw_worlds, generator_of, world_scenario
+from orchestrator.arms import load_experiment
+from orchestrator.claims import Claim
+from tests.experiments.conftest import make_rows
+from tests.helpers import ROOT
+
+SCENARIOS = ROOT / "experiments" / "scenarios"
+
+
+def _worlds(effects: list[float], sd: float = 1.0, n: int = 400, seed: int = 0
+            ) -> list[dict]:
+    """Per world: its effect, replicates around it (sd), a CI from them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, e in enumerate(effects):
+        reps = rng.normal(e, sd, n)
+        lo, hi = np.percentile(reps, [2.5, 97.5])
+        out.append({"world": f"w{i}", "change_pct": e, "ci95_pct": (float(lo), float(hi)),
+                    "requests": 50, "replicates": reps})
+    return out
+
+
+def test_the_hierarchical_ci_covers_a_known_effect_and_excludes_zero() -> None:
+    rng = np.random.default_rng(4)
+    effects = list(-5.0 + rng.normal(0, 1.5, 16))  # 8 topologies x 2 seeds around -5%
+    worlds = _worlds(effects, sd=2.0)
+    mean, lo, hi = hierarchical_ci(effects, [w["replicates"] for w in worlds],
+                                   [i // 2 for i in range(16)], seed=1)
+    assert mean == pytest.approx(float(np.mean(effects)))
+    assert lo < -5.0 < hi and hi < 0
+    assert hierarchical_ci(effects, [w["replicates"] for w in worlds],
+                           [i // 2 for i in range(16)], seed=1) == (mean, lo, hi)
+
+
+def test_worlds_of_opposite_sign_split_the_share_and_the_claim_does_not_hold() -> None:
+    effects = [-10.0, 10.0] * 4
+    worlds = _worlds(effects, sd=1.0)
+    claim = Claim("mean_latency", "b", "a", "lower")
+    got = pool(Row("b", "a", "mean_latency", claim), worlds, list(range(8)), seed=2)
+    assert got["share_held"] == 0.5 and got["share_reversed"] == 0.5
+    lo, hi = got["hier_ci95_pct"]
+    assert lo < 0 < hi and got["verdict"] == "not held"
+    assert got["median_pct"] == pytest.approx(0.0) and got["worlds"] == 8
+    held = pool(Row("b", "a", "mean_latency", claim), _worlds([-8.0] * 6), list(range(6)),
+                seed=2)
+    assert held["verdict"] == "held" and held["share_held"] == 1.0
+    reversed_ = pool(Row("b", "a", "mean_latency", claim), _worlds([6.0] * 6),
+                     list(range(6)), seed=2)
+    assert reversed_["verdict"] == "reversed" and reversed_["share_reversed"] == 1.0
+
+
+def test_worlds_of_one_topology_are_resampled_together() -> None:
+    # 4 topologies x 4 seeds; two topologies at -10, two at +10. As one cluster each, all
+    # four topologies land on one side in 1/16 of the resamples: the interval reaches the
+    # extremes. As 16 independent worlds it would be much narrower (and wrongly so).
+    effects = [-10.0] * 8 + [10.0] * 8
+    reps = [w["replicates"] for w in _worlds(effects, sd=0.5)]
+    _, lo_c, hi_c = hierarchical_ci(effects, reps, [i // 4 for i in range(16)], seed=3)
+    _, lo_i, hi_i = hierarchical_ci(effects, reps, list(range(16)), seed=3)
+    assert hi_c - lo_c > 1.5 * (hi_i - lo_i)
+    assert math.isnan(hierarchical_ci([math.nan], [np.empty(0)], [0])[0])
+
+
+def test_world_effects_reuse_the_paired_bootstrap_of_the_report() -> None:
+    a, _ = make_rows("a", 20.0, seed=1)
+    b = [replace(t, policy="b", latency_ms=t.latency_ms * 0.9) for t in a]
+    row = Row("b", "a", "mean_latency")
+    eff = world_effect({"a": a, "b": b}, row, seed=5)
+    c = paired_compare("a", a, "b", b, "mean_latency", seed=5, failed_at=max(
+        t.latency_ms for t in a if t.ok and not t.warmup))
+    assert eff["change_pct"] == pytest.approx(c.change_pct) == pytest.approx(-10.0)
+    assert eff["ci95_pct"] == pytest.approx((c.ci_low_pct, c.ci_high_pct))
+    assert eff["requests"] == c.n_a and len(eff["replicates"]) > 1000
+
+
+def test_first_token_and_decode_tokens_are_compared_apart() -> None:
+    a, _ = make_rows("a", 20.0, seed=2)
+    # b: the first token of every request half as slow, the decode tokens unchanged
+    b = [replace(t, policy="b", latency_ms=t.latency_ms * (0.5 if t.index == 0 else 1.0))
+         for t in a]
+    ttft = paired_compare("a", a, "b", b, "ttft", seed=1)
+    decode = paired_compare("a", a, "b", b, "decode_latency", seed=1)
+    mean = paired_compare("a", a, "b", b, "mean_latency", seed=1)
+    assert ttft.change_pct == pytest.approx(-50.0) and ttft.verdict() == "lower"
+    assert decode.change_pct == pytest.approx(0.0) and decode.verdict() == "no significant " \
+        "difference"
+    assert -10.0 < mean.change_pct < -3.0  # one token in 8 halved
+    first = [t for t in a if t.index == 0 and t.ok and not t.warmup]
+    assert ttft.value_a == pytest.approx(np.mean([t.latency_ms for t in first]))
+    change, reps, n = paired_changes(a, b, "ttft", seed=1)
+    assert change == pytest.approx(ttft.change_pct) and n == ttft.n_a
+    assert np.percentile(reps, 2.5) == pytest.approx(ttft.ci_low_pct)
+
+
+def test_rows_follow_the_claims_or_else_every_arm_against_the_baseline() -> None:
+    claims = [Claim("mean_latency", "h", "g", "lower"), Claim("p99_latency", "h", "g",
+                                                               "lower")]
+    rows = rows_for(claims, ["g", "h", "m"])
+    assert {(r.policy, r.baseline) for r in rows} == {("h", "g")}
+    assert [r.metric for r in rows] == ["mean_latency", "ttft", "decode_latency", "traffic",
+                                        "p99_latency"]
+    assert rows[0].claim == claims[0] and rows[1].claim is None
+    plain = rows_for([], ["g", "h", "m"])
+    assert {(r.policy, r.baseline) for r in plain} == {("h", "g"), ("m", "g")}
+    assert {r.baseline for r in rows_for([], ["g", "h"], "h")} == {"h"}
+    with pytest.raises(ValueError, match=r"--baseline: no arm 'x'"):
+        rows_for([], ["g", "h"], "x")
+
+
+def test_worlds_are_drawn_from_the_study_seed_and_the_scenarios_generator() -> None:
+    worlds = draw_worlds(3, 4, 2)
+    assert worlds == draw_worlds(3, 4, 2) and worlds != draw_worlds(4, 4, 2)
+    assert len(worlds) == 8 and len({w.topology_seed for w in worlds}) == 4
+    assert [w.topology for w in worlds] == [0, 0, 1, 1, 2, 2, 3, 3]
+    with pytest.raises(ValueError, match=r"--topologies: must be a whole number"):
+        draw_worlds(1, 0, 1)
+    scenario, _ = load_experiment(SCENARIOS / "fg-access.yaml")
+    gen = generator_of(scenario)
+    assert gen.model == "tiny-moe-fg" and gen.seed == 7
+    again = gen.make(7)
+    assert again.nodes == scenario.topology.nodes  # the shipped topology, given back
+    ws = world_scenario(scenario, gen, worlds[0])
+    assert ws.workload.seed == worlds[0].workload_seed
+    assert ws.topology.nodes != scenario.topology.nodes
+    assert {n.uplink_mbit for n in ws.topology.nodes} == {4.0}
+    quick, _ = load_experiment(SCENARIOS / "quickstart.yaml")
+    with pytest.raises(ValueError, match=r"topology 'edge5': .* names no generator"):
+        generator_of(quick)
+
+
+def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
+    worlds = _worlds([-6.0, -4.0, 2.0, -8.0])
+    claim = Claim("mean_latency", "h", "g", "lower")
+    comps = [pool(Row("h", "g", m, claim if m == "mean_latency" else None), worlds,
+                  [0, 0, 1, 1], seed=1) for m in ("mean_latency", "ttft")]
+    data = {"scenario": "s", "scenario_sha256": "ab" * 32, "topologies": 2, "seeds": 2,
+            "study_seed": 1, "notes": [],
+            "generator": {"command": "moemesh topology random --nodes 4 --seed SEED",
+                          "scaled_for": None},
+            "worlds": [{"name": f"w{i}", "topology_seed": i, "workload_seed": 9,
+                        "wall_s": 10.0, "faithful": True, "folder": f"worlds/w{i}"}
+                       for i in range(4)],
+            "comparisons": comps}
+    path = write_study(tmp_path, data)
+    md = path.read_text()
+    assert (tmp_path / "forest_h_vs_g.png").read_bytes()[:4] == b"\x89PNG"
+    assert b"<svg" in (tmp_path / "forest_h_vs_g.svg").read_bytes()[:400]
+    assert "| h lower than g on mean_latency |" in md and "![forest_h_vs_g.png]" in md
+    assert f"`{'ab' * 32}`" in md and "| w2 | +2.0% [" in md
+    assert "Partial study" not in md
+    partial = write_study(tmp_path, {**data, "missing_worlds": ["t5-w9"]}).read_text()
+    assert "**Partial study**: 1 of 5 worlds drawn are not complete on disk" in partial
+
+
+@pytest.mark.slow
+def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -> None:
+    """Two 4-node worlds of a tiny scenario, 3 requests each; then --resume reruns nothing."""
+    import json
+
+    from experiments.scaling import tiny_scaled
+    from orchestrator.randomtopo import random_topology
+    from orchestrator.topology import topology_to_data
+    from orchestrator.yamlio import dump_yaml
+    from tests.helpers import moemesh_process
+
+    # scaled for tiny-moe (as paper10-tiny.yaml): unscaled, every node holds every expert
+    topo = tiny_scaled(random_topology(4, 3), name="random-4n-seed3")
+    scen = {"name": "tiny-study", "topology": topology_to_data(topo),
+            "model": "tiny-moe", "runtime": "local", "shaper": "app", "clock": "virtual",
+            "placement": {"policy": "hetroute", "redundancy": 2.0},
+            "policies": ["greedy", "hetroute"],
+            "workload": {"rate_rps": 2, "requests": 3, "gen_tokens": 4,
+                         "prompt_tokens": [8, 16], "seed": 1},
+            "claims": [{"metric": "traffic", "policy": "hetroute", "baseline": "greedy",
+                        "direction": "lower"}]}
+    path = tmp_path / "tiny-study.yaml"
+    path.write_text(dump_yaml(scen, "a study test"))
+    out = tmp_path / "study"
+    args = ["study", str(path), "--topologies", "2", "--seeds", "1", "--out", str(out),
+            "--quiet"]
+    done = moemesh_process(*args, timeout_s=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((out / "study.json").read_text())
+    assert [w["name"] for w in data["worlds"]] == [f"t{w.topology_seed}-w{w.workload_seed}"
+                                                   for w in draw_worlds(1, 2, 1)]
+    claim = [c for c in data["comparisons"] if c["claim"]]
+    assert len(claim) == 1 and claim[0]["verdict"] in ("held", "not held", "reversed")
+    assert {c["metric"] for c in data["comparisons"]} == {"mean_latency", "ttft",
+                                                          "decode_latency", "traffic"}
+    assert all(len(c["per_world"]) == 2 for c in data["comparisons"])
+    assert (out / "forest_hetroute_vs_greedy.svg").is_file()
+    for w in data["worlds"]:
+        assert (out / w["folder"] / "report.md").is_file()
+    again = moemesh_process(*args, "--resume", timeout_s=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    redo = json.loads((out / "study.json").read_text())
+    assert [r["ran"] for r in redo["ran"]] == [False, False]
+    assert redo["comparisons"] == data["comparisons"]
