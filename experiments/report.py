@@ -38,6 +38,7 @@ from .fidelity import (
     summary_of,
     uplink_rows,
 )
+from .headline import headline_lines
 from .intervals import policy_intervals
 from .metrics import Comparison, PolicyStats, policy_stats, summary_json
 from .paired import METRICS, failed_charge, paired_compare
@@ -645,7 +646,8 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
     if comps is None:
         comps = comparisons(meta, stats, tokens)
     head = _header_lines(meta, faithful)  # the title, then the verdict: a partial run says
-    lines = [*head[:2], *_missing_lines(meta), *head[2:]]  # so before anything else
+    lines = [*head[:2], *_missing_lines(meta),  # so before anything else, then the headline
+             *headline_lines(stats, comps, faithful[0]), *head[2:]]
     lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
     lines += _fidelity_lines(meta)
     lines += _base_lines(meta)

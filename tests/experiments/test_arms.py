@@ -74,12 +74,12 @@ def test_shipped_paper_scenarios_load_with_their_arms() -> None:
     assert scenario.placement.policy == "ordermoe"
     no_la = next(a for a in arms if a.label == "no-lookahead")
     assert no_la.router_settings() == {"lookahead": 0}
-    scenario, arms = load_experiment(SCENARIOS / "quickstart.yaml")
+    scenario, arms = load_experiment(SCENARIOS / "tiny-quick.yaml")
     assert [a.policy for a in arms] == list(scenario.policies)
 
 
 def test_a_bad_arm_in_a_file_gives_file_and_line(tmp_path: Path) -> None:
-    text = (SCENARIOS / "quickstart.yaml").read_text().replace(
+    text = (SCENARIOS / "tiny-quick.yaml").read_text().replace(
         "policies: [local-first, greedy, hetroute, hetroute+ordermoe]",
         "policies:\n  - hetroute\n  - greedy@nowhere\n")
     assert "greedy@nowhere" in text
@@ -96,7 +96,7 @@ def test_a_bad_arm_in_a_file_gives_file_and_line(tmp_path: Path) -> None:
                                    "{policy: hetroute, dense: aggregate}"])
 def test_a_moved_dense_arm_on_a_tc_scenario_is_refused_at_its_line(tmp_path: Path,
                                                                    entry: str) -> None:
-    text = (SCENARIOS / "quickstart.yaml").read_text()
+    text = (SCENARIOS / "tiny-quick.yaml").read_text()
     mode = entry.split("dense: ")[1].rstrip("}")
     for old, new in (("policies: [local-first, greedy, hetroute, hetroute+ordermoe]",
                       f"policies:\n  - hetroute\n  - {entry}\n"),

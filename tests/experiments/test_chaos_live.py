@@ -1,4 +1,4 @@
-"""`moemesh chaos` end to end on real node processes (the quickstart's mesh, local runtime):
+"""`moemesh chaos` end to end on real node processes (tiny-quick's mesh, local runtime):
 a seeded timeline with a link cut and a node kill passes its invariants and leaves nothing
 behind, also when it is interrupted half-way (Ctrl-C)."""
 
@@ -16,14 +16,14 @@ import pytest
 from experiments.chaos import FIRST_TOKEN
 from tests.helpers import ROOT, env, moemesh, moemesh_process, processes_with
 
-QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+TINY_QUICK = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"
 MARKER = "moemesh-chaos-"  # the run's folder: every node process names it (--state-dir)
 
 
 @pytest.mark.slow
 def test_chaos_keeps_its_promises_and_leaves_nothing() -> None:
     # seed 9 over 25 s plans a link cut, a node kill and its revive (the planner's tests)
-    done = moemesh_process("chaos", str(QUICKSTART), "--duration", "25s", "--seed", "9",
+    done = moemesh_process("chaos", str(TINY_QUICK), "--duration", "25s", "--seed", "9",
                            "--rate", "2", timeout_s=400)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
@@ -35,7 +35,7 @@ def test_chaos_keeps_its_promises_and_leaves_nothing() -> None:
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_mesh_and_leaves_nothing() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "chaos", str(QUICKSTART),
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "chaos", str(TINY_QUICK),
                              "--duration", "120s", "--seed", "9", "--rate", "2"], cwd=ROOT,
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -80,11 +80,11 @@ def test_ctrl_c_stops_the_mesh_and_leaves_nothing() -> None:
 
 
 def test_bad_input_is_exit_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
-    assert moemesh("chaos", str(QUICKSTART), "--homes", "edge1,edge9") == 2
+    assert moemesh("chaos", str(TINY_QUICK), "--homes", "edge1,edge9") == 2
     assert "edge9" in capsys.readouterr().err
-    assert moemesh("chaos", str(QUICKSTART), "--policies", "fastest") == 2
+    assert moemesh("chaos", str(TINY_QUICK), "--policies", "fastest") == 2
     assert "fastest" in capsys.readouterr().err
-    assert moemesh("chaos", str(QUICKSTART), "--rate", "0") == 2
+    assert moemesh("chaos", str(TINY_QUICK), "--rate", "0") == 2
     assert "--rate" in capsys.readouterr().err
 
 
@@ -104,11 +104,11 @@ def test_exit_code_follows_the_invariants(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(chaos, "run_chaos", fake_run)
     violations: list[Violation] = []
-    assert moemesh("chaos", str(QUICKSTART), "--duration", "7s", "--seed", "4",
+    assert moemesh("chaos", str(TINY_QUICK), "--duration", "7s", "--seed", "4",
                    "--policies", "greedy,hetroute", "--rate", "1.5") == 0
     spec, labels, rate = seen[-1]
     assert (spec.duration_s, spec.seed, spec.homes, labels, rate) == (
         7.0, 4, ("edge1", "edge2", "edge3"), ["greedy", "hetroute"], 1.5)
     violations.append(Violation("failure", "a token failed: deadline"))
-    assert moemesh("chaos", str(QUICKSTART), "--homes", "edge4") == 1
+    assert moemesh("chaos", str(TINY_QUICK), "--homes", "edge4") == 1
     assert seen[-1][0].homes == ("edge4",)

@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 from experiments.commands import register
+from experiments.headline import headline_lines, why
+from experiments.metrics import Comparison, PolicyStats, policy_stats
+from experiments.paired import paired_compare
 from experiments.report import build_report, quality_delta
 from experiments.reproduce import claims
+from experiments.rows import TokenRow
 from experiments.runmeta import RunMeta
 from tests.experiments.conftest import arm, make_rows, write_run
 
@@ -183,3 +187,68 @@ def test_the_report_says_where_each_arms_dense_part_and_kv_cache_were(tmp_path: 
     assert ("hetroute-moving: 300 bytes of KV cache moved per measured token (30.0% of its "
             "traffic)." in text)
     assert "| edgeshard | 0 | a (0-1) → b (2) → c (3) | a 1024, b 512, c 512 |" in text
+
+
+def _split(rows: list[TokenRow], link_ms: float) -> list[TokenRow]:
+    """The rows with a latency split whose network part is `link_ms` (1 ms of compute, and
+    the rest of each token's latency the host's)."""
+    return [replace(t, emulated_ms=link_ms + 1.0, overhead_ms=t.latency_ms - link_ms - 1.0,
+                    link_ms=link_ms, queue_ms=0.0, load_ms=0.0, compute_ms=1.0, dense_ms=0.0)
+            if t.ok else t for t in rows]
+
+
+def _stats_and_comps(rows: dict[str, list[TokenRow]]) -> tuple[list[PolicyStats],
+                                                                list[Comparison]]:
+    stats = [policy_stats(name, r, [], warmup_s=2.0) for name, r in rows.items()]
+    ref = next(iter(rows))
+    comps = [paired_compare(ref, rows[ref], s.name, rows[s.name], m, seed=5)
+             for s in stats[1:] for m in ("mean_latency", "traffic")]
+    return stats, comps
+
+
+def test_the_headline_names_the_winner_its_ci_and_the_part_of_the_split() -> None:
+    """Issue 40 (1): one sentence per policy against the first: who won, by how much, the
+    paired CI, and where in the latency split the difference is."""
+    greedy = _split(make_rows("greedy", 30.0, seed=2, nbytes=1500)[0], link_ms=20.0)
+    joint = _split(make_rows("hetroute", 20.0, seed=3, nbytes=1000)[0], link_ms=10.0)
+    stats, comps = _stats_and_comps({"greedy": greedy, "hetroute": joint})
+    lat = next(c for c in comps if c.metric == "mean_latency")
+    assert lat.significant and lat.change_pct < -20
+    lines = headline_lines(stats, comps)
+    assert lines[0].startswith("Each policy against `greedy` (the first listed)")
+    (sentence,) = [x for x in lines if x.startswith("- ")]
+    assert sentence.startswith(f"- `hetroute` had a {abs(lat.change_pct):.1f}% lower mean "
+                               f"token latency than `greedy` (")
+    assert (f"paired 95% CI {lat.ci_low_pct:+.1f}% to {lat.ci_high_pct:+.1f}%, "
+            f"{lat.n_a} requests)") in sentence
+    assert "mostly in the network (network -10.0" in sentence
+    assert "; traffic per token -33.3% (paired 95% CI" in sentence
+    assert why(stats[0], stats[0]).startswith("spread over the split")  # nothing moved
+
+
+def test_a_ci_that_holds_zero_reads_no_significant_difference() -> None:
+    a = make_rows("greedy", 30.0, seed=2)[0]
+    b = make_rows("hetroute", 30.0, seed=9)[0]
+    stats, comps = _stats_and_comps({"greedy": a, "hetroute": b})
+    lat = next(c for c in comps if c.metric == "mean_latency")
+    assert not lat.significant
+    (sentence,) = [x for x in headline_lines(stats, comps, faithful=False) if x.startswith("- ")]
+    assert sentence.startswith("- `hetroute` against `greedy`: no significant difference in "
+                               "mean token latency (")
+    assert f"paired 95% CI {lat.ci_low_pct:+.1f}% to {lat.ci_high_pct:+.1f}%" in sentence
+    assert " had a " not in sentence  # no winner is named
+    assert "no significant difference in traffic per token (+0.0%" in sentence
+    assert "not faithful" in headline_lines(stats, comps, faithful=False)[-2]
+    assert headline_lines(stats[:1], comps[:0]) == []
+
+
+def test_the_report_opens_with_the_headline(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    build_report(folder, plots_too=False)
+    lines = (folder / "report.md").read_text().splitlines()
+    assert lines[0] == "# moemesh run: synthetic"
+    assert lines[2].startswith("Each policy against `edgeshard`")
+    assert lines[4].startswith("- `greedy` had a ") and "lower mean token latency" in lines[4]
+    assert lines[5].startswith("- `hetroute` had a ")
+    assert "the token rows carry no latency split" in lines[5]  # the drawn rows have none
+    assert next(i for i, x in enumerate(lines) if x.startswith("| runtime |")) > 5

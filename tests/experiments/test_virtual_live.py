@@ -22,7 +22,7 @@ from orchestrator.arms import load_experiment
 from orchestrator.scenario import Scenario
 from tests.helpers import ROOT, moemesh, moemesh_process, processes_with
 
-QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+TINY_QUICK = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"
 HOST_ONLY = {"dense_host_ms"}  # the host's own time, measured beside the timeline
 
 
@@ -36,7 +36,7 @@ def test_a_virtual_run_is_exact_and_repeats_to_the_bit(tmp_path: Path) -> None:
     outs = []
     for i in range(2):
         out = tmp_path / f"run{i}"
-        done = moemesh_process("run", str(QUICKSTART), "--requests", "6", "--quality-windows",
+        done = moemesh_process("run", str(TINY_QUICK), "--requests", "6", "--quality-windows",
                                "1", "--policies", "local-first,hetroute", "--quiet", "--out",
                                str(out))
         assert done.returncode == 0, done.stdout + done.stderr
@@ -62,13 +62,13 @@ def test_a_virtual_run_is_exact_and_repeats_to_the_bit(tmp_path: Path) -> None:
 def test_a_moving_aggregation_server_repeats_to_the_bit(tmp_path: Path) -> None:
     """HetRoute's moving aggregation server (router.aggregate) books hops and answers on other
     nodes' links: each node books them in the order of their times, so two runs agree."""
-    text = QUICKSTART.read_text()
+    text = TINY_QUICK.read_text()
     old = "policies: [local-first, greedy, hetroute, hetroute+ordermoe]"
     assert old in text
     scenario = tmp_path / "moving.yaml"
     scenario.write_text(text.replace(old, "policies:\n  - hetroute\n  - {policy: hetroute, "
                                           "dense: aggregate, label: moving}\n").replace(
-        "topologies/", str(QUICKSTART.parent / "topologies") + "/"))
+        "topologies/", str(TINY_QUICK.parent / "topologies") + "/"))
     outs = []
     for i in range(2):
         out = tmp_path / f"run{i}"
@@ -86,7 +86,7 @@ def test_a_moving_aggregation_server_repeats_to_the_bit(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_node_killed_with_no_fault_is_named_and_the_run_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    scenario, arms = load_experiment(QUICKSTART)
+    scenario, arms = load_experiment(TINY_QUICK)
     scenario, _ = shorten(scenario, duration_s=6.0)
     scenario = replace(scenario, faults=())
     scenario, _ = resolve_clock(scenario)
@@ -118,7 +118,7 @@ def test_a_node_killed_with_no_fault_is_named_and_the_run_goes_on(
 
 
 def _scenario_text(**keys: str) -> str:
-    text = QUICKSTART.read_text()
+    text = TINY_QUICK.read_text()
     for key, value in keys.items():
         text = text.replace(f"\n{key}: ", f"\n{key}: {value}  # was: ", 1)
     return text
@@ -138,13 +138,13 @@ def test_virtual_time_refuses_what_it_cannot_emulate(tmp_path: Path,
         "topologies/edge5.yaml", str(topo / "edge5.yaml")))
     assert moemesh("scenario", "check", str(docker)) == 2
     assert "runtime docker" in capsys.readouterr().err
-    assert moemesh("run", str(QUICKSTART), "--clock", "virtual", "--tdf", "2",
+    assert moemesh("run", str(TINY_QUICK), "--clock", "virtual", "--tdf", "2",
                    "--out", str(tmp_path / "x")) == 2
     assert "nothing to dilate" in capsys.readouterr().err
 
 
 def test_auto_picks_virtual_where_it_can_and_says_so() -> None:
-    scenario, _ = load_experiment(QUICKSTART)
+    scenario, _ = load_experiment(TINY_QUICK)
     v, notes = resolve_clock(replace(scenario, clock="auto"))
     assert v.clock == "virtual" and v.time_dilation == 1.0 and not v.auto_dilation
     assert any("virtual time" in n for n in notes)
@@ -161,7 +161,7 @@ def test_virtual_and_real_time_tell_the_same_story(tmp_path: Path) -> None:
     """`--clock both` (what CI runs as the cross-check): the realtime run's own emulated
     timeline equals virtual time's, and its measured mean differs by its host share."""
     out = tmp_path / "clocks"
-    done = moemesh_process("run", str(QUICKSTART), "--clock", "both", "--requests", "6",
+    done = moemesh_process("run", str(TINY_QUICK), "--clock", "both", "--requests", "6",
                            "--quality-windows", "0", "--tdf", "8",
                            "--policies", "greedy,hetroute", "--quiet", "--out", str(out),
                            timeout_s=900)

@@ -25,12 +25,12 @@ from orchestrator.faults import Fault
 from orchestrator.placement import place, problem_from_scenario
 from tests.helpers import ROOT
 
-QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+TINY_QUICK = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"
 
 
 @pytest.fixture(scope="module")
 def quickstart():
-    scenario = load_scenario(QUICKSTART)
+    scenario = load_scenario(TINY_QUICK)
     placement = place(problem_from_scenario(scenario), scenario.placement.policy).by_node()
     return scenario, placement
 

@@ -39,7 +39,7 @@ from services.tiers import Tiers
 from tests.helpers import ROOT, moemesh
 
 SCENARIOS = ROOT / "experiments" / "scenarios"
-QUICKSTART = SCENARIOS / "quickstart.yaml"
+TINY_QUICK = SCENARIOS / "tiny-quick.yaml"
 B16 = 1000  # bytes of one fp16 expert in the synthetic problems below
 
 
@@ -200,7 +200,7 @@ def test_too_little_memory_is_a_clear_error() -> None:
 
 @pytest.fixture(scope="module")
 def quickstart() -> Scenario:
-    return load_scenario(QUICKSTART)
+    return load_scenario(TINY_QUICK)
 
 
 def _mixtral(seed: int, nodes: int = 8) -> Scenario:
@@ -301,7 +301,7 @@ def test_ledger_keeps_room_for_the_cpu_tier() -> None:
 
 
 def test_cli_json_is_exactly_the_documented_form(capsys: pytest.CaptureFixture[str]) -> None:
-    code = moemesh("placement", str(QUICKSTART), "--policy", "prism", "--json",
+    code = moemesh("placement", str(TINY_QUICK), "--policy", "prism", "--json",
                     "--tokens", "64")
     assert code == 0
     data = json.loads(capsys.readouterr().out)
@@ -318,17 +318,17 @@ def test_cli_json_is_exactly_the_documented_form(capsys: pytest.CaptureFixture[s
 
 
 def test_cli_text_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert moemesh("placement", str(QUICKSTART), "--tokens", "64") == 0
+    assert moemesh("placement", str(TINY_QUICK), "--tokens", "64") == 0
     out = capsys.readouterr().out
-    assert "placement hetroute for quickstart" in out
+    assert "placement hetroute for tiny-quick" in out
     assert "expected cost:" in out and "memory per node and tier:" in out
     assert "local group coverage" in out
     assert "replicas per expert:" in out and "L3 E15" in out
-    assert moemesh("placement", str(QUICKSTART), "--policy", "best") == 2
+    assert moemesh("placement", str(TINY_QUICK), "--policy", "best") == 2
     assert "policy: must be one of hetroute" in capsys.readouterr().err
-    assert moemesh("placement", str(QUICKSTART), "--ilp", "--json") == 2
+    assert moemesh("placement", str(TINY_QUICK), "--ilp", "--json") == 2
     capsys.readouterr()
-    assert moemesh("placement", str(QUICKSTART), "--tokens", "64", "--policy", "ordermoe",
+    assert moemesh("placement", str(TINY_QUICK), "--tokens", "64", "--policy", "ordermoe",
                    "--ilp", "--time-limit", "5") == 0
     out = capsys.readouterr().out
     covered = float(out.split("local group coverage ")[1].split("%")[0])
