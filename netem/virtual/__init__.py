@@ -34,7 +34,8 @@ from .authority import Authority, current
 from .participant import CLOCK_DIR_ENV, CLOCK_ENV, Agent, VirtualLoop, agent_from_env
 
 __all__ = ["CLOCK_DIR_ENV", "CLOCK_ENV", "Agent", "Authority", "ClockStalled", "VirtualLoop",
-           "agent_from_env", "current", "current_agent", "run_on_clock", "set_current_agent", "virtual_phase"]
+           "agent_from_env", "current", "current_agent", "run_on_clock", "set_current_agent",
+           "virtual_phase"]
 
 T = TypeVar("T")
 STALL_ENV = "MOEMESH_CLOCK_STALL_S"  # wall seconds without progress before a run fails (60)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from netem.spec import LinkSpec
+from netem.virtual import current as clock_authority
 from orchestrator.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import (
     Endpoint,
@@ -50,7 +51,6 @@ from orchestrator.runtimes.base import (
     check_launches,
     wait_listening,
 )
-from netem.virtual import current as clock_authority
 from orchestrator.runtimes.processes import process_start_ticks
 
 __all__ = ["DEFAULT_IMAGE", "LABEL_RUN", "DockerRuntime", "EngineRuntime", "open_engine",
