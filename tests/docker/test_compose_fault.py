@@ -64,7 +64,7 @@ async def test_fault_cli_cuts_and_restores_a_link_of_a_compose_mesh(image: str,
     names = ("edge1", "edge2")
     try:
         compose("v2", project, file, "up", "-d")
-        wait_healthy(project, 2)
+        wait_healthy(project, 2, timeout_s=400.0)  # a loaded 2-core host
         async with DockerRuntime(attach=True, project=project, network="mesh",
                                  token=token) as rt:
             await rt.start([NodeLaunch(n, ("moemesh", "node")) for n in names])
