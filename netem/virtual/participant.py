@@ -13,8 +13,7 @@ which tells the authority when it has nothing left to do.
   it closed, named by its address pair (both ends of a loopback or veth connection name it
   alike) and the monotonic time it was made (an address pair carries one connection after
   another), so the authority knows when a message is still in flight;
-- work handed to threads (`run_in_executor`) keeps the process busy until it is back, and so
-  does a TCP connect in progress (its handshake carries no counted byte).
+- work handed to threads (`run_in_executor`) keeps the process busy until it is back.
 
 Until `Agent.register` the loop runs on the shared clock without reporting (a node still
 starting up); in real-time mode it is an ordinary loop on that clock.
@@ -295,17 +294,6 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
         fut.add_done_callback(back)
         return fut
-
-    async def sock_connect(self, sock: socket.socket, address: Any) -> None:
-        """A TCP handshake in flight carries no counted byte: across a bridge (containers) the
-        kernel may finish it later than this loop waits, so until it is done this process
-        counts as busy, like a thread's work (a clock advanced meanwhile fired timeouts of
-        connections that were merely being opened)."""
-        self.agent.threads += 1
-        try:
-            await super().sock_connect(sock, address)
-        finally:
-            self.agent.threads -= 1
 
     def _make_socket_transport(self, sock: socket.socket, protocol: Any, waiter: Any = None,
                                *, extra: Any = None, server: Any = None) -> Any:
