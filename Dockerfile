@@ -49,7 +49,8 @@ COPY orchestrator /app/orchestrator
 COPY experiments /app/experiments
 COPY bench /app/bench
 # The sources are importable from the venv (like an editable install) and `moemesh` is on PATH;
-# bytecode is compiled now, since the non-root user cannot write it next to the sources.
+# bytecode is compiled now, since the non-root user cannot write it next to the sources;
+# matplotlib's font cache too (a report's first plot otherwise spends 20-60 s building it).
 RUN site=$(/opt/moemesh/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
     && echo /app >"$site/moemesh-src.pth" \
     && printf '#!/opt/moemesh/bin/python\nimport sys\nfrom orchestrator.cli import main\nsys.exit(main())\n' \
@@ -57,6 +58,8 @@ RUN site=$(/opt/moemesh/bin/python -c 'import sysconfig; print(sysconfig.get_pat
     && chmod 755 /opt/moemesh/bin/moemesh \
     && /opt/moemesh/bin/python -m compileall -q /app \
     && mkdir -p /results /var/lib/moemesh && chown moemesh:moemesh /results /var/lib/moemesh \
+    && /opt/moemesh/bin/python -c 'import matplotlib.font_manager' \
+    && chmod -R a+rwX "$MPLCONFIGDIR" \
     && moemesh --help >/dev/null
 USER moemesh
 EXPOSE 8000

@@ -1,6 +1,7 @@
 """Check the summary of the CI compose run (docker/ci.sh): the run happened the way it should.
 
     python3 docker/check_summary.py RESULTS_DIR --expect-shaper app|tc [--expect-runtime swarm]
+        [--expect-clock virtual|realtime]   (virtual: the run must also say it was faithful)
 
 Checks: the run used the expected runtime (docker, or swarm for a stack) and says which shaper
 it used (the expected one: `app`
@@ -25,7 +26,21 @@ from collections import Counter
 from pathlib import Path
 
 
-def check(results: Path, expect_shaper: str, expect_runtime: str = "docker") -> list[str]:
+def run_folder(results: Path) -> Path:
+    """RESULTS itself, or its one run folder (compose's controller writes results/<UTC start>/)."""
+    if (results / "summary.json").is_file():
+        return results
+    runs = sorted(p for p in results.iterdir() if (p / "summary.json").is_file()) \
+        if results.is_dir() else []
+    if len(runs) > 1:
+        raise AssertionError(f"{results}: {len(runs)} runs ({', '.join(p.name for p in runs)}), "
+                             "expected one")
+    return runs[0] if runs else results
+
+
+def check(results: Path, expect_shaper: str, expect_runtime: str = "docker",
+          expect_clock: str | None = None) -> list[str]:
+    results = run_folder(results)
     summary_path = results / "summary.json"
     if not summary_path.is_file():
         raise AssertionError(f"{summary_path}: missing (did the controller run?)")
@@ -37,6 +52,13 @@ def check(results: Path, expect_shaper: str, expect_runtime: str = "docker") -> 
     if summary.get("shaper") != expect_shaper:
         raise AssertionError(f"shaper is {summary.get('shaper')!r}, expected {expect_shaper!r}")
     done.append(f"runtime {expect_runtime}, shaper {expect_shaper}")
+    if expect_clock is not None:
+        if summary.get("clock") != expect_clock:
+            raise AssertionError(f"clock is {summary.get('clock')!r}, expected {expect_clock!r}")
+        if expect_clock == "virtual" and summary.get("faithful") is not True:
+            raise AssertionError(f"a virtual-time run is not faithful: "
+                                 f"{summary.get('unfaithful_reasons')}")
+        done.append(f"clock {expect_clock}" + (", faithful" if expect_clock == "virtual" else ""))
     rows: Counter[str] = Counter()
     with (results / "tokens.csv").open(newline="") as fh:
         for row in csv.DictReader(fh):
@@ -66,9 +88,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("results", type=Path)
     parser.add_argument("--expect-shaper", choices=["app", "tc"], required=True)
     parser.add_argument("--expect-runtime", choices=["docker", "swarm"], default="docker")
+    parser.add_argument("--expect-clock", choices=["virtual", "realtime"])
     args = parser.parse_args(argv)
     try:
-        for line in check(args.results, args.expect_shaper, args.expect_runtime):
+        for line in check(args.results, args.expect_shaper, args.expect_runtime,
+                          args.expect_clock):
             print(f"check_summary: ok: {line}")
     except (AssertionError, KeyError, ValueError, OSError) as exc:
         print(f"check_summary: FAILED: {exc}", file=sys.stderr)

@@ -63,10 +63,11 @@ if [ "$tests" = 1 ]; then
 fi
 
 # The ci4 scenario's compose file, token and results folder in a fresh work folder ($work).
-prepare() {
+prepare() {  # $1: the clock (virtual under Compose; Swarm's nodes may span hosts: realtime)
     work=$(mktemp -d /tmp/moemesh-ci.XXXXXX)
     file=$work/ci4.compose.yaml
-    python3 -m orchestrator.cli compose docker/scenarios/ci4.yaml -o "$file" --no-build
+    python3 -m orchestrator.cli compose docker/scenarios/ci4.yaml -o "$file" --no-build \
+        --clock "$1"
     printf 'MOEMESH_TOKEN=%s\n' "$(python3 -c 'import secrets; print(secrets.token_hex(16))')" \
         >"$work/moemesh.env"
     mkdir -p "$work/results"
@@ -74,8 +75,8 @@ prepare() {
 expect_shaper() { python3 -c 'from netem.probe import probe_tc; print("tc" if probe_tc().ok else "app")'; }
 
 if [ "$experiment" = 1 ]; then
-    step "compose experiment (ci4: link-down + node-down)"
-    prepare
+    step "compose experiment (ci4: link-down + node-down), virtual time"
+    prepare virtual
     project=moemeshci$$
     down() {
         docker-compose -p "$project" -f "$file" down -v --remove-orphans -t 5 >/dev/null 2>&1 || true
@@ -97,7 +98,8 @@ if [ "$experiment" = 1 ]; then
         exit 1
     fi
     tail -n 5 "$work/controller.log"
-    python3 docker/check_summary.py "$work/results" --expect-shaper "$(expect_shaper)"
+    # virtual time takes the app shaper (the one whose durations are computed)
+    python3 docker/check_summary.py "$work/results" --expect-shaper app --expect-clock virtual
     down
     trap - EXIT
     left=$(docker ps -aq --filter "label=com.docker.compose.project=$project")
@@ -110,7 +112,7 @@ if [ "$experiment" = 1 ]; then
     if ! why=$(docker/swarm.sh supported 2>&1); then
         echo "ci.sh: SKIPPED the Swarm run: $why"
     else
-        prepare
+        prepare realtime
         stack=mmci$$
         made=$(docker/swarm.sh init)
         unstack() {
@@ -134,7 +136,7 @@ if [ "$experiment" = 1 ]; then
                exit 1 ;;
         esac
         python3 docker/check_summary.py "$work/results" --expect-shaper "$(expect_shaper)" \
-            --expect-runtime swarm
+            --expect-runtime swarm --expect-clock realtime
         trap - EXIT
         docker/swarm.sh rm "$stack"  # exit 1 naming any container, network or volume left
         [ "$made" != created ] || docker/swarm.sh leave

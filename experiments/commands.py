@@ -69,10 +69,11 @@ def _add_run_flags(p: argparse.ArgumentParser, both: bool = False,
                         "shows the run-to-run spread (default: the scenario's repeat, 1)")
     p.add_argument("--clock", choices=["virtual", "realtime", "auto", *(["both"] if both else [])],
                    help="virtual: every process on one clock that jumps to the next event "
-                        "(exact, repeatable, as fast as the host computes; app shaper, local "
-                        "or netns runtime); realtime: the wall clock, dilated by --tdf; auto: "
-                        "virtual where it can run" + ("; both: virtual, then realtime, and "
-                        "their paired difference (crosscheck.md)" if both else "")
+                        "(exact, repeatable, as fast as the host computes; app shaper, local, "
+                        "netns or docker runtime on one host); realtime: the wall clock, "
+                        "dilated by --tdf; auto: virtual where it can run"
+                        + ("; both: virtual, then realtime, and "
+                           "their paired difference (crosscheck.md)" if both else "")
                         + " (default: the scenario's clock)")
     p.add_argument("--tdf", type=_tdf, metavar="FACTOR",
                    help="time dilation, a factor >= 1 or auto (the smallest factor at which "

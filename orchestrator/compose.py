@@ -53,11 +53,16 @@ DEFAULT_IMAGE = "moemesh/moemesh:latest"
 DEFAULT_BASE = "python:3.11-slim"
 SCENARIOS_MOUNT = "/scenarios"
 RESULTS_MOUNT = "/results"
+RUN_FOLDER = "$$(date -u +%Y%m%dT%H%M%SZ)"  # one folder per run under the results mount
 HOST_LABEL = "moemesh.host"  # the Swarm node label a pinned node's constraint matches
 # Swarm expands Go templates in a service's environment; Compose leaves the text as it is, so
 # the controller tells a stack from a compose project by whether this came back expanded.
 SWARM_SERVICE_ENV = "MOEMESH_SWARM_SERVICE"
 SWARM_SERVICE_TEMPLATE = "{{.Service.Name}}"
+CLOCKS = ("virtual", "realtime")
+CLOCK_VOLUME = "clock"  # the run's clock folder, shared by the controller and every node
+CLOCK_MOUNT = "/run/moemesh/clock"
+CLOCK_DIR_ENV = "MOEMESH_CLOCK_DIR"  # netem.virtual.participant: nodes wait there for it
 _NO_RESTART = {"condition": "none"}  # a crashed node stays down until a node-up fault
 _ENV_FILE = re.compile(r"^[A-Za-z0-9._/-]+$")
 
@@ -75,6 +80,10 @@ class ComposeOptions:
     scenario_file: str | None = None  # the scenario's file name inside scenario_dir
     shaper: str | None = None  # passed to `moemesh run --shaper`; None: the scenario's own
     pins: Mapping[str, str] = field(default_factory=dict)  # node -> host label (Swarm)
+    # virtual: the controller runs the scenario in virtual time and the nodes join its clock
+    # through the `clock` volume; realtime: the wall clock, dilated by the scenario's factor
+    # (Swarm across hosts: one host's clock cannot reach the others, docs/docker.md)
+    clock: str = "virtual"
 
     def __post_init__(self) -> None:
         if not _ENV_FILE.match(self.env_file):
@@ -85,6 +94,8 @@ class ComposeOptions:
                              "'_', '.', '-'")
         if not self.image or any(c.isspace() for c in self.image):
             raise ValueError(f"image {self.image!r}: give a name like moemesh/moemesh:latest")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock {self.clock!r}: one of {', '.join(CLOCKS)}")
         if (self.scenario_dir is None) != (self.scenario_file is None):
             raise ValueError("scenario_dir and scenario_file go together")
         for node, host in self.pins.items():
@@ -100,8 +111,9 @@ def _profile_args(node: Node) -> tuple[list[str], str | None]:
     return [], json.dumps(node.device.to_json(), separators=(",", ":"))
 
 
-def node_command(node: Node, scenario: Scenario | None) -> list[str]:
-    """The container command of one node (its name, device, model and time dilation)."""
+def node_command(node: Node, scenario: Scenario | None, *, virtual: bool = False) -> list[str]:
+    """The container command of one node (its name, device, model and, on the wall clock,
+    time dilation: in virtual time the host's work takes no emulated time)."""
     args = ["moemesh", "node", "--name", node.name]
     profile, custom = _profile_args(node)
     args += profile
@@ -109,7 +121,7 @@ def node_command(node: Node, scenario: Scenario | None) -> list[str]:
         args += ["--model", scenario.model.name]
         if scenario.model.mode == "modeled":
             args += ["--compute", "modeled"]
-        if scenario.time_dilation != 1.0:
+        if scenario.time_dilation != 1.0 and not virtual:
             args += ["--time-dilation", f"{scenario.time_dilation:g}"]
     if custom is None:
         return args
@@ -172,16 +184,23 @@ def compose_data(topology: Topology, scenario: Scenario | None = None,
         raise ValueError(f"pins name unknown node(s) {', '.join(unknown)} (nodes: "
                          f"{', '.join(topology.names)})")
     template = _node_template(opts)
+    virtual = opts.scenario_file is not None and opts.clock == "virtual"
+    if virtual:  # the nodes wait in the shared folder for the controller's clock
+        template["environment"][CLOCK_DIR_ENV] = CLOCK_MOUNT
+        template["volumes"] = [f"{CLOCK_VOLUME}:{CLOCK_MOUNT}"]
     services: dict[str, Any] = {}
     for node in topology.nodes:
-        services[node.name] = {"<<": template, "command": node_command(node, scenario)}
+        services[node.name] = {"<<": template,
+                               "command": node_command(node, scenario, virtual=virtual)}
         if node.name in opts.pins:
             services[node.name]["deploy"] = _pinned(template, opts.pins[node.name])
     if opts.scenario_file is not None:
-        command = ["moemesh", "run", str(PurePosixPath(SCENARIOS_MOUNT, opts.scenario_file)),
-                   "--runtime", "docker", "--out", RESULTS_MOUNT]
+        run = ["moemesh", "run", str(PurePosixPath(SCENARIOS_MOUNT, opts.scenario_file)),
+               "--runtime", "docker", "--clock", opts.clock]
         if opts.shaper is not None:
-            command += ["--shaper", opts.shaper]
+            run += ["--shaper", opts.shaper]
+        # each `up` writes a new folder, named by the UTC time it started ($$: compose's $)
+        command = ["sh", "-c", "exec " + " ".join(run) + f" --out {RESULTS_MOUNT}/{RUN_FOLDER}"]
         controller: dict[str, Any] = {"image": opts.image}
         if opts.build_context is not None:
             controller["build"] = template["build"]
@@ -189,11 +208,13 @@ def compose_data(topology: Topology, scenario: Scenario | None = None,
             "user": "root",  # writes ./results and talks to the Docker socket
             "env_file": [opts.env_file],
             "environment": {"MOEMESH_DOCKER_ATTACH": "1", "MOEMESH_DOCKER_NETWORK": opts.network,
-                            SWARM_SERVICE_ENV: SWARM_SERVICE_TEMPLATE},
+                            SWARM_SERVICE_ENV: SWARM_SERVICE_TEMPLATE,
+                            **({CLOCK_DIR_ENV: CLOCK_MOUNT} if virtual else {})},
             "command": command,
             "volumes": [f"{opts.results}:{RESULTS_MOUNT}",
                         f"{opts.scenario_dir}:{SCENARIOS_MOUNT}:ro",
-                        "${MOEMESH_DOCKER_SOCK:-/var/run/docker.sock}:/var/run/docker.sock"],
+                        "${MOEMESH_DOCKER_SOCK:-/var/run/docker.sock}:/var/run/docker.sock",
+                        *([f"{CLOCK_VOLUME}:{CLOCK_MOUNT}"] if virtual else [])],
             "networks": [opts.network],
             "depends_on": list(topology.names),  # start order only: the run waits for health
             "healthcheck": {"disable": True},
@@ -202,13 +223,16 @@ def compose_data(topology: Topology, scenario: Scenario | None = None,
                        "placement": {"constraints": ["node.role == manager"]}},
         })
         services[CONTROLLER] = controller
-    return {
+    data = {
         "x-moemesh-node": template,
         "services": services,
         # No driver: Compose makes a bridge, Swarm an overlay. internal: the mesh reaches
         # nothing outside (the host still reaches a bridge).
         "networks": {opts.network: {"internal": True}},
     }
+    if virtual:  # in memory, one per host, gone with `down -v`
+        data["volumes"] = {CLOCK_VOLUME: {"driver_opts": {"type": "tmpfs", "device": "tmpfs"}}}
+    return data
 
 
 class _Dumper(yaml.SafeDumper):
@@ -246,13 +270,22 @@ def compose_text(topology: Topology, scenario: Scenario | None = None,
         f"#   printf 'MOEMESH_TOKEN=%s\\n' \"$(openssl rand -hex 16)\" > {opts.env_file}",
     ]
     if CONTROLLER in data["services"]:
+        virtual = "volumes" in data
         head += [f"#   mkdir -p {opts.results}",
                  f"#   docker compose -f {file_name} up -d      # the controller waits until "
-                 f"every node is healthy; report in {opts.results}",
+                 "every node is healthy;",
+                 f"#       each up writes a new report folder in {opts.results} (UTC start time)",
                  f"#   docker compose -f {file_name} logs -f controller",
-                 f"#   docker compose -f {file_name} down -v",
-                 f"#   docker stack deploy -c {file_name} mm   # Swarm: docker service logs -f "
-                 "mm_controller; docker stack rm mm"]
+                 f"#   docker compose -f {file_name} down -v"]
+        if virtual:
+            head += ["# Clock: virtual (the controller's clock reaches the nodes through the "
+                     f"`{CLOCK_VOLUME}` volume; one host).",
+                     "# Swarm (nodes on several hosts): make the file with `moemesh compose "
+                     "--clock realtime`."]
+        else:
+            head += [f"#   docker stack deploy -c {file_name} mm   # Swarm: docker service "
+                     "logs -f mm_controller; docker stack rm mm",
+                     "# Clock: realtime (the wall clock, dilated by the scenario's factor)."]
     else:
         head += [f"#   docker compose -f {file_name} up -d; ...; docker compose -f {file_name} "
                  "down -v", f"#   docker stack deploy -c {file_name} mm; ...; docker stack rm mm"]
@@ -266,7 +299,10 @@ def compose_text(topology: Topology, scenario: Scenario | None = None,
         if "<<" in service:
             out.append("    <<: *node")
         out.append(_dump(body, 4).rstrip())
-    out += ["", "networks:", _dump(data["networks"], 2).rstrip(), ""]
+    out += ["", "networks:", _dump(data["networks"], 2).rstrip()]
+    if "volumes" in data:
+        out += ["", "volumes:", _dump(data["volumes"], 2).rstrip()]
+    out.append("")
     return "\n".join(out)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from orchestrator.arms import load_scenario
 from orchestrator.compose import (
+    CLOCKS,
     DEFAULT_IMAGE,
     ComposeOptions,
     compose_text,
@@ -55,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "exist already")
     p.add_argument("--shaper", choices=SHAPERS, help="override the scenario's link shaper "
                    "(default: the scenario's own)")
+    p.add_argument("--clock", choices=CLOCKS, default="virtual",
+                   help="virtual (default): the controller runs the scenario in virtual time and "
+                   "the nodes join its clock through a shared volume (one host); realtime: the "
+                   "wall clock, dilated by the scenario's factor (Swarm across hosts)")
     p.add_argument("--pin", action="append", default=[], metavar="NODE=HOST",
                    help="Swarm: run NODE only on hosts labelled moemesh.host=HOST (docker node "
                    "update --label-add moemesh.host=HOST NAME); repeat per node")
@@ -108,7 +113,7 @@ def _compose(args: argparse.Namespace) -> int:
     opts = ComposeOptions(image=args.image, env_file=args.env_file, build_context=context,
                           results=args.results, scenario_dir=scenario_dir,
                           scenario_file=scenario_file, shaper=args.shaper,
-                          pins=_pins(args.pin))
+                          pins=_pins(args.pin), clock=args.clock)
     text = compose_text(topology, scenario, opts, source=str(path),
                         file_name=args.output.name if args.output else "FILE")
     if args.output is None:

@@ -57,10 +57,17 @@ def mesh_dir(given: Path | None = None) -> Path:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    def with_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    def with_dir(p: argparse.ArgumentParser, compose: bool = False) -> argparse.ArgumentParser:
         p.add_argument("--mesh-dir", type=Path, default=None,
                        help="state folder of the mesh (default $MOEMESH_MESH_DIR, "
                        "$XDG_RUNTIME_DIR/moemesh or /tmp/moemesh-<uid>)")
+        if compose:
+            p.add_argument("--project", nargs="?", const="", default=None, metavar="NAME",
+                           help="a compose mesh instead: its compose project (alone: this "
+                           "folder's, as `docker compose` names it)")
+            p.add_argument("--env-file", type=Path, default=Path("moemesh.env"),
+                           help="the compose mesh's token file (default moemesh.env; else "
+                           "$MOEMESH_TOKEN)")
         return p
 
     up = with_dir(sub.add_parser("up", help="start a scenario's mesh and keep it running"))
@@ -75,7 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help=f"seconds to wait for a healthy mesh (default {UP_TIMEOUT_S:g})")
     up.set_defaults(handler=_up)
 
-    status = with_dir(sub.add_parser("status", help="nodes and faulted links of the mesh"))
+    status = with_dir(sub.add_parser("status", help="nodes and faulted links of the mesh"),
+                      compose=True)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(handler=_status)
 
@@ -87,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for action, text in (("link-down", "cut a link (loss 100%%, a blackhole)"),
                          ("link-up", "restore a link to the topology's spec"),
                          ("link-degrade", "change a link's delay, jitter, rate or loss")):
-        p = with_dir(acts.add_parser(action, help=text))
+        p = with_dir(acts.add_parser(action, help=text), compose=True)
         p.add_argument("a", help="one end (e.g. edge1)")
         p.add_argument("b", help="the other end (e.g. edge2)")
         p.add_argument("--oneway", action="store_true", help="only the direction A→B")
@@ -103,7 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for action, text in (("node-down", "kill a node's process or container"),
                          ("node-up", "start a killed node again"),
                          ("node-slow", "make a node's compute FACTOR times slower")):
-        p = with_dir(acts.add_parser(action, help=text))
+        p = with_dir(acts.add_parser(action, help=text), compose=True)
         p.add_argument("node", help="node name (e.g. edge3)")
         if action == "node-slow":
             p.add_argument("factor", help="slow-down factor >= 1 (e.g. 3)")
@@ -319,7 +327,39 @@ def _ask(args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def _compose_target(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(project, token) when the command aims at a compose mesh (--project)."""
+    if getattr(args, "project", None) is None:
+        return None
+    from orchestrator.compose_faults import default_project, read_token
+
+    return args.project or default_project(), read_token(args.env_file)
+
+
+def _compose_status(project: str, token: str, as_json: bool) -> int:
+    from orchestrator.compose_faults import mesh_status
+
+    status = asyncio.run(mesh_status(project, token))
+    if as_json:
+        print(json.dumps(status, indent=1))
+        return 0
+    print(f"compose mesh {project}: {len(status['nodes'])} nodes")
+    for name, node in status["nodes"].items():
+        jobs = f"  {node['jobs']} jobs" if node.get("jobs") is not None else ""
+        print(f"  {name:12s} {node['state']:5s} {node['url']}{jobs}")
+    if not status["links"]:
+        print("links: none faulted from here")
+    for link in status["links"]:
+        spec = link["spec"]
+        print(f"link {link['from']}→{link['to']} {link['state']}: {spec['delay_ms']:g} ms, "
+              f"{spec['rate_mbit']:g} Mbit/s, loss {spec['loss_pct']:g}%")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
+    compose = _compose_target(args)
+    if compose is not None:
+        return _compose_status(*compose, args.json)
     status = _ask(args, {"op": "status"})["status"]
     if args.json:
         print(json.dumps(status, indent=1))
@@ -359,6 +399,15 @@ def _fault(args: argparse.Namespace) -> int:
     for key in ("delay_ms", "jitter_ms", "rate_mbit", "loss_pct"):
         if getattr(args, key, None) is not None:
             data[key] = args.__dict__[key]
+    compose = _compose_target(args)
+    if compose is not None:
+        from orchestrator.compose_faults import apply_fault
+        from orchestrator.faults import fault_from_data
+        from orchestrator.yamlio import Loc
+
+        fault = fault_from_data(data, Loc(None, "fault"))
+        print(asyncio.run(apply_fault(compose[0], compose[1], fault)))
+        return 0
     answer = _ask(args, {"op": "fault", "fault": data})
     revert = answer.get("revert_in_s")
     print(f"{answer['fault']}: done" + (f"; reverts in {revert:g} s" if revert else ""))

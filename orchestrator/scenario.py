@@ -46,6 +46,7 @@ The YAML form, with every default:
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -400,10 +401,10 @@ class Scenario:
         if self.shaper == "tc":
             return ("shaper tc: the kernel delays packets in real time, which no virtual clock "
                     "can skip (use shaper app, or clock realtime with a time dilation)")
-        if self.runtime not in ("local", "netns"):
-            return (f"runtime {self.runtime}: containers reach each other through Docker's "
-                    f"NAT and may span hosts, so the clock cannot count their messages (use "
-                    f"the local or netns runtime, or clock realtime)")
+        if self.runtime == "swarm" or (self.runtime == "docker" and _in_swarm_stack()):
+            return ("Swarm: a stack's nodes may run on other hosts, and the clock is a Unix "
+                    "socket and a shared file on one host (docs/docker.md, a clock across "
+                    "hosts; make the file with `moemesh compose --clock realtime`)")
         return None
 
     @property
@@ -660,3 +661,10 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
         data["capacity"] = {"loads": None if cap.loads is None else list(cap.loads),
                             "time_dilation": cap.time_dilation}
     return data
+
+
+def _in_swarm_stack() -> bool:
+    """Whether this controller runs in a Swarm stack: compose.yaml sets MOEMESH_SWARM_SERVICE
+    to `{{.Service.Name}}`, which only Swarm expands (orchestrator.runtimes.swarm)."""
+    value = os.environ.get("MOEMESH_SWARM_SERVICE", "")
+    return bool(value) and "{{" not in value

@@ -13,7 +13,8 @@ bit. The parts:
 - `authority`: the one owner of the clock, a thread of the run's controller.
 
 `run_on_clock(main, virtual=True)` runs the controller's coroutine with an authority (its
-node processes join through the MOEMESH_CLOCK variable they inherit); `virtual_phase()`
+node processes join through the MOEMESH_CLOCK variable they inherit, containers through a
+bind mount or, in a compose mesh, the volume named by MOEMESH_CLOCK_DIR); `virtual_phase()`
 switches the clock to virtual time for the measured part of a run (start-up and teardown
 stay in real time, where processes start and stop at the wall's pace).
 """
@@ -30,10 +31,11 @@ from typing import Any, TypeVar
 from netem import timing
 
 from .authority import Authority, current
-from .participant import CLOCK_ENV, Agent, VirtualLoop, agent_from_env
+from .participant import CLOCK_DIR_ENV, CLOCK_ENV, Agent, VirtualLoop, agent_from_env
 
-__all__ = ["CLOCK_ENV", "Agent", "Authority", "ClockStalled", "VirtualLoop", "agent_from_env",
-           "current", "current_agent", "run_on_clock", "set_current_agent", "virtual_phase"]
+__all__ = ["CLOCK_DIR_ENV", "CLOCK_ENV", "Agent", "Authority", "ClockStalled", "VirtualLoop",
+           "agent_from_env", "current", "current_agent", "run_on_clock", "set_current_agent",
+           "virtual_phase"]
 
 T = TypeVar("T")
 STALL_ENV = "MOEMESH_CLOCK_STALL_S"  # wall seconds without progress before a run fails (60)
@@ -62,7 +64,9 @@ def run_on_clock(main: Coroutine[Any, Any, T], *, virtual: bool,
         return asyncio.run(main)
     if stall_s is None and os.environ.get(STALL_ENV):
         stall_s = float(os.environ[STALL_ENV])
-    authority = Authority(**({} if stall_s is None else {"stall_s": stall_s})).install()
+    shared = os.environ.get(CLOCK_DIR_ENV)  # a folder the nodes' containers wait in
+    authority = Authority(**({} if stall_s is None else {"stall_s": stall_s}),
+                          folder=shared or None).install()
     saved = os.environ.get(CLOCK_ENV)
     os.environ.update(authority.env())  # the node processes it starts inherit it
     agent = Agent(authority.folder)

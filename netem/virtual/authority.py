@@ -169,13 +169,25 @@ class Authority:
     """See the module docstring. Thread-safe: a thread of its own serves the processes; the
     public methods may be called from any thread."""
 
-    def __init__(self, *, stall_s: float = STALL_S) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="moemesh-clock-"))
-        # moemesh clean finds it after a killed run by this marker and removes what it lists
-        # (the orchestrator's marker, imported here: netem itself writes no other folder)
-        from orchestrator.markers import mark
+    def __init__(self, *, stall_s: float = STALL_S, folder: str | Path | None = None) -> None:
+        # `folder`: a given place (a volume the nodes' containers share, where they wait for
+        # the clock, participant.wait_for_clock); its last run's files are replaced. Default:
+        # a fresh temporary folder.
+        self._own_folder = folder is None
+        if folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="moemesh-clock-"))
+            # moemesh clean finds it after a killed run by this marker and removes what it
+            # lists (the orchestrator's marker, imported here: netem itself writes no other
+            # folder)
+            from orchestrator.markers import mark
 
-        mark(self.folder, "clock", made=("time", "sock"))
+            mark(self.folder, "clock", made=("time", "sock"))
+        else:
+            self.folder = Path(folder)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for stale in ("sock", "time"):
+                with contextlib.suppress(FileNotFoundError):
+                    (self.folder / stale).unlink()
         self.clock = SharedClock(self.folder / "time", create=True)
         self.clock.set(REALTIME, 2.0 ** 21)  # real time, counted from 2**21 s (virtual_origin)
         self.stall_s = stall_s
@@ -220,8 +232,10 @@ class Authority:
     def expect(self, name: str) -> None:
         """A node is being started: the clock waits for it to join."""
         with self._lock:
-            self._expected[name] = time.monotonic()
             self._exits.discard(name)
+            if any(p.name == name for p in self._parts.values()):
+                return  # joined already (a container that started before its controller)
+            self._expected[name] = time.monotonic()
         self._poke()
 
     def forget(self, name: str) -> None:
@@ -280,7 +294,12 @@ class Authority:
         os.close(self._wake_r)
         os.close(self._wake_w)
         self.clock.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self._own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        else:  # sock first: a waiting node must never connect to a clock without its word
+            for name in ("sock", "time"):
+                with contextlib.suppress(OSError):
+                    (self.folder / name).unlink()
         if _CURRENT is self:
             _CURRENT = None
 

@@ -39,9 +39,13 @@ import msgpack
 
 from .shared import SharedClock
 
-__all__ = ["CLOCK_ENV", "Agent", "VirtualLoop", "agent_from_env"]
+__all__ = ["CLOCK_DIR_ENV", "CLOCK_ENV", "Agent", "VirtualLoop", "agent_from_env", "own_addresses",
+           "wait_for_clock"]
 
 CLOCK_ENV = "MOEMESH_CLOCK"  # the run's clock folder: `time` (the clock word), `sock`
+# A folder where a run's clock will appear (a volume shared with the controller's container):
+# a node started before its controller waits there until the authority listens.
+CLOCK_DIR_ENV = "MOEMESH_CLOCK_DIR"
 WAKE, MODE = b"w", b"m"  # authority → process
 _CHANNEL = object()  # the selector key data of the authority's channel
 
@@ -71,7 +75,9 @@ class Agent:
         chan.connect(str(self.folder / "sock"))
         self.name = name
         self.chan = chan
-        self._send(["hello", name, os.getpid(), [[h, int(p)] for h, p in listens]])
+        own = [(a, int(p)) for h, p in listens
+               for a in (own_addresses() if h in ("", "0.0.0.0", "::") else [h])]
+        self._send(["hello", name, os.getpid(), [[h, p] for h, p in own]])
         self.idle = False
         self._on_register(chan)
 
@@ -295,7 +301,48 @@ class VirtualLoop(asyncio.SelectorEventLoop):
                                               extra=extra, server=server)
 
 
+def own_addresses() -> list[str]:
+    """This network namespace's IPv4 addresses. A node listening on 0.0.0.0 serves these:
+    in containers every node listens on the same port, so the port alone names no node."""
+    found = []
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                answer = fcntl.ioctl(probe.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+                found.append(socket.inet_ntoa(answer[20:24]))
+    finally:
+        probe.close()
+    return found or ["0.0.0.0"]
+
+
+def wait_for_clock(folder: str | Path, *, poll_s: float = 0.2) -> Path:
+    """Wait until a run's authority listens in `folder` (a node of a compose mesh starts
+    before its controller), then return the folder. The authority writes the clock word
+    before it listens, so a clock seen after a successful connect is the live run's."""
+    folder = Path(folder)
+    said = False
+    while True:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            probe.connect(str(folder / "sock"))
+            return folder
+        except OSError:
+            if not said:
+                print(f"moemesh: waiting for the run's clock in {folder} (the controller "
+                      f"starts it)", flush=True)
+                said = True
+            time.sleep(poll_s)
+        finally:
+            probe.close()
+
+
 def agent_from_env() -> Agent | None:
-    """The run's clock when this process was started inside one (MOEMESH_CLOCK)."""
+    """The run's clock when this process was started inside one (MOEMESH_CLOCK), or the
+    one that will appear in MOEMESH_CLOCK_DIR (waited for)."""
     folder = os.environ.get(CLOCK_ENV)
-    return Agent(folder) if folder else None
+    if folder:
+        return Agent(folder)
+    shared = os.environ.get(CLOCK_DIR_ENV)
+    return Agent(wait_for_clock(shared)) if shared else None

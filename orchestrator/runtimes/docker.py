@@ -16,6 +16,15 @@ state folder survives a restart), and `apply_links` / `apply_placement` speak to
 control plane. The orchestrator reaches every node at its container address on the bridge
 (like the netns runtime), which is also what peers' tc filters match.
 
+Virtual time (netem.virtual): the run's clock folder (the authority's socket and the clock
+word) reaches the containers as a bind mount at the same path (start mode) or as the volume
+compose.yaml shares between the controller and the nodes (attach mode, MOEMESH_CLOCK_DIR).
+Unix sockets and mapped files work across containers of one host: one kernel, one page cache,
+one monotonic clock. The clock names each TCP connection by its address pair, which both ends
+see alike: containers on one bridge, and the host on that bridge, talk with no address
+translation (no published ports are used). Each node is announced to the clock before its
+container starts, so the run's virtual time waits for it to join.
+
 Needs a running Docker engine (docker/start-dockerd.sh) and the image (docker/README.md).
 """
 
@@ -32,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from netem.spec import LinkSpec
+from netem.virtual import current as clock_authority
 from orchestrator.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import (
     Endpoint,
@@ -108,7 +118,7 @@ class DockerRuntime(EngineRuntime):
     def __init__(
         self,
         *,
-        image: str = DEFAULT_IMAGE,
+        image: str | None = None,
         attach: bool | None = None,
         project: str | None = None,
         network: str | None = None,
@@ -120,7 +130,7 @@ class DockerRuntime(EngineRuntime):
         docker_url: str | None = None,
     ) -> None:
         self.id = secrets.token_hex(3)
-        self.image = image
+        self.image = image or os.environ.get("MOEMESH_IMAGE") or DEFAULT_IMAGE
         if attach is None:
             attach = os.environ.get("MOEMESH_DOCKER_ATTACH", "") not in ("", "0")
         self.attach = attach
@@ -168,6 +178,9 @@ class DockerRuntime(EngineRuntime):
         """node-down: SIGKILL the node's container (it stays, stopped, for `revive`)."""
         node = self._node(name)
         container = await self._container(node)
+        authority = clock_authority()
+        if authority is not None:
+            authority.expect_exit(name)
         try:
             await container.kill(signal="SIGKILL")
         except Exception as exc:
@@ -178,6 +191,9 @@ class DockerRuntime(EngineRuntime):
         """node-up: start the node's container again and wait until it listens."""
         node = self._node(name)
         container = await self._container(node)
+        authority = clock_authority()
+        if authority is not None:
+            authority.expect(name)
         try:
             await container.start()
         except Exception as exc:
@@ -234,6 +250,10 @@ class DockerRuntime(EngineRuntime):
     async def stop(self) -> None:
         errors: list[str] = []
         docker = self._docker
+        authority = clock_authority()
+        if authority is not None and not self.attach:
+            for name in self._nodes:  # removed on purpose: no death on the clock
+                authority.expect_exit(name)
         if docker is not None:
             # A create cancelled in flight (Ctrl-C) still makes its container in the daemon,
             # possibly after this sweep: then sweep again until a pass finds nothing new.
@@ -302,9 +322,13 @@ class DockerRuntime(EngineRuntime):
             "CheckDuplicate": True, "Labels": labels})
         self._creating = False
         self._network_id = network.id
+        authority = clock_authority()
+        binds = [] if authority is None else [f"{authority.folder}:{authority.folder}"]
         for launch in nodes:
             env = {**self.env, **launch.env, "MOEMESH_HOST": "0.0.0.0",
                    "MOEMESH_PORT": str(launch.port)}
+            if authority is not None:
+                env.update(authority.env())
             if self.token:
                 env["MOEMESH_TOKEN"] = self.token
             config = {
@@ -314,7 +338,7 @@ class DockerRuntime(EngineRuntime):
                 "User": "root",
                 "Hostname": launch.name,
                 "Labels": {**labels, "io.moemesh.node": launch.name},
-                "HostConfig": {"NetworkMode": self._network_name,
+                "HostConfig": {"NetworkMode": self._network_name, "Binds": binds,
                                "CapAdd": ["NET_ADMIN"] if self.net_admin else []},
                 "NetworkingConfig": {"EndpointsConfig": {
                     self._network_name: {"Aliases": [launch.name]}}},
@@ -327,7 +351,14 @@ class DockerRuntime(EngineRuntime):
             self._nodes[launch.name] = _Node(launch, container.id, launch.port)
         for node in self._nodes.values():
             container = docker.containers.container(node.container_id)
-            await container.start()
+            if authority is not None:
+                authority.expect(node.launch.name)
+            try:
+                await container.start()
+            except BaseException:
+                if authority is not None:
+                    authority.forget(node.launch.name)
+                raise
             node.address = await self._address(container)
 
     # -- attach mode ---------------------------------------------------------------------
@@ -352,6 +383,10 @@ class DockerRuntime(EngineRuntime):
                                      f"{info['State']['Status']}, not running")
             node.address = await self._address(found[0], info)
             self._nodes[launch.name] = node
+        authority = clock_authority()
+        if authority is not None:  # the nodes join from the shared volume (MOEMESH_CLOCK_DIR)
+            for name in self._nodes:
+                authority.expect(name)
 
     async def _own_project(self, docker: Any) -> str | None:
         """Inside a compose container (the controller): its own project."""

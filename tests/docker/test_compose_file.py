@@ -66,11 +66,29 @@ def test_every_node_is_a_service_with_net_admin_health_and_the_token_file() -> N
         assert s["command"][:4] == ["moemesh", "node", "--name", name]
     ctl = services[CONTROLLER]
     assert ctl["depends_on"] == ["edge1", "edge2", "edge3"]  # the short form Swarm accepts
-    assert ctl["command"] == ["moemesh", "run", "/scenarios/s.yaml", "--runtime", "docker",
-                              "--out", "/results"]
+    assert ctl["command"] == [  # a new folder per up, named by its start (UTC)
+        "sh", "-c", "exec moemesh run /scenarios/s.yaml --runtime docker --clock virtual "
+        "--out /results/$$(date -u +%Y%m%dT%H%M%SZ)"]
     assert "./results:/results" in ctl["volumes"] and "./sc:/scenarios:ro" in ctl["volumes"]
     assert ctl["environment"]["MOEMESH_DOCKER_ATTACH"] == "1"
     assert data["networks"] == {"mesh": {"internal": True}}  # each engine's default driver
+    # virtual time: the controller's clock folder is a tmpfs volume every service mounts
+    assert data["volumes"] == {"clock": {"driver_opts": {"type": "tmpfs", "device": "tmpfs"}}}
+    for name in ("edge1", "edge2", "edge3", CONTROLLER):
+        assert "clock:/run/moemesh/clock" in services[name]["volumes"]
+        assert services[name]["environment"]["MOEMESH_CLOCK_DIR"] == "/run/moemesh/clock"
+
+
+def test_realtime_file_has_no_clock_volume_and_dilates_the_nodes() -> None:
+    scenario = load_scenario(ROOT / "docker" / "scenarios" / "ci4.yaml")
+    opts = ComposeOptions(scenario_dir="./sc", scenario_file="s.yaml", clock="realtime")
+    data = resolved(compose_text(scenario.topology, scenario, opts))
+    assert "volumes" not in data
+    assert "MOEMESH_CLOCK_DIR" not in data["services"]["edge1"]["environment"]
+    assert data["services"]["edge1"]["command"][-2:] == ["--time-dilation", "2"]
+    assert "--clock realtime" in data["services"][CONTROLLER]["command"][-1]
+    with pytest.raises(ValueError, match="clock 'wall': one of virtual, realtime"):
+        ComposeOptions(clock="wall")
 
 
 def test_swarm_reads_what_compose_reads_elsewhere() -> None:
@@ -122,10 +140,14 @@ def test_a_custom_device_reaches_the_node_as_the_same_profile(tmp_path: Path) ->
 
 def test_scenario_settings_reach_the_node_command() -> None:
     scenario = load_scenario(ROOT / "docker" / "scenarios" / "ci4.yaml")
-    data = resolved(compose_text(scenario.topology, scenario))
+    data = resolved(compose_text(scenario.topology, scenario))  # nodes only: the wall clock
     cmd = data["services"]["edge1"]["command"]
     assert cmd == ["moemesh", "node", "--name", "edge1", "--profile", "tiny-edge", "--model",
                    "tiny-moe", "--time-dilation", "2"]
+    opts = ComposeOptions(scenario_dir="./sc", scenario_file="ci4.yaml")  # virtual: no dilation
+    cmd = resolved(compose_text(scenario.topology, scenario, opts))["services"]["edge1"]["command"]
+    assert cmd == ["moemesh", "node", "--name", "edge1", "--profile", "tiny-edge", "--model",
+                   "tiny-moe"]
 
 
 def test_a_node_called_controller_is_refused() -> None:
@@ -166,7 +188,7 @@ def test_cli_writes_paths_relative_to_the_output_folder(tmp_path: Path) -> None:
     assert (out.parent / host / "quickstart.yaml").resolve() == (
         ROOT / "experiments/scenarios/quickstart.yaml").resolve()
     assert (out.parent / ctl["build"]["context"] / "Dockerfile").is_file()
-    assert ctl["command"][-2:] == ["--shaper", "app"]
+    assert "--clock virtual --shaper app --out" in ctl["command"][-1]
     assert ctl["image"] == "moemesh/moemesh:test"
 
 

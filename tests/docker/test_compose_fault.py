@@ -1,0 +1,99 @@
+"""`moemesh fault ... --project NAME` and `moemesh status --project NAME` against a compose
+mesh (no supervisor): the link is cut on the nodes' control planes and put back after --for,
+a node's container is killed and started again; the token comes from the project's env file.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netem.spec import LinkSpec
+from orchestrator.compose import ComposeOptions, compose_text
+from orchestrator.runtimes.base import NodeLaunch
+from orchestrator.runtimes.docker import DockerRuntime
+from orchestrator.topology import Node, Topology
+from services.client import ClientSettings, NodeClient
+from services.device import builtin_profiles
+from tests.docker.conftest import docker_cli, leftovers
+from tests.docker.test_compose_run import compose, wait_healthy
+from tests.helpers.machine import require_compose
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(cwd: Path, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "MOEMESH_TOKEN"}  # from the env file
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd,
+                            env={**env, "PYTHONPATH": str(ROOT)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 240) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {err[-2000:]}"
+    return out
+
+
+async def loss(rt: DockerRuntime, token: str, a: str, b: str) -> float:
+    async with NodeClient(ClientSettings(token=token)) as client:
+        stats = await client.stats(rt.endpoints()[a].url)
+    return float(stats["links"]["accepted"]["links"][b]["loss_pct"])
+
+
+async def test_fault_cli_cuts_and_restores_a_link_of_a_compose_mesh(image: str,
+                                                                    tmp_path: Path) -> None:
+    require_compose("v2")
+    tiny = builtin_profiles()["tiny-edge"]
+    topology = Topology.build([Node("edge1", tiny), Node("edge2", tiny)],
+                              default=LinkSpec(delay_ms=2.0, rate_mbit=100.0), name="two")
+    token = secrets.token_hex(8)
+    file = tmp_path / "compose.yaml"
+    file.write_text(compose_text(topology, opts=ComposeOptions(image=image, build_context=None)))
+    (tmp_path / "moemesh.env").write_text(f"MOEMESH_TOKEN={token}\n")
+    project = f"mmfault{secrets.token_hex(3)}"
+    names = ("edge1", "edge2")
+    try:
+        compose("v2", project, file, "up", "-d")
+        wait_healthy(project, 2, timeout_s=400.0)  # a loaded 2-core host
+        async with DockerRuntime(attach=True, project=project, network="mesh",
+                                 token=token) as rt:
+            await rt.start([NodeLaunch(n, ("moemesh", "node")) for n in names])
+            await rt.apply_links({n: topology.links_from(n) for n in names})
+            assert await loss(rt, token, "edge1", "edge2") == 0.0
+
+            finish(cli(tmp_path, "fault", "link-down", "edge1", "edge2", "--project", project))
+            assert await loss(rt, token, "edge1", "edge2") == 100.0  # both directions cut
+            assert await loss(rt, token, "edge2", "edge1") == 100.0
+            status = finish(cli(tmp_path, "status", "--project", project))
+            assert "link edge1→edge2 down" in status and "link edge2→edge1 down" in status
+            finish(cli(tmp_path, "fault", "link-up", "edge1", "edge2", "--project", project))
+            assert await loss(rt, token, "edge1", "edge2") == 0.0  # what it was before
+            assert await loss(rt, token, "edge2", "edge1") == 0.0
+            assert "links: none faulted" in finish(cli(tmp_path, "status", "--project", project))
+
+            out = finish(cli(tmp_path, "fault", "link-down", "edge1", "edge2", "--oneway",
+                             "--for", "2s", "--project", project))
+            assert "reverted after 2 s" in out
+            assert await loss(rt, token, "edge1", "edge2") == 0.0
+
+            finish(cli(tmp_path, "fault", "node-down", "edge2", "--project", project))
+            assert not await rt.running("edge2")
+            finish(cli(tmp_path, "fault", "node-up", "edge2", "--project", project))
+            assert await rt.running("edge2")
+
+        bad = cli(tmp_path, "fault", "link-down", "edge1", "edge9", "--project", project)
+        _, err = bad.communicate(timeout=120)
+        assert bad.returncode != 0 and "unknown node 'edge9'" in err
+    finally:
+        compose("v2", project, file, "down", "-v", "--remove-orphans", "-t", "5")
+    assert leftovers(f"com.docker.compose.project={project}") == {
+        "containers": "", "networks": "", "volumes": ""}
+    assert docker_cli("ps", "-aq", "--filter", f"label=com.docker.compose.project={project}") == ""
