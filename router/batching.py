@@ -299,17 +299,10 @@ class Batcher:
                dense: float, host: float, t_end: float, e_end: float) -> None:
         """The request's token of this step, recorded as `Engine.generate` records it; the
         request leaves with its result after its last token or a failure."""
-        from .engine import GenerateResult
+        from .engine import GenerateResult, token_of
 
         i = len(job.records)
-        rec = recs[-1]
-        rec.index = i
-        bad = next((r for r in recs[:-1] if r.status == "failed"), None)
-        if bad is not None and rec.status == "running":
-            rec.fail(f"prompt:{bad.reason}")
-        if len(recs) > 1:  # the prompt's rows: the first token waited for all of them
-            rec.reroutes = sum(r.reroutes for r in recs)
-            rec.retries = sum(r.retries for r in recs)
+        rec = token_of(recs, i)
         rec.dense_ms += dense * 1e3
         rec.dense_host_ms += host * 1e3
         rec.latency_ms = (t_end - job.t_prev) * 1e3

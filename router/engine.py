@@ -281,6 +281,21 @@ class RoutingTap:
         return {"experts": self.experts, "weights": self.weights}
 
 
+def token_of(recs: list[TokenRecord], index: int) -> TokenRecord:
+    """A token group's record of its token (the last row's), numbered `index`: it fails with
+    the first failed prompt row, and counts the whole group's reroutes and retries (the first
+    token waited for every row of its prompt)."""
+    rec = recs[-1]
+    rec.index = index
+    bad = next((r for r in recs[:-1] if r.status == "failed"), None)
+    if bad is not None and rec.status == "running":
+        rec.fail(f"prompt:{bad.reason}")
+    if len(recs) > 1:
+        rec.reroutes = sum(r.reroutes for r in recs)
+        rec.retries = sum(r.retries for r in recs)
+    return rec
+
+
 # -- the engine ---------------------------------------------------------------------------------
 class Engine:
     """Runs token groups through the dense part (`Steps`) and the dispatcher, on one clock.
@@ -476,14 +491,7 @@ class Engine:
             recs = [TokenRecord(i, budget) for _ in range(steps.rows)]
             nxt = await self._group(steps, recs, policy, clock, now_ms() + settings.token_ms,
                                     tap, stages, route)
-            rec = recs[-1]
-            rec.index = i
-            bad = next((r for r in recs[:-1] if r.status == "failed"), None)
-            if bad is not None and rec.status == "running":
-                rec.fail(f"prompt:{bad.reason}")
-            if len(recs) > 1:  # the prompt's rows: the first token waited for all of them
-                rec.reroutes = sum(r.reroutes for r in recs)
-                rec.retries = sum(r.retries for r in recs)
+            rec = token_of(recs, i)
             await sleep_until(clock.at)  # never before its emulated end
             t_end = now()
             rec.latency_ms = (t_end - t_prev) * 1e3
