@@ -33,6 +33,7 @@ from aiohttp import web
 
 from moe.vocab import FULL_PRECISION, PlacementEntry
 
+from .bounds import guarded_runner
 from .clock import on_shared_clock
 from .compute import ExpertCompute, make_compute
 from .errors import BadRequest, Unavailable
@@ -108,8 +109,9 @@ class Node:
             self.loop_lag.start()
         await self._restore()
         self._worker = asyncio.create_task(self.device.run(), name=f"device-{self.settings.name}")
-        self._runner = web.AppRunner(self.app, access_log=None,
-                                     shutdown_timeout=self.settings.drain_timeout_s)
+        self._runner = guarded_runner(self.app, self.settings.limits,
+                                      self.settings.max_body_bytes, access_log=None,
+                                      shutdown_timeout=self.settings.drain_timeout_s)
         try:
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.settings.host, self.settings.port)

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from netem import LinkDownError
 
+from .bounds import body_done, body_started, request_done
 from .clock import now, sleep_until
 from .errors import BadRequest, DoesNotFit, ServiceError, TooLarge, Unauthorized, Unavailable
 from .links import ARRIVE_SLACK_S
@@ -47,8 +48,8 @@ from .wire import (
 if TYPE_CHECKING:
     from .node import Node
 
-__all__ = ["FORWARD_PATH", "NODE_KEY", "SELF_HEADER", "add_routes", "error_middleware",
-           "read_body", "token_refusal"]
+__all__ = ["FORWARD_PATH", "NODE_KEY", "SELF_HEADER", "add_routes", "ascii_header",
+           "client_left", "error_middleware", "read_body", "token_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ def _error(request: web.Request, status: int, code: str, detail: str) -> web.Res
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    body_started(request)  # the header is whole: the body's deadline runs (services.bounds)
     try:
         return await handler(request)
     except ServiceError as exc:
@@ -84,8 +86,21 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             detail += f" (allowed: {allowed})"
         return _error(request, exc.status, code, detail)
     except Exception as exc:
+        if isinstance(exc, ConnectionError) and client_left(request):
+            log.debug("%s %s: the client left mid-request (%s)", request.method, request.path,
+                      exc)
+            return web.Response(status=400)  # nobody reads it: aiohttp drops it quietly
         log.exception("%s %s failed", request.method, request.path)
         return _error(request, 500, "internal", f"{type(exc).__name__}: {exc}")
+    finally:
+        request_done(request)
+
+
+def client_left(request: web.BaseRequest) -> bool:
+    """The request's connection is gone (the client closed it, or the server's bounds did):
+    what its body reads raise then is no fault of the node."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 async def read_body(request: web.Request, limit: int, what: str = "this node's") -> bytes:
@@ -96,9 +111,11 @@ async def read_body(request: web.Request, limit: int, what: str = "this node's")
         raise TooLarge(f"body of {length} bytes exceeds {what} limit of {limit} bytes")
     if length is not None:  # every client of ours says it: read that much at once
         try:
-            return await request.content.readexactly(length)
+            body = await request.content.readexactly(length)
         except asyncio.IncompleteReadError as exc:  # the peer stopped short: what came
-            return exc.partial
+            body = exc.partial
+        body_done(request)
+        return body
     chunks, got = [], 0
     try:
         async for chunk in request.content.iter_chunked(1 << 16):
@@ -108,7 +125,17 @@ async def read_body(request: web.Request, limit: int, what: str = "this node's")
             chunks.append(chunk)
     except web.HTTPRequestEntityTooLarge:
         raise TooLarge(f"body exceeds {what} limit of {limit} bytes") from None
+    body_done(request)
     return b"".join(chunks)
+
+
+def ascii_header(request: web.Request, name: str) -> str | None:
+    """A header's value, or a 400 naming it when it is not ASCII (aiohttp hands non-UTF-8
+    bytes over as surrogates, which no name or number of ours holds)."""
+    raw = request.headers.get(name)
+    if raw is not None and not raw.isascii():
+        raise BadRequest(f"header {name} must be ASCII, got {raw[:40]!a}")
+    return raw
 
 
 # -- data plane -------------------------------------------------------------------------------
@@ -121,8 +148,9 @@ async def forward(request: web.Request) -> web.Response:
                            f"the forward request's ({MAX_ROWS} rows of width {d_model})")
     m.bytes_in.inc(len(body))
     horizon = node.links.horizon_s(len(body))
-    arrival = arrival_time(request.headers.get(ARRIVE_HEADER), horizon)
-    first = arrival_time(request.headers.get(FIRST_HEADER), horizon, FIRST_HEADER)
+    arrival = arrival_time(ascii_header(request, ARRIVE_HEADER), horizon)
+    first = arrival_time(ascii_header(request, FIRST_HEADER), horizon, FIRST_HEADER)
+    peer = ascii_header(request, SELF_HEADER)
     fwd = unpack_request(body, d_model)
     if arrival is None:
         arrival = now()
@@ -133,7 +161,6 @@ async def forward(request: web.Request) -> web.Response:
     ys, timing, done, state = await node.forward(fwd.groups, arrival, fwd.parts)
     out = pack_response(ys, timing, state)
     headers = {}
-    peer = request.headers.get(SELF_HEADER)
     if peer:
         try:
             back = await node.links.schedule_span(peer, len(out), at=done)

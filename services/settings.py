@@ -17,6 +17,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .bounds import ServerLimits
 from .compute import COMPUTE_MODES
 from .device import DEFAULT_PROFILE, DeviceProfile, builtin_profiles, load_profile
 
@@ -78,6 +79,9 @@ class NodeSettings:
     max_batch_rows: int = knob(256, parse=int, help="rows one device batch may take")
     drain_timeout_s: float = knob(30.0, cli=False, env=False, help="drain limit on SIGTERM")
     fault_seed: int = knob(0, cli=False, env=False, help="seed of injected faults")
+    limits: ServerLimits = knob(cli=False, env=False, factory=ServerLimits,
+                                help="header, body and idle timeouts and the connection cap "
+                                     "of the node's server (services.bounds)")
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -396,7 +397,30 @@ def _group(i: int, raw: Any, d_model: int) -> Group:
             f"{where}: {len(work)} rows (one per work list) of d_model {d_model} in {dtype} "
             f"need {need} bytes, x has {len(x)}"
         )
+    _finite(where, x, dtype, d_model)
     return Group(layer, dtype, x, work)
+
+
+_NP_DTYPE = {"f32": np.float32, "f16": np.float16}
+
+
+def _finite(where: str, x: bytes, dtype: str, d_model: int) -> None:
+    """A 400 naming the group and the first bad value when its activations hold NaN or
+    inf: a non-finite input gives non-finite outputs that no caller can tell from a bug.
+    Read in place with numpy (bf16 by its exponent bits: all ones is NaN or inf)."""
+    if dtype == "bf16":
+        bits = np.frombuffer(x, np.uint16)
+        bad = (bits & 0x7F80) == 0x7F80
+        if not bad.any():
+            return
+    else:
+        values = np.frombuffer(x, _NP_DTYPE[dtype])
+        if np.isfinite(values).all():
+            return
+        bad = ~np.isfinite(values)
+    i = int(np.argmax(bad))
+    raise BadRequest(f"{where}.x must hold finite values: row {i // d_model}, column "
+                     f"{i % d_model} is NaN or inf")
 
 
 def _version(data: dict) -> None:
@@ -406,6 +430,9 @@ def _version(data: dict) -> None:
             else "a request without 'v'"
         raise BadRequest(f"{old} is not served: this node speaks wire version {WIRE_VERSION}, "
                          f"{SHAPE} (docs/contracts.md)")
+    if type(data["v"]) is not int:  # 2.0 == 2 in Python: the wire's integers are integers
+        raise BadRequest(f"v must be the integer {WIRE_VERSION}, got "
+                         f"{type(data['v']).__name__} {_short(data['v'])}")
     if data["v"] != WIRE_VERSION:
         raise BadRequest(f"v: wire version {_short(data['v'])} is not served: this node "
                          f"speaks version {WIRE_VERSION}, {SHAPE}")
