@@ -86,5 +86,5 @@ def headline_lines(stats: Sequence[PolicyStats], comps: Sequence[Comparison],
         lines.append(f"- {_sentence(ref, by_name[s.name], lat, by_pair.get((s.name, 'traffic')))}")
     if not faithful:
         lines += ["", "These come from a run that is not faithful: read them with the reasons "
-                      "below."]
+                      "above."]
     return [*lines, ""]

@@ -645,9 +645,10 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
         faithful = assess(meta.to_json(), stats, qset.failed)
     if comps is None:
         comps = comparisons(meta, stats, tokens)
-    head = _header_lines(meta, faithful)  # the title, then the verdict: a partial run says
-    lines = [*head[:2], *_missing_lines(meta),  # so before anything else, then the headline
-             *headline_lines(stats, comps, faithful[0]), *head[2:]]
+    head = _header_lines(meta, faithful)  # the title; a partial run says so before anything
+    verdict = len(_faithful_lines(faithful))  # else, then whether to trust it, then who won
+    lines = [*head[:2], *_missing_lines(meta), *head[2:2 + verdict],
+             *headline_lines(stats, comps, faithful[0]), *head[2 + verdict:]]
     lines += ["", *_overhead_lines(meta, by_name, overhead, tokens), ""]
     lines += _fidelity_lines(meta)
     lines += _base_lines(meta)

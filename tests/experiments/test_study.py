@@ -137,7 +137,7 @@ def test_worlds_are_drawn_from_the_study_seed_and_the_scenarios_generator() -> N
     assert ws.workload.seed == worlds[0].workload_seed
     assert ws.topology.nodes != scenario.topology.nodes
     assert {n.uplink_mbit for n in ws.topology.nodes} == {4.0}
-    quick, _ = load_experiment(SCENARIOS / "quickstart.yaml")
+    quick, _ = load_experiment(SCENARIOS / "tiny-quick.yaml")
     with pytest.raises(ValueError, match=r"topology 'edge5': .* names no generator"):
         generator_of(quick)
 

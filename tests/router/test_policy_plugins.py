@@ -75,7 +75,7 @@ def test_a_plugin_policy_is_listed_and_made_and_a_broken_one_is_named(tmp_path: 
 
 def test_policies_flag_names_what_it_does_not_know(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run",
-                           "experiments/scenarios/quickstart.yaml", "--policies", "greedy,nope",
+                           "experiments/scenarios/tiny-quick.yaml", "--policies", "greedy,nope",
                            "--out", str(tmp_path / "run")], capture_output=True, text=True,
                           env=env(), cwd=ROOT, timeout=120)
     assert done.returncode == 2
