@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import ROOT, moemesh_process
 
-QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"
 HOST_ONLY = {"dense_host_ms"}  # the host's own time, measured beside the timeline
 
 

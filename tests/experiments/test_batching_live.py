@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import ROOT, moemesh_process
 
-QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"  # tiny-moe: quick
 HOST_ONLY = {"dense_host_ms"}  # the host's own time, measured beside the timeline
 
 

@@ -17,7 +17,7 @@ from netem.virtual import run_on_clock
 from orchestrator.arms import load_experiment
 from tests.helpers import ROOT
 
-QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"
+QUICKSTART = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"  # tiny-moe: quick
 
 
 @pytest.mark.slow
