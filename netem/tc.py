@@ -349,6 +349,7 @@ class TcShaper:
             else:  # a new access link is a new tree (the peers' classes change parent)
                 plan = plan_tree(self.iface, new, line_rate_mbit=self.line_rate_mbit,
                                  burst_ms=self.burst_ms, uplink_mbit=uplink)
+                await self._nl(self._k_drop_root(index))
             down = plan_downlink(self.iface, downlink, plan.slots, was_mbit=self._downlink,
                                  was_slots=self._redirected, burst_ms=self.burst_ms)
             if downlink is not None and self._downlink is None:
@@ -428,6 +429,14 @@ class TcShaper:
             if self._gso_was != SEGS_PER_PACKET:
                 await ipr.link("set", index=self._index, gso_max_segs=self._gso_was)
             self._gso_was = None
+
+    async def _k_drop_root(self, index: int) -> None:
+        """Our HTB root, where the kernel has one (ours, or one a shaper that died left): HTB
+        has no change operation, so a root `replace` over it is refused (EINVAL), as when the
+        mesh applies links afresh between arms (an empty set, then the set with the uplink)."""
+        ipr = await self._netlink()
+        if await self._our_root_present(ipr):
+            await execute(ipr, index, plan_teardown(self.iface))
 
     async def _k_one_segment(self, index: int) -> int:
         """Caps the interface's TCP super-packets at one segment; returns the cap it had."""

@@ -176,6 +176,31 @@ async def test_an_access_link_caps_what_the_peers_receive_together(mesh: dict) -
     assert to2["rate_mbit"] == pytest.approx(2, rel=0.25)
 
 
+async def test_links_applied_afresh_with_an_uplink_stand_in_the_kernel_again(
+    mesh: dict, kernel: SimpleNamespace,
+) -> None:
+    """Between arms the mesh applies every node's links afresh: an empty set, then the set
+    with the node's uplink. Each is a new HTB tree, and HTB has no change operation: a root
+    `replace` over the tree already there is refused (EINVAL, as a run with an access link
+    failed in the lab), so the shaper removes its root first."""
+    n1, n2, n3 = mesh["n1"], mesh["n2"], mesh["n3"]
+    shaper = TcShaper(netns=n1.netns, iface="eth0")
+    link = LinkSpec(delay_ms=2, rate_mbit=4)
+    try:
+        for _ in range(2):
+            await shaper.apply({"n2": link, "n3": link}, addresses(mesh, "n2", "n3"),
+                               uplink_mbit=4)
+            await shaper.apply({}, {})
+        await shaper.apply({"n2": link, "n3": link}, addresses(mesh, "n2", "n3"),
+                           uplink_mbit=4)
+        assert len(netem_leaves(kernel, n1)) == 2
+        assert set(u32_matches(n1)) == {n2.address, n3.address}
+        assert shaper.snapshot()["uplink_mbit"] == 4
+    finally:
+        await shaper.close()
+    assert not [q for q in kernel.qdiscs(n1.netns, "eth0") if q["kind"] in ("htb", "netem")]
+
+
 async def offer(src: Endpoint, dst: Endpoint, rate_mbit: float) -> dict[str, float]:
     """UDP from src to dst at 1.25x rate_mbit for 2 s; again while the guest could not offer
     more than the rate (a guest too slow to offer the load measures the guest)."""
