@@ -31,7 +31,14 @@ from typing import Any
 
 from orchestrator.cli import BadInput
 from orchestrator.markers import describe, mark, marker, private_dir, remove_ours, require_ours
-from orchestrator.meshd import LOG_FILE, SOCKET_FILE, STATE_FILE, read_state, request
+from orchestrator.meshd import (
+    LOG_FILE,
+    SOCKET_FILE,
+    STATE_FILE,
+    live_scenario,
+    read_state,
+    request,
+)
 from orchestrator.runtimes.local import process_alive
 
 __all__ = ["down_command", "mesh_dir", "register"]
@@ -78,6 +85,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--shaper", choices=("tc", "app", "auto"),
                     help="override the scenario's link shaper (e.g. app)")
     up.add_argument("--policy", help="placement policy (default the scenario's, e.g. hetroute)")
+    up.add_argument("--clock", choices=("realtime", "virtual", "auto"),
+                    help="a mesh that stays up runs on the wall clock (realtime; auto picks it); "
+                         "virtual is refused: `moemesh run` runs a scenario in virtual time")
+    up.add_argument("--tdf", type=float, metavar="FACTOR",
+                    help="time dilation, e.g. 4 (default: the scenario's time_dilation)")
     up.add_argument("--timeout", type=float, default=UP_TIMEOUT_S,
                     help=f"seconds to wait for a healthy mesh (default {UP_TIMEOUT_S:g})")
     up.set_defaults(handler=_up)
@@ -156,10 +168,9 @@ def _log_tail(folder: Path, lines: int = 15) -> str:
 def _up(args: argparse.Namespace) -> int:
     from orchestrator.arms import load_scenario
 
-    scenario = load_scenario(args.scenario)  # a bad file: exit 2 before anything starts
-    changes = {k: getattr(args, k) for k in ("runtime", "shaper") if getattr(args, k)}
-    if changes:
-        scenario = replace(scenario, **changes)
+    loaded = load_scenario(args.scenario)  # a bad file: exit 2 before anything starts
+    scenario = live_scenario(loaded, runtime=args.runtime, shaper=args.shaper, clock=args.clock,
+                             tdf=args.tdf)
     folder = mesh_dir(args.mesh_dir)
     state = _trusted_state(folder)
     if state is not None and _alive(state):
@@ -182,6 +193,8 @@ def _up(args: argparse.Namespace) -> int:
     for key in ("runtime", "shaper", "policy"):
         if getattr(args, key):
             argv += [f"--{key}", getattr(args, key)]
+    if args.tdf is not None:
+        argv += ["--tdf", repr(args.tdf)]
     # The supervisor and its nodes import this checkout even where it is not installed.
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -200,6 +213,9 @@ def _up(args: argparse.Namespace) -> int:
     print(f"mesh {state['name']} up: {len(state['endpoints'])} nodes, runtime "
           f"{state['runtime']}, shaper {state['shaper']}, placement {state['policy']} "
           f"(expected {state['expected_cost_ms']:.4g} ms per token)")
+    print(f"  clock realtime, time dilation {scenario.time_dilation:g}"
+          + (" (the scenario's clock virtual is for `moemesh run`: a mesh that stays up runs "
+             "on the wall clock)" if loaded.virtual else ""))
     procs = state.get("processes") or {}
     for name, ep in state["endpoints"].items():
         pid_text = f"  pid {procs[name][0]}" if name in procs else ""

@@ -30,8 +30,8 @@ from typing import Any
 
 from orchestrator.lifetime import to_the_end
 
-__all__ = ["SOCKET_FILE", "STATE_FILE", "make_runtime", "read_state", "register", "request",
-           "write_state"]
+__all__ = ["SOCKET_FILE", "STATE_FILE", "live_scenario", "make_runtime", "read_state", "register",
+           "request", "write_state"]
 
 STATE_FILE = "state.json"
 SOCKET_FILE = "control.sock"
@@ -92,6 +92,26 @@ class Supervisor:
         write_state(self.folder, self.state)
 
 
+def live_scenario(scenario: Any, *, runtime: str | None = None, shaper: str | None = None,
+                  clock: str | None = None, tdf: float | None = None) -> Any:
+    """The scenario as a mesh that stays up runs it: on the wall clock, dilated by `tdf` (else
+    the scenario's factor). Virtual time jumps when every process of a run is idle, and what
+    reaches a live mesh (requests, faults) comes from outside the clock, so `--clock virtual`
+    is refused (ValueError) and a `clock: virtual` scenario runs on the wall clock."""
+    if clock == "virtual":
+        raise ValueError("--clock virtual: a mesh that stays up runs on the wall clock (virtual "
+                         "time jumps when every process of a run is idle, and requests and "
+                         "faults sent to a live mesh come from outside it); `moemesh run` runs "
+                         "a scenario in virtual time")
+    changes: dict[str, Any] = {"clock": "realtime"}
+    changes.update({k: v for k, v in (("runtime", runtime), ("shaper", shaper)) if v})
+    if tdf is not None:
+        if not tdf >= 1:
+            raise ValueError(f"--tdf must be >= 1, got {tdf:g}")
+        changes.update(time_dilation=tdf, auto_dilation=False)
+    return replace(scenario, **changes)
+
+
 async def _main(folder: Path, args: argparse.Namespace) -> int:
     from orchestrator.arms import load_scenario
     from orchestrator.mesh import LiveMesh
@@ -109,11 +129,11 @@ async def _main(folder: Path, args: argparse.Namespace) -> int:
              socket=str(folder / SOCKET_FILE), log=str(folder / LOG_FILE), token=token,
              started=time.time(), endpoints={}, processes={})
     try:
-        scenario = load_scenario(args.scenario)
-        changes = {k: getattr(args, k) for k in ("runtime", "shaper") if getattr(args, k)}
-        scenario = replace(scenario, **changes) if changes else scenario
+        scenario = live_scenario(load_scenario(args.scenario), runtime=args.runtime,
+                                 shaper=args.shaper, tdf=args.tdf)
         policy = args.policy or scenario.placement.policy
-        sup.save(name=scenario.name, runtime=scenario.runtime, policy=policy)
+        sup.save(name=scenario.name, runtime=scenario.runtime, policy=policy, clock="realtime",
+                 time_dilation=scenario.time_dilation)
         result = place(problem_from_scenario(replace(
             scenario, placement=replace(scenario.placement, policy=policy))), policy)
         runtime = make_runtime(scenario.runtime, folder / "logs", token)
@@ -254,6 +274,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--runtime", choices=RUNTIMES)
     parser.add_argument("--shaper", choices=SHAPERS)
     parser.add_argument("--policy", help="placement policy (default: the scenario's)")
+    parser.add_argument("--tdf", type=float, help="time dilation (default: the scenario's)")
     parser.add_argument("--detach", action="store_true",
                         help="fork, print the supervisor's pid and return at once; the "
                         "supervisor runs in a session of its own, its output in DIR/meshd.log")

@@ -52,8 +52,10 @@ def test_up_fault_status_down_leaves_no_process(
         out = capsys.readouterr().out
         assert "mesh meshcli up: 2 nodes, runtime local, shaper app" in out
         assert "edge1" in out and "http://127.0.0.1:" in out
+        assert "clock realtime, time dilation 1\n" in out  # the scenario names no clock
         assert f"stop with: moemesh down --mesh-dir {mesh}" in out  # the folder it was given
         state = json.loads((mesh / "state.json").read_text())
+        assert state["clock"] == "realtime" and state["time_dilation"] == 1
         assert (mesh.stat().st_mode & 0o777) == 0o700
         assert ((mesh / "state.json").stat().st_mode & 0o777) == 0o600  # it holds the token
         pids = [p for p, _ in state["processes"].values()] + [state["supervisor"]["pid"]]
@@ -120,6 +122,12 @@ def test_bad_input_and_a_start_that_times_out_leave_nothing(
     assert not mesh.exists()
     assert moemesh("up", str(scenario), "--shaper", "tc", *where) == 2
     assert "shaper: tc needs the netns or docker runtime" in capsys.readouterr().err
+    assert moemesh("up", str(scenario), "--clock", "virtual", *where) == 2
+    assert "--clock virtual: a mesh that stays up runs on the wall clock" in \
+        capsys.readouterr().err
+    assert moemesh("up", str(scenario), "--tdf", "0.5", *where) == 2
+    assert "--tdf must be >= 1, got 0.5" in capsys.readouterr().err
+    assert not mesh.exists()
 
     assert moemesh("up", str(scenario), "--timeout", "1", *where) == 1
     assert "the mesh was not ready within 1 s" in capsys.readouterr().err
