@@ -25,7 +25,7 @@ from moe.vocab import is_number
 
 from .clock import clock_for_overrides, resolve_clock, run_clocked
 
-__all__ = ["register"]
+__all__ = ["chosen_arms", "register"]
 
 
 def _duration(text: str) -> float:
@@ -176,9 +176,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "(as `moemesh run --resume`), the others run")
     sw.set_defaults(handler=_sweep)
 
+    from .load_command import register as register_load  # `moemesh load`
     from .study_command import register as register_study  # `moemesh study`
 
     register_study(sub)
+    register_load(sub)
 
 
 # ----------------------------------------------------------------------------- handlers
@@ -213,12 +215,12 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     notes += clock_notes
     if args.policies:
         wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
-        arms = _chosen_arms(wanted, arms)
+        arms = chosen_arms(wanted, arms)
         notes.append(f"only the arms {', '.join(wanted)}")
     return scenario, arms, notes
 
 
-def _chosen_arms(wanted: list[str], arms: tuple) -> tuple:
+def chosen_arms(wanted: list[str], arms: tuple) -> tuple:
     """`--policies`: the scenario's arms by label; a registered router policy the scenario
     does not list (a plug-in's included) runs as a default arm of its own."""
     from orchestrator.arms import parse_arm

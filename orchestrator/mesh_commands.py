@@ -41,7 +41,7 @@ from orchestrator.meshd import (
 )
 from orchestrator.runtimes.local import process_alive
 
-__all__ = ["down_command", "mesh_dir", "register"]
+__all__ = ["down_command", "mesh_dir", "ready_state", "register"]
 
 UP_TIMEOUT_S = 600.0
 DOWN_TIMEOUT_S = 120.0
@@ -325,16 +325,24 @@ def _down(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- status / fault
 
 
-def _ask(args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
-    folder = mesh_dir(args.mesh_dir)
+def ready_state(given: Path | None) -> tuple[Path, dict[str, Any]]:
+    """The state folder of the mesh `up` keeps (`--mesh-dir`, else the default) and its state,
+    once it is up and ready: BadInput when none is up, RuntimeError when it is stale or not
+    ready."""
+    folder = mesh_dir(given)
     state = _trusted_state(folder)
     if state is None:
         raise BadInput(f"no mesh is up (state folder {folder}): start one with `moemesh up`")
     if not _alive(state):
         raise RuntimeError(f"the mesh in {folder} is stale (its supervisor is gone): run "
-                           f"`{down_command(args.mesh_dir)}` to clean up")
+                           f"`{down_command(given)}` to clean up")
     if state.get("status") != "ready":
         raise RuntimeError(f"the mesh is {state.get('status')}, not ready")
+    return folder, state
+
+
+def _ask(args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
+    folder, _ = ready_state(args.mesh_dir)
     answer = asyncio.run(request(folder, payload))
     if not answer.get("ok"):
         if answer.get("bad_input"):
