@@ -25,7 +25,7 @@ from moe.vocab import is_number
 
 from .clock import clock_for_overrides, resolve_clock, run_clocked
 
-__all__ = ["chosen_arms", "register"]
+__all__ = ["add_shorten_flags", "chosen_arms", "register"]
 
 
 def _duration(text: str) -> float:
@@ -37,6 +37,15 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def add_shorten_flags(p: argparse.ArgumentParser) -> None:
+    """--requests N | --duration T: a shorter workload (`runner.shorten`)."""
+    short = p.add_mutually_exclusive_group()
+    short.add_argument("--requests", type=int, metavar="N",
+                       help="shorten the workload to N requests, e.g. 6 (CI)")
+    short.add_argument("--duration", type=_duration, metavar="TIME",
+                       help="shorten the workload to this scenario time, e.g. 10s")
+
+
 def _add_run_flags(p: argparse.ArgumentParser, both: bool = False,
                    resumable: bool = False) -> None:
     p.add_argument("scenario", type=Path, nargs="?" if resumable else None,
@@ -46,11 +55,7 @@ def _add_run_flags(p: argparse.ArgumentParser, both: bool = False,
                    help="override the scenario's runtime, e.g. local (netns needs root)")
     p.add_argument("--shaper", choices=["tc", "app", "auto"],
                    help="override the scenario's link shaper, e.g. app (tc needs sch_netem)")
-    short = p.add_mutually_exclusive_group()
-    short.add_argument("--requests", type=int, metavar="N",
-                       help="shorten the workload to N requests, e.g. 6 (CI)")
-    short.add_argument("--duration", type=_duration, metavar="TIME",
-                       help="shorten the workload to this scenario time, e.g. 10s")
+    add_shorten_flags(p)
     p.add_argument("--policies", metavar="LIST",
                    help="run only these arms of the scenario, comma-separated, e.g. "
                         "hetroute,greedy; a registered policy the scenario does not list "

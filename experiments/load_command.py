@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .commands import _duration, chosen_arms
+from .commands import add_shorten_flags, chosen_arms
 
 __all__ = ["register"]
 
@@ -45,11 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", metavar="LABEL",
                    help="the arm to send: an arm of the scenario or a registered router "
                         "policy, e.g. greedy (default: the scenario's first arm)")
-    short = p.add_mutually_exclusive_group()
-    short.add_argument("--requests", type=int, metavar="N",
-                       help="shorten the workload to N requests, e.g. 20")
-    short.add_argument("--duration", type=_duration, metavar="TIME",
-                       help="shorten the workload to this scenario time, e.g. 20s")
+    add_shorten_flags(p)
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="results folder (default: results/NAME-load)")
     p.add_argument("--force", action="store_true",
