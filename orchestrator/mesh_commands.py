@@ -63,21 +63,24 @@ def mesh_dir(given: Path | None = None) -> Path:
     return Path(f"/tmp/moemesh-{os.getuid()}")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    def with_dir(p: argparse.ArgumentParser, compose: bool = False) -> argparse.ArgumentParser:
-        p.add_argument("--mesh-dir", type=Path, default=None,
-                       help="state folder of the mesh (default $MOEMESH_MESH_DIR, "
-                       "$XDG_RUNTIME_DIR/moemesh or /tmp/moemesh-<uid>)")
-        if compose:
-            p.add_argument("--project", nargs="?", const="", default=None, metavar="NAME",
-                           help="a compose mesh instead: its compose project (alone: this "
-                           "folder's, as `docker compose` names it)")
-            p.add_argument("--env-file", type=Path, default=Path("moemesh.env"),
-                           help="the compose mesh's token file (default moemesh.env; else "
-                           "$MOEMESH_TOKEN)")
-        return p
+def _with_dir(p: argparse.ArgumentParser, compose: bool = False) -> argparse.ArgumentParser:
+    """The flags that find the mesh: --mesh-dir (a mesh `up` keeps), with `compose` also
+    --project and --env-file (a compose mesh)."""
+    p.add_argument("--mesh-dir", type=Path, default=None,
+                   help="state folder of the mesh (default $MOEMESH_MESH_DIR, "
+                   "$XDG_RUNTIME_DIR/moemesh or /tmp/moemesh-<uid>)")
+    if compose:
+        p.add_argument("--project", nargs="?", const="", default=None, metavar="NAME",
+                       help="a compose mesh instead: its compose project (alone: this "
+                       "folder's, as `docker compose` names it)")
+        p.add_argument("--env-file", type=Path, default=Path("moemesh.env"),
+                       help="the compose mesh's token file (default moemesh.env; else "
+                       "$MOEMESH_TOKEN)")
+    return p
 
-    up = with_dir(sub.add_parser("up", help="start a scenario's mesh and keep it running"))
+
+def register(sub: argparse._SubParsersAction) -> None:
+    up = _with_dir(sub.add_parser("up", help="start a scenario's mesh and keep it running"))
     up.add_argument("scenario", type=Path, help="scenario YAML (e.g. "
                     "experiments/scenarios/quickstart.yaml)")
     up.add_argument("--runtime", choices=("local", "netns", "docker"),
@@ -94,20 +97,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help=f"seconds to wait for a healthy mesh (default {UP_TIMEOUT_S:g})")
     up.set_defaults(handler=_up)
 
-    status = with_dir(sub.add_parser("status", help="nodes and faulted links of the mesh"),
+    status = _with_dir(sub.add_parser("status", help="nodes and faulted links of the mesh"),
                       compose=True)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(handler=_status)
 
-    down = with_dir(sub.add_parser("down", help="stop the mesh; leaves no process behind"))
+    down = _with_dir(sub.add_parser("down", help="stop the mesh; leaves no process behind"))
     down.set_defaults(handler=_down)
 
+    _register_fault(sub)
+    _register_placement(sub)
+
+
+def _register_fault(sub: argparse._SubParsersAction) -> None:
     fault = sub.add_parser("fault", help="inject a fault into the running mesh")
     acts = fault.add_subparsers(dest="fault_action", required=True, metavar="ACTION")
     for action, text in (("link-down", "cut a link (loss 100%%, a blackhole)"),
                          ("link-up", "restore a link to the topology's spec"),
                          ("link-degrade", "change a link's delay, jitter, rate or loss")):
-        p = with_dir(acts.add_parser(action, help=text), compose=True)
+        p = _with_dir(acts.add_parser(action, help=text), compose=True)
         p.add_argument("a", help="one end (e.g. edge1)")
         p.add_argument("b", help="the other end (e.g. edge2)")
         p.add_argument("--oneway", action="store_true", help="only the direction A→B")
@@ -123,7 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for action, text in (("node-down", "kill a node's process or container"),
                          ("node-up", "start a killed node again"),
                          ("node-slow", "make a node's compute FACTOR times slower")):
-        p = with_dir(acts.add_parser(action, help=text), compose=True)
+        p = _with_dir(acts.add_parser(action, help=text), compose=True)
         p.add_argument("node", help="node name (e.g. edge3)")
         if action == "node-slow":
             p.add_argument("factor", help="slow-down factor >= 1 (e.g. 3)")
@@ -132,6 +140,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                            help="revert after this long (e.g. 10s)")
         p.set_defaults(handler=_fault, fault_args=(action,))
 
+
+
+def _register_placement(sub: argparse._SubParsersAction) -> None:
     place = sub.add_parser("placement", help="print a scenario's offline placement and cost")
     place.add_argument("scenario", type=Path, help="scenario YAML")
     place.add_argument("--policy", help="hetroute, ordermoe, prism, popularity, random or "
