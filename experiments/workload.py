@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -87,8 +88,12 @@ class _Draw:
         self.prompt = prompt
         self.gen = gen
 
-    def __call__(self, rng: np.random.Generator) -> tuple[tuple[int, ...], int, int]:
-        n = int(rng.integers(self.prompt.lo, self.prompt.hi + 1))
+    def __call__(self, rng: np.random.Generator, prompt_tokens: int | None = None
+                 ) -> tuple[tuple[int, ...], int, int]:
+        """(prompt, generated tokens, router seed); `prompt_tokens` fixes the prompt's length
+        (an arrival trace's) instead of drawing it."""
+        n = int(rng.integers(self.prompt.lo, self.prompt.hi + 1)) if prompt_tokens is None \
+            else prompt_tokens
         start = int(rng.integers(0, len(self.text) - n + 1))
         gen = int(rng.integers(self.gen.lo, self.gen.hi + 1))
         seed = int(rng.integers(0, 2**31 - 1))
@@ -158,6 +163,13 @@ class WorkloadPlan:
             return (f"closed loop, {w.concurrency} users (think {w.think_s:g} s), {stop}, "
                     f"seed {w.seed}")
         warm = sum(r.warmup for r in self.requests)
+        if w.arrival == "trace":
+            assert w.trace is not None
+            return (f"arrival trace {Path(w.trace.path).name} from {w.trace_start_s:g} s at "
+                    f"{w.speed:g}x, {len(self.requests)} requests ({warm} in the "
+                    f"{w.warmup_s:g} s warm-up), token lengths x{w.token_scale:g} clipped to "
+                    f"{w.prompt_tokens.lo}-{w.prompt_tokens.hi} / "
+                    f"{w.gen_tokens.lo}-{w.gen_tokens.hi}, seed {w.seed}")
         return (f"open-loop Poisson {w.rate_rps:g} req/s, {len(self.requests)} requests "
                 f"({warm} in the {w.warmup_s:g} s warm-up), seed {w.seed}")
 
@@ -193,6 +205,23 @@ def _open_loop(w: Workload, shares: Mapping[str, float], draw: _Draw) -> tuple[R
     return tuple(out)
 
 
+def _trace_loop(w: Workload, shares: Mapping[str, float], draw: _Draw) -> tuple[Request, ...]:
+    """`arrival: trace`: the trace's arrival times; each request's home is drawn from the
+    shares and its prompt text from the held-out split (seeded by its index), its lengths are
+    the trace's times `token_scale`, clipped into the workload's ranges."""
+    names = [n for n, s in shares.items() if s > 0]
+    probs = np.array([shares[n] for n in names], dtype=float)
+    out = []
+    for i, (t, prompt_n, gen_n) in enumerate(w.trace_window()):
+        rng = np.random.default_rng(_seq(w.seed, "request", i))
+        home = names[int(rng.choice(len(names), p=probs / probs.sum()))]
+        prompt = w.prompt_tokens.clip(round(prompt_n * w.token_scale))
+        gen = w.gen_tokens.clip(round(gen_n * w.token_scale))
+        text, _, seed = draw(rng, prompt_tokens=prompt)
+        out.append(Request(i, home, text, gen, round(t, 9), t < w.warmup_s, None, seed))
+    return tuple(out)
+
+
 def _closed_loop(w: Workload, shares: Mapping[str, float], draw: _Draw) -> tuple[ClosedUser, ...]:
     assert w.concurrency is not None
     names = [n for n, s in shares.items() if s > 0]
@@ -212,4 +241,6 @@ def plan_workload(scenario: Scenario, text: bytes | None = None) -> WorkloadPlan
     sha = hashlib.sha256(text).hexdigest()
     if w.arrival == "closed":
         return WorkloadPlan(w, shares, users=_closed_loop(w, shares, draw), text_sha256=sha)
+    if w.arrival == "trace":
+        return WorkloadPlan(w, shares, requests=_trace_loop(w, shares, draw), text_sha256=sha)
     return WorkloadPlan(w, shares, requests=_open_loop(w, shares, draw), text_sha256=sha)

@@ -146,6 +146,11 @@ def scenario_summary(scenario: Scenario) -> str:
              f"{_range([s.rate_mbit for s in specs], 'Mbit/s')}" if specs else "")
     if w.arrival == "poisson":
         arrival = f"poisson {w.rate_rps:g} req/s"
+    elif w.arrival == "trace":
+        assert w.trace is not None
+        arrival = (f"arrival trace {Path(w.trace.path).name} ({w.trace.layout}) from "
+                   f"{w.trace_start_s:g} s at {w.speed:g}x, token lengths x{w.token_scale:g} "
+                   "clipped,")
     else:
         arrival = f"closed loop, {w.concurrency} in flight, think {w.think_s:g} s,"
     length = (f"for {w.duration_s:g} s" if w.duration_s is not None

@@ -57,6 +57,7 @@ from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
 from moe.vocab import FULL_PRECISION, VARIANTS, clip, is_number
+from orchestrator.arrival_trace import ArrivalTrace, read_arrival_trace
 from orchestrator.claims import Claim, read_claims
 from orchestrator.faults import (  # the one copy of these validators
     FAULT_ACTIONS,
@@ -98,7 +99,9 @@ __all__ = [
 RUNTIMES = ("local", "netns", "docker")
 SHAPERS = ("tc", "app", "auto")
 CLOCKS = ("realtime", "virtual", "auto")  # netem.virtual; auto: virtual where it can run
-ARRIVALS = ("poisson", "closed")
+ARRIVALS = ("poisson", "closed", "trace")
+# the fields of `arrival: trace` and their values when it is not a trace
+TRACE_DEFAULTS = {"trace": None, "trace_start_s": 0.0, "speed": 1.0, "token_scale": 1.0}
 DEFAULT_SLO_MS = 300.0  # HetRoute's SLO: a request's mean token latency within 300 ms
 MODES = ("real", "modeled")
 SCENARIO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -112,7 +115,7 @@ MAX_REDUNDANCY = 100.0  # as arms' `redundancy`: every expert 100 times over
 MAX_DILATION = 10_000.0
 # Dataclass field → the YAML key people write (errors name the YAML key).
 ALIASES = {"at_s": "at", "for_s": "for", "duration_s": "duration", "warmup_s": "warmup",
-           "think_s": "think", "change": ""}
+           "think_s": "think", "trace_start_s": "trace_start", "change": ""}
 
 
 def _positive_int(value: Any, name: str, low: int = 1, high: int | None = None) -> None:
@@ -219,14 +222,21 @@ class IntRange:
     def mean(self) -> float:
         return (self.lo + self.hi) / 2
 
+    def clip(self, n: int) -> int:
+        """`n` moved into lo..hi (an arrival trace's length)."""
+        return min(max(int(n), self.lo), self.hi)
+
 
 @dataclass(frozen=True)
 class Workload:
     """Requests: when they arrive, at which home node, how long they are, for how long.
 
     poisson: open loop, exponential gaps at `rate_rps`; closed: `concurrency` users each send a
-    request, wait for it, pause `think_s`, repeat. Stop after `duration_s` or `requests`.
-    `home`: "users" (the topology's user shares), "uniform", or (node, weight) pairs.
+    request, wait for it, pause `think_s`, repeat; trace: open loop at the arrival times of a
+    real service's trace (`trace`, from `trace_start_s` on, `speed` times as fast), its prompt
+    and generated lengths times `token_scale`, clipped into `prompt_tokens` and `gen_tokens`.
+    Stop after `duration_s` or `requests`. `home`: "users" (the topology's user shares),
+    "uniform", or (node, weight) pairs.
     """
 
     arrival: str = "poisson"
@@ -240,11 +250,20 @@ class Workload:
     requests: int | None = None
     warmup_s: float = 0.0
     seed: int = 0
+    trace: ArrivalTrace | None = None  # arrival: trace
+    trace_start_s: float = 0.0
+    speed: float = 1.0
+    token_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival: must be one of {', '.join(ARRIVALS)}, "
                              f"got {clip(self.arrival)}")
+        if self.arrival == "trace":
+            self._check_trace()
+        for name, default in TRACE_DEFAULTS.items():
+            if self.arrival != "trace" and getattr(self, name) != default:
+                raise ValueError(f"{name}: only for `arrival: trace`")
         if self.arrival == "poisson":
             if self.rate_rps is None:
                 raise ValueError("rate_rps: missing: a poisson workload needs a rate")
@@ -252,7 +271,7 @@ class Workload:
             for name in ("concurrency", "think_s"):
                 if getattr(self, name) not in (None, 0.0):
                     raise ValueError(f"{name}: only for `arrival: closed`")
-        else:
+        elif self.arrival == "closed":
             if self.concurrency is None:
                 raise ValueError("concurrency: missing: a closed workload needs concurrency")
             _positive_int(self.concurrency, "concurrency", high=MAX_USERS)
@@ -285,7 +304,41 @@ class Workload:
         elif self.home not in ("users", "uniform"):
             raise ValueError(f"home: must be users, uniform or a node → weight mapping, "
                              f"got {clip(self.home)}")
-        _floats(self, "rate_rps", "think_s", "duration_s", "warmup_s")
+        _floats(self, "rate_rps", "think_s", "duration_s", "warmup_s", "trace_start_s", "speed",
+                "token_scale")
+
+    def _check_trace(self) -> None:
+        if self.trace is None:
+            raise ValueError("trace: missing: `arrival: trace` needs a trace file")
+        for name in ("rate_rps", "concurrency"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: not for `arrival: trace` (the trace's times are the "
+                                 "arrivals; `speed` scales them)")
+        if self.think_s != 0.0:
+            raise ValueError("think_s: only for `arrival: closed`")
+        _finite(self.trace_start_s, "trace_start_s", ge=0)
+        _finite(self.speed, "speed", gt=0)
+        _finite(self.token_scale, "token_scale", gt=0)
+        if self.trace_start_s >= self.trace.span_s:
+            raise ValueError(f"trace_start_s: {self.trace_start_s:g} s is not before the "
+                             f"trace's last arrival ({self.trace.span_s:g} s)")
+
+    def trace_window(self) -> list[tuple[float, int, int]]:
+        """arrival: trace: (arrival s from the workload's start, trace prompt tokens, trace
+        generated tokens) of each trace row the workload sends, in order."""
+        assert self.trace is not None
+        rows = []
+        for t, p, g in zip(self.trace.times_s, self.trace.prompt_tokens, self.trace.gen_tokens,
+                           strict=True):
+            if t < self.trace_start_s:
+                continue
+            at = (t - self.trace_start_s) / self.speed
+            if self.duration_s is not None and at >= self.duration_s:
+                break
+            rows.append((at, p, g))
+            if self.requests is not None and len(rows) == self.requests:
+                break
+        return rows
 
     def home_shares(self, topology: Topology) -> dict[str, float]:
         """Probability that a request's home is each node (sums to 1)."""
@@ -302,11 +355,16 @@ class Workload:
         at or after it would mostly fall after the run (None: a duration, or a closed loop)."""
         if self.requests is not None and self.arrival == "poisson" and self.rate_rps:
             return self.requests / self.rate_rps
+        if self.requests is not None and self.arrival == "trace":
+            rows = self.trace_window()
+            return rows[-1][0] if rows else None
         return None
 
     @property
     def expected_requests(self) -> float | None:
         """Requests the workload will send (mean), when known before it runs."""
+        if self.arrival == "trace":
+            return float(len(self.trace_window()))
         if self.requests is not None:
             return float(self.requests)
         if self.arrival == "poisson" and self.duration_s is not None:
@@ -471,9 +529,20 @@ def _home(raw: Any, loc: Loc) -> Any:
     raise loc.error(f"must be users, uniform or a node → weight mapping, got {describe(raw)}")
 
 
-def _read_workload(data: Any, loc: Loc) -> Workload:
+def _read_arrival_trace(raw: Any, loc: Loc, base: Path) -> ArrivalTrace:
+    if not isinstance(raw, str) or not raw:
+        raise loc.error(f"must be a CSV file's path (relative to the scenario file), got "
+                        f"{describe(raw)}")
+    return read_arrival_trace(base / raw)
+
+
+def _read_workload(data: Any, loc: Loc, base: Path) -> Workload:
     sec = Section(data, loc, "a workload mapping (arrival, rate_rps, duration, ...)")
     kwargs = {
+        "trace": sec.value("trace", lambda raw, at: _read_arrival_trace(raw, at, base), None),
+        "trace_start_s": sec.unit("trace_start", parse_duration_s, 0.0),
+        "speed": sec.raw("speed", 1.0),
+        "token_scale": sec.raw("token_scale", 1.0),
         "arrival": sec.str("arrival", "poisson"),
         "rate_rps": sec.raw("rate_rps", None),
         "concurrency": sec.raw("concurrency", None),
@@ -586,7 +655,7 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "capacity": sec.value("capacity", _read_capacity, CapacitySpec()),
         "placement": sec.value("placement", _read_placement, PlacementSpec()),
         "policies": sec.list("policies", BUILTIN_MESH_POLICIES),
-        "workload": sec.value("workload", _read_workload),
+        "workload": sec.value("workload", lambda raw, at: _read_workload(raw, at, base)),
         "faults": sec.value("faults", _read_faults, ()),
         "repeat": sec.raw("repeat", 1),
         "batching": sec.value("batching", _read_batching, Batching()),
@@ -623,6 +692,10 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
     workload: dict[str, Any] = {"arrival": w.arrival}
     if w.arrival == "poisson":
         workload["rate_rps"] = w.rate_rps
+    elif w.arrival == "trace":
+        assert w.trace is not None
+        workload.update(trace=str(Path(w.trace.path).resolve()), trace_start=w.trace_start_s,
+                        speed=w.speed, token_scale=w.token_scale)
     else:
         workload.update(concurrency=w.concurrency, think=w.think_s)
     workload["home"] = w.home if isinstance(w.home, str) else dict(w.home)

@@ -208,7 +208,7 @@ BAD = [
     _bad("workload: {arrival: closed, concurrency: 2, rate_rps: 3, duration: 5s}\n", L + 1,
          "workload.rate_rps: only for `arrival: poisson`"),
     _bad("workload: {arrival: open, duration: 5s}\n", L + 1,
-         "workload.arrival: must be one of poisson, closed, got 'open'"),
+         "workload.arrival: must be one of poisson, closed, trace, got 'open'"),
     _bad("workload: {rate_rps: 1, duration: 10 fortnights}\n", L + 1,
          "workload.duration: unknown time unit 'fortnights' in '10 fortnights' (use us, ms, "
          "s, m or h, e.g. '10s')"),
