@@ -25,7 +25,7 @@ from .rows import TokenRow
 
 __all__ = ["DIFFERENCES", "INERT_SHARE", "ROUTE_COLUMNS", "Claim", "ReproRow", "claims",
            "edgeshard", "find_arm", "plain", "priced_bytes", "reproduction_rows", "same_routes",
-           "verdict", "with_placement"]
+           "verdict", "with_placement", "with_variants"]
 
 ArmInfo = Mapping[str, Any]
 Select = Callable[[ArmInfo, Mapping[str, Any]], bool]
@@ -41,7 +41,20 @@ def plain(policy: str, placement: str | None = None) -> Select:
                 and arm.get("placement") in (None, base.get("policy"))
                 and arm.get("redundancy") in (None, base.get("redundancy"))
                 and arm.get("budget_pct") in (None, meta.get("quality_budget_pct"))
+                and arm.get("variants") in (None, base.get("variants"))
                 and not arm.get("settings"))
+    return sel
+
+
+def with_variants(policy: str, placement: str, variants: Sequence[str]) -> Select:
+    """`policy` on `placement` (the arm's own, else the scenario's) with exactly these
+    precisions of replicas (the arm's `variants`): the confound arms of issue 39."""
+    def sel(arm: ArmInfo, meta: Mapping[str, Any]) -> bool:
+        base = meta.get("scenario_data", {}).get("placement", {})
+        return (arm["policy"] == policy
+                and (arm.get("placement") or base.get("policy")) == placement
+                and list(arm.get("variants") or base.get("variants") or ()) == list(variants)
+                and not arm.get("settings") and arm.get("redundancy") is None)
     return sel
 
 
@@ -51,7 +64,8 @@ def with_placement(placement: str, policy: str | None = None) -> Select:
         base = meta.get("scenario_data", {}).get("placement", {}).get("policy")
         return ((arm.get("placement") or base) == placement
                 and (policy is None or arm["policy"] == policy)
-                and not arm.get("settings") and arm.get("redundancy") is None)
+                and not arm.get("settings") and arm.get("redundancy") is None
+                and arm.get("variants") is None)
     return sel
 
 
@@ -150,6 +164,15 @@ def claims() -> tuple[Claim, ...]:
               None, het, 100 * (5.39 / 5.32 - 1), "5.32 → 5.39 (+1.3%)"),
         Claim("HetRoute", "local GPU exact is the largest share of executions",
               "local_exact_largest", None, het, 46.0, "46% local exact"),
+        Claim("HetRoute", "mean latency, hetroute vs hetroute with fp16 replicas only",
+              "latency_mean", with_variants("hetroute", "hetroute", ("fp16",)), het, None,
+              "not in the paper", "A confound taken apart (issue 39): what HetRoute's int8 "
+              "and int4 replicas buy, its routing and placement otherwise the same"),
+        Claim("HetRoute", "mean latency, hetroute vs Prism with int4 copies (prism-quant + "
+              "greedy)", "latency_mean", with_variants("greedy", "prism-quant", ("fp16", "int4")),
+              het, None, "not in the paper", "A confound taken apart (issue 39): Prism's "
+              "placement with quantized copies as HetRoute's has, so the gap left is routing "
+              "and placement, not quantization"),
         Claim("OrderMoE", "mean latency, ordermoe vs EdgeShard (pipelined stages)",
               "latency_mean", es, om, -51.0, "-51.0%"),
         Claim("OrderMoE", "share of expert executions on the home node", "local_share", None,

@@ -145,20 +145,22 @@ def shorten(scenario: Scenario, *, requests: int | None = None,
 # ----------------------------------------------------------------------------- the pieces
 
 
-def _placement_name(key: tuple[str, float, float | None]) -> str:
+def _placement_name(key: tuple[str, float, float | None, tuple[str, ...] | None]) -> str:
     budget = f", budget {key[2]:g}%" if key[2] is not None else ""
-    return f"{key[0]} (redundancy {key[1]:g}{budget})"
+    variants = f", {'/'.join(key[3])}" if key[3] is not None else ""
+    return f"{key[0]} (redundancy {key[1]:g}{budget}{variants})"
 
 
 def _placement(scenario: Scenario, arm: Arm) -> tuple[dict[str, list[dict]], dict[str, Any]]:
     """The nodes' experts under the arm's placement, and what to record about it."""
     from orchestrator.placement import place, problem_from_scenario
 
-    name, redundancy, budget = arm.placement_key(scenario)
+    name, redundancy, budget, variants = arm.placement_key(scenario)
     problem = problem_from_scenario(arm.placement_scenario(scenario))
     result = place(problem, name)
     info = {"policy": name, "redundancy": redundancy,
             **({"budget_pct": budget} if budget is not None else {}),
+            **({"variants": list(variants)} if variants is not None else {}),
             "expected_cost_ms": round(result.expected_cost_ms, 6),
             "replicas": len(result.replicas), "memory": result.memory(),
             "notes": _jsonable(dict(result.notes))}

@@ -13,6 +13,7 @@ ablations (no redundancy, no lookahead, another quality budget). An entry of a s
       - {policy: hetroute, redundancy: 1.0, budget_pct: 0.5, placement: hetroute}
       - {policy: greedy, placement: edgeshard, dense: pipeline, label: edgeshard}
       - {policy: hetroute, dense: aggregate, label: hetroute-moving}
+      - {policy: hetroute, variants: [fp16], label: hetroute-fp16}
 
 Mapping keys: `policy` (required), `label` (default: built from the rest), `placement`,
 `redundancy` (the placement's memory ratio), `budget_pct` (the per-token quality budget sent
@@ -21,7 +22,8 @@ with every request), `settings` (router `Settings` overrides put with the mesh, 
 layer at the request's home node; `pipeline`, EdgeShard's stages, which needs `placement:
 edgeshard`: the token's activations go from stage to stage, router.pipeline; `aggregate`,
 HetRoute's moving aggregation server: each layer's answers gather on the node its one-step
-lookahead picks, the layer's KV cache following, router.aggregate).
+lookahead picks, the layer's KV cache following, router.aggregate), `variants` (the precisions
+the arm's placement may use, fp16 among them: the scenario's otherwise).
 
 `load_experiment(path)` reads a scenario whose list uses these forms (`load_scenario`, here
 too, goes through it, so every command reads the same files): the plain router names are handed to
@@ -37,7 +39,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from moe.vocab import clip, is_number
+from moe.vocab import FULL_PRECISION, VARIANTS, clip, is_number
 from orchestrator.claims import check_labels
 from orchestrator.scenario import (
     PLACEMENT_POLICIES,
@@ -50,7 +52,8 @@ from router.policies import POLICIES as ROUTERS
 
 __all__ = ["DENSE_MODES", "Arm", "arms_of", "load_experiment", "load_scenario", "parse_arm"]
 
-_KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings", "dense")
+_KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings", "dense",
+         "variants")
 # where the dense part runs (router.pipeline, router.aggregate)
 DENSE_MODES = ("home", "pipeline", "aggregate")
 PIPELINE_PLACEMENT = "edgeshard"  # the one placement that cuts the model into stages
@@ -73,27 +76,35 @@ class Arm:
     budget_pct: float | None = None
     settings: tuple[tuple[str, Any], ...] = ()
     dense: str = "home"
+    variants: tuple[str, ...] | None = None  # the placement's precisions (None: the scenario's)
 
     def placement_of(self, scenario: Scenario) -> str:
         return self.placement or scenario.placement.policy
 
-    def placement_key(self, scenario: Scenario) -> tuple[str, float, float | None]:
+    def placement_key(self, scenario: Scenario
+                      ) -> tuple[str, float, float | None, tuple[str, ...] | None]:
         """What decides the experts' places: (placement policy, redundancy, the arm's own
-        quality budget in % or None for the scenario's). The placements price quality within
-        the budget (coverage, expected cost), so an arm with another budget gets a placement
-        built for it, not the scenario's (issue 25: a budget row compared one placement)."""
+        quality budget in % or None for the scenario's, the arm's own precisions or None for
+        the scenario's). The placements price quality within the budget (coverage, expected
+        cost), so an arm with another budget gets a placement built for it, not the
+        scenario's (issue 25: a budget row compared one placement); so does an arm with other
+        precisions (issue 39: HetRoute fp16-only, Prism with int4)."""
         budget = self.budget_pct
         if budget is not None and budget == scenario.quality_budget_pct:
             budget = None
+        variants = self.variants
+        if variants is not None and variants == scenario.placement.variants:
+            variants = None
         return (self.placement_of(scenario),
                 self.redundancy if self.redundancy is not None else scenario.placement.redundancy,
-                budget)
+                budget, variants)
 
     def placement_scenario(self, scenario: Scenario) -> Scenario:
         """The scenario as the placement of this arm sees it."""
-        policy, redundancy, budget = self.placement_key(scenario)
-        return replace(scenario, placement=replace(scenario.placement, policy=policy,
-                                                   redundancy=redundancy),
+        policy, redundancy, budget, variants = self.placement_key(scenario)
+        return replace(scenario, placement=replace(
+            scenario.placement, policy=policy, redundancy=redundancy,
+            variants=scenario.placement.variants if variants is None else variants),
                        quality_budget_pct=(scenario.quality_budget_pct if budget is None
                                            else budget))
 
@@ -108,13 +119,15 @@ class Arm:
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "policy": self.policy, "placement": self.placement,
                 "redundancy": self.redundancy, "budget_pct": self.budget_pct,
-                "settings": dict(self.settings), "dense": self.dense}
+                "settings": dict(self.settings), "dense": self.dense,
+                **({"variants": list(self.variants)} if self.variants is not None else {})}
 
 
 def _label(policy: str, placement: str | None, redundancy: float | None,
-           budget_pct: float | None, settings: Mapping[str, Any]) -> str:
+           budget_pct: float | None, settings: Mapping[str, Any],
+           variants: tuple[str, ...] | None = None) -> str:
     text = policy + (f"@{placement}" if placement else "")
-    extra = []
+    extra = [f"variants={'/'.join(variants)}"] if variants is not None else []
     if redundancy is not None:
         extra.append(f"redundancy={redundancy:g}")
     if budget_pct is not None:
@@ -147,6 +160,23 @@ def _number(value: Any, key: str, low: float, high: float) -> float:
     if not low <= value <= high:
         raise ValueError(f"{key}: must be in {low:g}..{high:g}, got {clip(value)}")
     return float(value)
+
+
+def _variants(value: Any) -> tuple[str, ...]:
+    """An arm's `variants`: precisions of the placement's replicas, fp16 among them (the
+    router needs a full-precision replica of every expert)."""
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError(f"variants: must be a list of precisions ({', '.join(VARIANTS)}), "
+                         f"got {describe(value)}")
+    for v in value:
+        if v not in VARIANTS:
+            raise ValueError(f"variants: must be among {', '.join(VARIANTS)}, got {describe(v)}")
+    if FULL_PRECISION not in value:
+        raise ValueError(f"variants: must hold {FULL_PRECISION} (every expert keeps a "
+                         "full-precision replica)")
+    if len(set(value)) != len(value):
+        raise ValueError("variants: a precision is listed twice")
+    return tuple(v for v in VARIANTS if v in value)  # the canonical order
 
 
 def parse_arm(item: Any) -> Arm:
@@ -199,13 +229,17 @@ def parse_arm(item: Any) -> Arm:
     if dense == "pipeline" and placement != PIPELINE_PLACEMENT:
         raise ValueError(f"dense: pipeline needs placement: {PIPELINE_PLACEMENT} (the one that "
                          f"cuts the model into stages), got placement {clip(placement)}")
-    label = data.get("label") or _label(policy, placement, redundancy, budget, settings)
+    variants = data.get("variants")
+    if variants is not None:
+        variants = _variants(variants)
+    label = data.get("label") or _label(policy, placement, redundancy, budget, settings,
+                                        variants)
     if dense != "home" and not data.get("label"):
         label += f" [dense={dense}]"
     if not isinstance(label, str):
         raise ValueError(f"label: must be text, got {describe(label)}")
     return Arm(label, policy, placement, redundancy, budget, tuple(sorted(settings.items())),
-               dense)
+               dense, variants)
 
 
 def arms_of(scenario: Scenario, items: list[Any] | tuple[Any, ...] | None = None

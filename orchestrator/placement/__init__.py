@@ -24,7 +24,7 @@ from .hetroute import HetRoutePlacement
 from .layer_shard import LayerShardPlacement
 from .ordermoe import OrderMoEPlacement
 from .popularity import PopularityPlacement
-from .prism import PrismPlacement
+from .prism import PrismPlacement, PrismQuantPlacement
 from .problem import PlacementError, PlacementProblem, problem_from_scenario
 from .random_policy import RandomPlacement
 
@@ -47,7 +47,8 @@ __all__ = [
 
 _CLASSES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (HetRoutePlacement, OrderMoEPlacement, PrismPlacement, PopularityPlacement,
+    for cls in (HetRoutePlacement, OrderMoEPlacement, PrismPlacement, PrismQuantPlacement,
+                PopularityPlacement,
                 RandomPlacement, LayerShardPlacement, EdgeShardPlacement)
 }
 POLICIES = tuple(_CLASSES)

@@ -129,17 +129,19 @@ def assign(freq: np.ndarray, counts: list[list[int]], spare: list[int]
     return held
 
 
-def prism_sets(problem: PlacementProblem, freq: np.ndarray, ledger: Ledger
-               ) -> list[set[tuple[int, int]]]:
-    """Stages 1 and 2 for activation counts `freq` [nodes, layers, experts]."""
+def prism_sets(problem: PlacementProblem, freq: np.ndarray, ledger: Ledger,
+               copies: str = FULL_PRECISION) -> list[set[tuple[int, int]]]:
+    """Stages 1 and 2 for activation counts `freq` [nodes, layers, experts]; `copies`: the
+    precision of the copies beyond each expert's one fp16 copy (slots and caps in its size)."""
     b16 = ledger.size[FULL_PRECISION]
-    caps = [max(0, ledger.gpu_room(n)) // b16 for n in range(problem.nodes)]
+    unit = ledger.size[copies]
+    caps = [max(0, ledger.gpu_room(n)) // unit for n in range(problem.nodes)]
     whole = problem.layers * problem.experts
     if sum(caps) < whole:  # the GPU tiers cannot hold the model once: count the CPU tiers
-        caps = [0 if g < b16 else max(g // b16, (g - b16) // b16 + c // b16)
+        caps = [0 if g < b16 else max(g // unit, (g - b16) // unit + c // b16)
                 for g, c in zip(problem.gpu_bytes, problem.cpu_bytes, strict=True)]
     caps = [min(c, whole) for c in caps]
-    slots = max(whole, problem.budget_bytes // b16)
+    slots = max(whole, whole + (problem.budget_bytes - whole * b16) // unit)
     shares = [float(freq[n].sum()) for n in range(problem.nodes)]
     per_server = server_slots(shares, caps, slots)
     counts = [layer_counts(freq[n], per_server[n]) for n in range(problem.nodes)]
@@ -150,13 +152,19 @@ def prism_sets(problem: PlacementProblem, freq: np.ndarray, ledger: Ledger
 class PrismPlacement(Policy):
     name = "prism"
 
+    def copies(self, problem: PlacementProblem) -> str:
+        """The precision of the copies beyond each expert's one fp16 copy: fp16, as Prism
+        keeps full-precision experts only."""
+        return FULL_PRECISION
+
     def build(self, ledger: Ledger, rng: random.Random) -> None:
         """First one copy of each expert on its most active planned holder with GPU room (any
         node with room when the memory is too tight for the plan), then the plan's other
         copies where the GPU tier has room."""
         p = ledger.p
         freq = p.demand()
-        sets = prism_sets(p, freq, ledger)
+        extra = self.copies(p)
+        sets = prism_sets(p, freq, ledger, extra)
         order = sorted(((layer, e) for layer in range(p.layers) for e in range(p.experts)),
                        key=lambda le: (-p.popularity()[le], le))
 
@@ -170,9 +178,22 @@ class PrismPlacement(Policy):
         for layer, e in order:
             for n in range(p.nodes):
                 if (layer, e) in sets[n] and not ledger.has(n, layer, e, FULL_PRECISION) \
-                        and ledger.fits(n, FULL_PRECISION, "gpu"):
-                    ledger.add((n, layer, e, FULL_PRECISION), "gpu")
+                        and not ledger.has(n, layer, e, extra) \
+                        and ledger.fits(n, extra, "gpu"):
+                    ledger.add((n, layer, e, extra), "gpu")
         retier_by_popularity(ledger)
+
+
+class PrismQuantPlacement(PrismPlacement):
+    """Prism's stages with its extra copies in the smallest precision the placement allows
+    (`variants`, e.g. int4): the same memory holds more copies, at the quality cost the
+    router prices. Not in the paper: it takes quantized replication apart from routing
+    (issue 39: HetRoute places int8/int4 replicas, Prism fp16 only)."""
+
+    name = "prism-quant"
+
+    def copies(self, problem: PlacementProblem) -> str:
+        return min(problem.variants, key=problem.bytes_of)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ def test_the_three_forms() -> None:
     sc = small_scenario()
     assert arm.budget_of(sc) == pytest.approx(0.005)
     # an arm with its own budget gets a placement built for that budget (issue 25, item 4)
-    assert arm.placement_key(sc) == ("hetroute", 1.0, 0.5)
+    assert arm.placement_key(sc) == ("hetroute", 1.0, 0.5, None)
     assert arm.placement_scenario(sc).placement.redundancy == 1.0
     assert arm.placement_scenario(sc).quality_budget_pct == 0.5
-    assert parse_arm("hetroute").placement_key(sc) == ("hetroute", 2.0, None)
+    assert parse_arm("hetroute").placement_key(sc) == ("hetroute", 2.0, None, None)
     same = parse_arm({"policy": "hetroute", "budget_pct": sc.quality_budget_pct})
     assert same.placement_key(sc) == parse_arm("hetroute").placement_key(sc)
     assert parse_arm("exact").budget_of(sc) == pytest.approx(0.02)
@@ -112,3 +112,24 @@ def test_a_moved_dense_arm_on_a_tc_scenario_is_refused_at_its_line(tmp_path: Pat
     line = next(i for i, t in enumerate(text.splitlines(), 1) if f"dense: {mode}" in t)
     assert str(err.value).startswith(f"{path}:{line}: policies[1]: dense: {mode} needs the "
                                      "app shaper")
+
+
+def test_an_arm_with_its_own_variants_gets_a_placement_of_its_own() -> None:
+    """Issue 39 item 3: `variants` on an arm (HetRoute fp16-only, Prism with int4) is part of
+    its placement key, so it never shares the scenario's placement; a list without fp16, or
+    an unknown precision, is refused."""
+    sc = small_scenario()
+    fp16 = parse_arm({"policy": "hetroute", "variants": ["fp16"], "label": "hetroute-fp16"})
+    assert fp16.placement_key(sc) == ("hetroute", 2.0, None, ("fp16",))
+    assert fp16.placement_scenario(sc).placement.variants == ("fp16",)
+    assert fp16.to_json()["variants"] == ["fp16"]
+    same = parse_arm({"policy": "hetroute", "variants": list(sc.placement.variants)})
+    assert same.placement_key(sc) == parse_arm("hetroute").placement_key(sc)
+    quant = parse_arm({"policy": "greedy", "placement": "prism-quant",
+                       "variants": ["int4", "fp16"]})
+    assert quant.variants == ("fp16", "int4")  # the canonical order
+    assert quant.label == "greedy@prism-quant (variants=fp16/int4)"
+    for bad, why in ((["int4"], "must hold fp16"), (["fp8", "fp16"], "must be among"),
+                     ("fp16", "must be a list"), (["fp16", "fp16"], "listed twice")):
+        with pytest.raises(ValueError, match=why):
+            parse_arm({"policy": "hetroute", "variants": bad})

@@ -203,3 +203,27 @@ def test_85_percent_coverage_is_out_of_reach_at_redundancy_2(name, paper) -> Non
     assert best.optimal and best.coverage < 0.85
     assert max_coverage(result.problem, within_budget=False).coverage < 0.85
     assert result.notes["local_group_coverage"] >= 0.98 * best.coverage
+
+
+def test_prism_quant_spends_prism_memory_on_int4_copies_and_prism_stays_fp16() -> None:
+    """Issue 39 item 3: Prism with quantized replication. `prism-quant` keeps one fp16 copy of
+    every expert and makes its other copies in the smallest allowed precision, so the same
+    budget holds more copies and fewer activations leave their home; `prism` (as published)
+    stays fp16 only, whatever the scenario's variants."""
+    scenario = load_scenario(SCENARIOS / "hetroute-paper.yaml")
+    problem = replace(problem_from_scenario(scenario), variants=("fp16", "int4"))
+    prism, quant = place(problem, "prism"), place(problem, "prism-quant")
+    assert {r.variant for r in prism.replicas} == {"fp16"}
+    assert {r.variant for r in quant.replicas} == {"fp16", "int4"}
+    fp16 = {(r.layer, r.expert) for r in quant.replicas if r.variant == "fp16"}
+    assert len(fp16) == problem.layers * problem.experts  # every expert at full precision
+    used = sum(problem.bytes_of(r.variant) for r in quant.replicas)
+    assert used <= problem.budget_bytes
+    assert len(quant.replicas) > 1.5 * len(prism.replicas)
+    demand = problem.demand()
+
+    def remote(result: PlacementResult) -> float:
+        return remote_share(demand, [{(r.layer, r.expert) for r in result.replicas
+                                      if r.node == n} for n in problem.names])
+
+    assert remote(quant) < remote(prism)
