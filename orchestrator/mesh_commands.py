@@ -145,8 +145,8 @@ def _register_fault(sub: argparse._SubParsersAction) -> None:
 def _register_placement(sub: argparse._SubParsersAction) -> None:
     place = sub.add_parser("placement", help="print a scenario's offline placement and cost")
     place.add_argument("scenario", type=Path, help="scenario YAML")
-    place.add_argument("--policy", help="hetroute, ordermoe, prism, prism-quant, popularity, random or "
-                       "layer-shard (default the scenario's)")
+    place.add_argument("--policy", help="hetroute, ordermoe, prism, prism-quant, popularity, "
+                       "random, layer-shard or edgeshard (default the scenario's)")
     place.add_argument("--json", action="store_true", help='print {"policy", '
                        '"expected_cost_ms", "local_group_coverage", "nodes", "replicas"}')
     place.add_argument("--tokens", type=int, help="calibration tokens (default 8192 / layers)")

@@ -229,8 +229,8 @@ BAD = [
          "placement.variants: must be distinct values of fp16, int8, int4 including fp16 "
          "(every expert keeps a full-precision replica), got ['int8']"),
     _bad(WORKLOAD + "placement: oracle\n", L + 2,
-         "placement.policy: must be one of hetroute, ordermoe, prism, prism-quant, popularity, random, "
-         "layer-shard, edgeshard, got 'oracle'"),
+         "placement.policy: must be one of hetroute, ordermoe, prism, prism-quant, popularity, "
+         "random, layer-shard, edgeshard, got 'oracle'"),
     _bad(WORKLOAD + "time_dilation: 0.5\n", L + 2, "time_dilation: must be >= 1, got 0.5"),
     _bad(WORKLOAD + "quality_budget_pct: 101\n", L + 2,
          "quality_budget_pct: must be <= 100, got 101"),
