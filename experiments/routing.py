@@ -26,6 +26,7 @@ slots, sorted: the first slot weighs most), seeded by the request's seed.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +42,9 @@ __all__ = ["ROUTING_FILE", "RoutingTrace", "TraceFileError", "export_trace", "lo
            "read_routing", "request_offsets", "routing_line"]
 
 ROUTING_FILE = "routing.jsonl"  # in a run folder: one line per (arm, repetition, request)
+
+
+MAX_TRACE_BYTES = 256 << 20  # a routing trace file: 16M token-layer-expert ids as int64 .npy
 
 
 class TraceFileError(ValueError):
@@ -121,21 +125,27 @@ class RoutingTrace:
 
 
 def load_trace(path: Path) -> RoutingTrace:
-    """A trace file (.npy or .jsonl, see the module docstring); TraceFileError if bad."""
+    """A trace file (.npy or .jsonl, see the module docstring); TraceFileError if bad. It is
+    read as every input file is (a regular file of at most MAX_TRACE_BYTES, checked before it
+    is opened: orchestrator.yamlio.read_bounded)."""
+    from orchestrator.yamlio import InputError, read_bounded
+
     path = Path(path)
-    if not path.is_file():
-        raise TraceFileError(f"{path}: no such trace file")
-    if path.suffix == ".npy":
-        return _load_npy(path)
-    if path.suffix in (".jsonl", ".json"):
-        return _load_jsonl(path)
-    raise TraceFileError(f"{path}: unknown trace format {path.suffix!r} (.npy: vLLM's "
-                         f"routed-experts array; .jsonl: `moemesh trace export`)")
-
-
-def _load_npy(path: Path) -> RoutingTrace:
+    if path.suffix not in (".npy", ".jsonl", ".json"):
+        raise TraceFileError(f"{path}: unknown trace format {clip(path.suffix)} (.npy: vLLM's "
+                             f"routed-experts array; .jsonl: `moemesh trace export`)")
     try:
-        arr = np.load(path, allow_pickle=False)
+        data = read_bounded(path, MAX_TRACE_BYTES, "a routing trace")
+    except InputError as exc:
+        raise TraceFileError(str(exc)) from None
+    if path.suffix == ".npy":
+        return _load_npy(path, data)
+    return _load_jsonl(path, data)
+
+
+def _load_npy(path: Path, data: bytes) -> RoutingTrace:
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise TraceFileError(f"{path}: not a .npy array: {exc}") from None
     if arr.ndim != 3 or 0 in arr.shape:
@@ -146,10 +156,14 @@ def _load_npy(path: Path) -> RoutingTrace:
     return RoutingTrace(arr.astype(np.int64), None, str(path), "npy")
 
 
-def _load_jsonl(path: Path) -> RoutingTrace:
+def _load_jsonl(path: Path, data: bytes) -> RoutingTrace:
     rows: list[tuple[int, int, list, list | None]] = []
     policies: set[str] = set()
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise TraceFileError(f"{path}: not UTF-8 text (a .jsonl trace)") from None
+    for line_no, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{line_no}"

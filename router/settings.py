@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from moe.vocab import ACTIVATION_BYTES, is_number
+from moe.vocab import ACTIVATION_BYTES, clip, is_number
 
 from .errors import BadRouterInput
 
@@ -71,14 +71,14 @@ class Settings:
             if f.name == "wire_dtype":
                 if not isinstance(value, str) or value not in ACTIVATION_BYTES:
                     raise BadRouterInput(f"wire_dtype must be one of "
-                                         f"{', '.join(ACTIVATION_BYTES)}, got {value!r}")
+                                         f"{', '.join(ACTIVATION_BYTES)}, got {clip(value)}")
                 continue
             if not is_number(value, finite=False):
-                raise BadRouterInput(f"setting {f.name} must be a number, got {value!r}")
+                raise BadRouterInput(f"setting {f.name} must be a number, got {clip(value)}")
             if not math.isfinite(value) or value < 0:
-                raise BadRouterInput(f"setting {f.name} must be finite and >= 0, got {value!r}")
+                raise BadRouterInput(f"setting {f.name} must be finite and >= 0, got {clip(value)}")
             if f.type == "int" and not isinstance(value, int):
-                raise BadRouterInput(f"setting {f.name} must be an integer, got {value!r}")
+                raise BadRouterInput(f"setting {f.name} must be an integer, got {clip(value)}")
         if self.beam_width < 1:
             raise BadRouterInput(f"beam_width must be >= 1, got {self.beam_width}")
         if self.budget > 1:
@@ -95,12 +95,14 @@ class Settings:
         if not data:
             return base
         if not isinstance(data, Mapping):
-            raise BadRouterInput(f"settings must be a JSON object, got {data!r}")
+            raise BadRouterInput(f"settings must be a JSON object, got {clip(data)}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
+            shown = ", ".join(clip(str(k), 40) for k in unknown[:5])
+            more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
             raise BadRouterInput(
-                f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+                f"unknown setting(s) {shown}{more}; known: {', '.join(sorted(known))}"
             )
         values = dict(data)
         for f in fields(cls):
@@ -116,7 +118,7 @@ class Settings:
     def dilated(self, factor: float) -> Settings:
         """Deadlines stretched by the time-dilation factor (emulated time runs slower)."""
         if not factor > 0:
-            raise BadRouterInput(f"time_dilation must be > 0, got {factor!r}")
+            raise BadRouterInput(f"time_dilation must be > 0, got {clip(factor)}")
         return replace(
             self,
             request_ms=self.request_ms * factor,

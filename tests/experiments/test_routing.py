@@ -4,6 +4,7 @@ end to end, a modeled run driven by a vLLM-format array routes exactly what it h
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,8 @@ def test_a_npy_trace_is_read_and_checked_against_the_model(tmp_path: Path) -> No
     ("flat.npy", np.zeros((4, 2)), "want [tokens, layers, top_k]"),
     ("float.npy", np.zeros((4, 2, 2)), "must be integers"),
     ("t.csv", None, "unknown trace format"),
-    ("gone.npy", None, "no such trace file"),
+    ("gone.npy", None, "file not found"),
+    ("bin.jsonl", b"\xff\xfe{}", "not UTF-8 text"),
     ("a.jsonl", '{"request": 0, "token": 0}\n', ":1: field 'experts' is missing"),
     ("b.jsonl", '{"request": 0, "token": 0, "experts": [[1, 2]]}\nnot json\n', ":2: not JSON"),
     ("c.jsonl", '{"request": "x", "token": 0, "experts": [[1, 2]]}\n', "'request' must be"),
@@ -64,11 +66,33 @@ def test_bad_trace_files_name_the_file_and_field(tmp_path: Path, name: str, cont
         np.save(path, content)
     elif isinstance(content, str):
         path.write_text(content)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
     elif name.endswith(".csv"):
         path.write_text("x")
     with pytest.raises(ValueError, match=name.replace(".", r"\.")) as err:
         load_trace(path)
     assert says in str(err.value)
+
+
+def test_a_trace_file_is_bounded_before_it_is_read(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: a device, a folder or a file above the cap is refused by name, unopened."""
+    import experiments.routing as routing
+
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)  # opening it would block
+    for path, says in ((fifo, "not a regular file"), (tmp_path, "unknown trace format")):
+        with pytest.raises(ValueError, match=says):
+            load_trace(path)
+    (tmp_path / "dir.npy").mkdir()
+    with pytest.raises(ValueError, match="is a folder"):
+        load_trace(tmp_path / "dir.npy")
+    big = tmp_path / "big.npy"
+    np.save(big, np.zeros((64, 4, 2), dtype=np.int64))
+    monkeypatch.setattr(routing, "MAX_TRACE_BYTES", 1024)
+    with pytest.raises(ValueError, match=r"big\.npy: .* more than the 1,024 a routing trace"):
+        load_trace(big)
 
 
 def _run_folder(tmp_path: Path) -> Path:

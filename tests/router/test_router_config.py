@@ -95,3 +95,16 @@ def test_quality_table_from_measured_gate_stats(small_model) -> None:
             for j, pen in subs:
                 assert pen == pytest.approx(stats.substitution_penalty(layer, e, j) / 100)
     assert np.allclose(q.transition.sum(-1), 1.0)
+
+
+def test_a_huge_value_or_key_list_is_quoted_short() -> None:
+    """Issue 38: an error quotes at most a clip of what it was given (moe.vocab.clip), never a
+    whole value or every unknown key."""
+    for data in ({"beam_width": "x" * 1_000_000},
+                 {f"knob{i}" * 50: 1 for i in range(10_000)},
+                 {"wire_dtype": ["f32"] * 100_000}):
+        with pytest.raises(BadRouterInput) as info:
+            Settings.from_json(data)
+        assert len(str(info.value)) < 800
+    with pytest.raises(BadRouterInput, match=r"and 9995 more"):
+        Settings.from_json({f"knob{i}": 1 for i in range(10_000)})
