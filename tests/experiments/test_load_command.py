@@ -11,28 +11,19 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import moemesh, wait_gone
+from tests.orchestrator.test_mesh_cli import SCENARIO as MESH_SCENARIO
 
 pytestmark = pytest.mark.slow
 
-SCENARIO = """\
-name: loadcli
-topology:
-  nodes:
-    - {name: edge1, profile: tiny-edge, users: 2}
-    - {name: edge2, profile: tiny-edge, users: 1}
-  links:
-    - {between: [edge1, edge2], delay_ms: 3ms, rate_mbit: 200mbit}
-model: tiny-moe
-runtime: local
-shaper: app
-placement: {policy: hetroute}
+SCENARIO = (MESH_SCENARIO.replace("name: meshcli", "name: loadcli")
+            .replace("workload: {rate_rps: 1, requests: 2}\n", """\
 policies:
   - greedy
   - {policy: greedy, label: greedy-popular, placement: popularity}
 workload: {rate_rps: 4, requests: 6, gen_tokens: 4, warmup: 0s}
 faults:
   - {at: 0.5s, link-down: [edge1, edge2]}
-"""
+"""))
 
 
 def test_a_load_runs_on_the_mesh_up_keeps_and_leaves_it_up(
