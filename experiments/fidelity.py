@@ -74,6 +74,7 @@ __all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "base_rows", "combine", "lin
 
 SMALL = 20  # one-row messages per pair
 LARGE = 4  # large messages per pair
+NO_EXPERT = "holds no expert"  # router.probe's refusal when the peer has nothing to answer
 LARGE_MS = 4.0  # scenario ms a large message takes to serialise at the configured rate
 MAX_LARGE_BYTES = 8 * 2**20
 DELAY_ABS_MS = 0.3
@@ -213,8 +214,19 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
         async with limit:
             try:
                 async with asyncio.timeout(timeout_s * 4):
-                    data = await _probe_pair(session, urls[a], token, a, b, rows, timeout_s)
-                out[f"{a}-{b}"] = _fit(data["samples"], tdf, clock, framed)
+                    try:
+                        data = await _probe_pair(session, urls[a], token, a, b, rows,
+                                                 timeout_s)
+                        fit = _fit(data["samples"], tdf, clock, framed)
+                    except RuntimeError as exc:
+                        if NO_EXPERT not in str(exc):
+                            raise
+                        # b holds no expert to answer a's probe: probe from b instead (its
+                        # requests go b→a, its answers a→b: pair_rows swaps the rates)
+                        data = await _probe_pair(session, urls[b], token, b, a, rows,
+                                                 timeout_s)
+                        fit = {**_fit(data["samples"], tdf, clock, framed), "reversed": True}
+                out[f"{a}-{b}"] = fit
             except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
                     statistics.StatisticsError) as exc:
                 out[f"{a}-{b}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -429,8 +441,10 @@ def pair_rows(fidelity: Mapping[str, Any] | None) -> list[dict[str, Any]]:
             off.append("no fit")
         elif "error" not in probe:
             d_out, d_in = probe["d_out"], probe["d_in"]
-            ser = (d_out * 8 / (conf["rate_ab_mbit"] * 1e3)
-                   + d_in * 8 / (conf["rate_ba_mbit"] * 1e3))
+            out_rate, in_rate = conf["rate_ab_mbit"], conf["rate_ba_mbit"]
+            if probe.get("reversed"):  # probed from the pair's second node
+                out_rate, in_rate = in_rate, out_rate
+            ser = d_out * 8 / (out_rate * 1e3) + d_in * 8 / (in_rate * 1e3)
             rate = 8 * (d_out + d_in) / (ser * 1e3) if ser > 0 else math.nan
             row.update(configured_rate_mbit=rate, probe_delay_ms=probe["delay_ms"],
                        probe_rate_mbit=probe["rate_mbit"],

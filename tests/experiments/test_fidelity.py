@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 
@@ -240,3 +241,48 @@ def test_under_tc_a_message_counts_its_frames_and_head() -> None:
     framed = uplink_fit([data], tdf=1.0, framed=True)
     assert body["rate_mbit"] == pytest.approx(8 * 10_000 / 40e3)  # one message per 40 ms
     assert framed["rate_mbit"] / body["rate_mbit"] == pytest.approx(10_778 / 10_000)
+
+
+EMPTY_LAST = """
+name: empty-last
+topology:
+  nodes:
+    - {name: edge2, profile: tiny-edge, users: 1}
+    - {name: edge3, profile: tiny-edge, users: 1}
+    - {name: edge9, gpu_tflops: 0.02, gpu_mem_gb: 0.00001, cpu_mem_gb: 0.00001, h2d_gbps: 0.2,
+       users: 1}                                   # holds no expert
+  links:
+    - {from: edge2, to: edge9, delay_ms: 3ms, rate_mbit: 40mbit}
+    - {from: edge9, to: edge2, delay_ms: 3ms, rate_mbit: 10mbit}
+  defaults: {delay_ms: 2ms, rate_mbit: 200mbit}
+model: tiny-moe
+runtime: local
+shaper: app
+clock: virtual
+placement: {policy: hetroute, redundancy: 2.0}
+policies: [greedy]
+workload: {arrival: poisson, rate_rps: 4, prompt_tokens: 8, gen_tokens: 2, requests: 3, seed: 5}
+"""
+
+
+@pytest.mark.slow
+def test_a_pair_whose_second_node_holds_no_expert_is_probed_from_it(tmp_path: Path) -> None:
+    """Issue 39 item 7: edge9 holds no expert, so edge2's probe has nothing to send it; the
+    pair is probed from edge9 (its requests on the 10 Mbit/s way, answers on the 40) and
+    judged with the rates swapped, not left 'not probed'."""
+    import json
+
+    from tests.helpers import moemesh_process
+
+    path = tmp_path / "s.yaml"
+    path.write_text(EMPTY_LAST)
+    done = moemesh_process("run", str(path), "--quality-windows", "0", "--quiet", "--out",
+                           str(tmp_path / "out"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    probe = run["fidelity"]["probe"]
+    assert probe["edge2-edge9"].get("reversed") is True and "error" not in probe["edge2-edge9"]
+    assert "reversed" not in probe["edge2-edge3"]
+    rows = {r["pair"]: r for r in pair_rows(run["fidelity"])}
+    assert rows["edge2-edge9"]["probe_error"] is None
+    assert rows["edge2-edge9"]["off"] == [], rows["edge2-edge9"]
