@@ -437,7 +437,7 @@ class Scenario:
                              "127.0.0.1: use shaper app or auto)")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {clip(self.clock)}")
-        if self.clock == "virtual" and (why := self.virtual_blocker()):
+        if self.clock == "virtual" and (why := self.virtual_blocker(here=False)):
             raise ValueError(f"clock: virtual cannot run here: {why}")
         names = self.topology.names
         if not isinstance(self.workload.home, str):
@@ -454,12 +454,14 @@ class Scenario:
                                      f"of users, a whole number, got {load:g}")
         _floats(self, "quality_budget_pct", "slo_ms", "time_dilation")
 
-    def virtual_blocker(self) -> str | None:
-        """Why this scenario cannot run in virtual time (None: it can)."""
+    def virtual_blocker(self, here: bool = True) -> str | None:
+        """Why this scenario cannot run in virtual time (None: it can). `here`: this host's
+        place too (inside a Swarm stack); without it, only the file's own fields, so that a
+        file saying `clock: virtual` still loads where a `--clock realtime` will run it."""
         if self.shaper == "tc":
             return ("shaper tc: the kernel delays packets in real time, which no virtual clock "
                     "can skip (use shaper app, or clock realtime with a time dilation)")
-        if self.runtime == "swarm" or (self.runtime == "docker" and _in_swarm_stack()):
+        if self.runtime == "swarm" or (here and self.runtime == "docker" and _in_swarm_stack()):
             return ("Swarm: a stack's nodes may run on other hosts, and the clock is a Unix "
                     "socket and a shared file on one host (docs/docker.md, a clock across "
                     "hosts; make the file with `moemesh compose --clock realtime`)")

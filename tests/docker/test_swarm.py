@@ -13,6 +13,7 @@ import json
 import secrets
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,25 @@ def test_the_stack_is_read_from_swarms_expanded_template(monkeypatch: pytest.Mon
     assert make_runtime("swarm", "t").name == "swarm"
     with pytest.raises(ValueError, match="unknown runtime 'nosuch'"):
         make_runtime("nosuch", "t")
+
+
+def test_a_virtual_file_loads_in_a_stack_and_runs_on_the_clock_it_is_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Swarm stage of CI: the controller in a stack reads ci4.yaml (`clock: virtual`) with
+    `--clock realtime`. Loading the file must not judge where it runs (it did: the stack's
+    controller exited 2 before the flag was read); the clock the run takes is refused there,
+    with the reason, only when it is virtual."""
+    from experiments.clock import resolve_clock
+    from orchestrator.arms import load_scenario
+
+    monkeypatch.setenv("MOEMESH_SWARM_SERVICE", "mm_controller")
+    scenario = load_scenario(Path(__file__).resolve().parents[2] / "docker" / "scenarios"
+                             / "ci4.yaml")
+    scenario = replace(scenario, runtime="docker")
+    assert scenario.clock == "virtual"
+    assert resolve_clock(scenario, "realtime")[0].clock == "realtime"
+    with pytest.raises(ValueError, match="--clock virtual: Swarm"):
+        resolve_clock(scenario)
 
 
 async def test_swarm_runtime_without_a_stack_says_how_to_name_it(
