@@ -81,7 +81,16 @@ def _topology_check(args: argparse.Namespace) -> int:
 
 
 def _scenario_check(args: argparse.Namespace) -> int:
-    return _checked(args, load_scenario, scenario_to_data, scenario_summary)
+    return _checked(args, _scenario_here, scenario_to_data, scenario_summary)
+
+
+def _scenario_here(path: Any) -> Scenario:
+    """The scenario, with a `clock: virtual` that this host cannot keep refused (loading
+    judges the file alone, so that a run may still take `--clock realtime` there)."""
+    scenario = load_scenario(path)
+    if scenario.clock == "virtual" and (why := scenario.virtual_blocker()):
+        raise ValueError(f"{path}: clock: virtual cannot run here: {why}")
+    return scenario
 
 
 def _table(rows: list[list[str]]) -> list[str]:
