@@ -445,7 +445,7 @@ class Engine:
             r.emulated_ms = (clock.at - start) * 1e3
             if r.status == "running":
                 r.status = "ok"
-        self._count(recs)
+        self.count(recs)
         values = nll.tolist()
         mean = sum(values[i] for i in ok) / len(ok) if ok else float("nan")
         return ScoreResult(mean, n, n - len(ok), recs, values)
@@ -505,7 +505,7 @@ class Engine:
             rec.status = "ok"
             if nxt is not None:
                 out.append(nxt)
-        self._count(records)
+        self.count(records)
         return GenerateResult(out, records, ttft, (now() - start) * 1e3, tap)
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -523,5 +523,6 @@ class Engine:
             raise BadRouterInput(str(exc)) from None
         return tokens.long()
 
-    def _count(self, recs: list[TokenRecord]) -> None:
+    def count(self, recs: list[TokenRecord]) -> None:
+        """Fold finished tokens into the dispatcher's counters (router.batching too)."""
         self.dispatcher.counters.count_tokens(recs)
