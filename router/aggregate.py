@@ -50,6 +50,7 @@ from netem.timing import sleep_until
 
 from .cost import Estimates
 from .dispatch import now_ms
+from .plan_layer import LayerState
 from .records import Failure, LayerRecord, TokenRecord
 from .tables import PlanView
 from .transport import RETRYABLE, MeshTransport, classify, is_bug
@@ -113,7 +114,7 @@ class Aggregator:
     def _estimates(self) -> Estimates:
         """The dispatcher's snapshot with every pair's link (the home's as observed, the
         others' priors), kept while the snapshot is."""
-        snap = self.dispatcher._snapshot
+        snap = self.dispatcher.health.snapshot
         if self._est is not None and self._est[0] is snap:
             return self._est[1]
         est = self.dispatcher.estimators
@@ -189,11 +190,10 @@ class Aggregator:
         deadline = min(now_ms() + d.settings.layer_ms, deadline_ms)
         while True:  # rows no replica can serve now wait as the dispatcher's do, then replan
             pending = {r: list(range(idx.shape[1])) for r in range(rows) if not recs[r].done}
-            stuck: dict = {}
+            state = LayerState(layer, experts, gate, recs, layer_recs, pending)
             d.sync()
-            batches = d._plan(layer, pending, experts, gate, {}, recs, layer_recs, policy,
-                              True, stuck, view=self.view(here))
-            if not stuck or not await d._await_replica(layer, stuck, {}, recs, deadline):
+            batches = d.plan(state, policy, view=self.view(here))
+            if not state.stuck or not await d.await_replica(state, deadline):
                 break
             ready = max(ready, clock_now())
         gather = self.next_server(layer, list(batches), experts, route, rows, context)
@@ -201,7 +201,7 @@ class Aggregator:
         if here == self.home and gather == self.home:  # the dispatcher's own, this plan first
             clock.at = ready
             y = await d.run_layer(layer, x, idx, w, recs, policy, deadline_ms, clock,
-                                  planned=(batches, layer_recs))
+                                  planned=(batches, state))
             for r in pending:  # the wait for the cache is on the layer's link time too
                 lay = recs[r].layers[-1] if recs[r].layers else None
                 if lay is not None and lay.layer == layer:
@@ -244,17 +244,17 @@ class Aggregator:
         results: dict[str, Any] = {}
 
         async def branch(node: str, batch: Any) -> None:
-            group = d._group(layer, x, batch)
+            group = d.execute.group(layer, x, batch)
             nbytes = len(batch.rows) * self.row_bytes
             # a remote node shapes its answer toward `gather` itself as it leaves (in its own
             # order, with its other answers); the home's goes by this node's own shaper
             ahead = gather if node not in (self.home, gather) else None
-            d.breaker_sent(node, now_ms())  # the dispatcher's breakers, as from the home
+            d.health.on_send(node, now_ms())  # the dispatcher's breakers, as from the home
             try:
                 arrive = await self._hop(here, node, nbytes, ready)
                 res = await self.transport.forward_at(node, [group], arrive, self.timeout_s,
                                                       answer_to=ahead)
-                d._check_answer(node, group, res)
+                d.execute.check_answer(node, group, res)
                 t = res.timing
                 done = arrive + (t.queue_ms + t.load_ms + t.compute_ms) / 1e3
                 if ahead is None:
@@ -265,11 +265,11 @@ class Aggregator:
                         back = await self.transport.land(gather, res.body_bytes[1], res.first,
                                                          back, self.timeout_s)
                 results[node] = (res, back)
-                d.breaker_result(node, None)
+                d.health.on_result(node, None)
             except (*RETRYABLE, LookupError) as exc:
                 results[node] = (exc, clock_now())
                 if not is_bug(exc) and classify(exc) != "busy":
-                    d.breaker_result(node, classify(exc))
+                    d.health.on_result(node, classify(exc))
 
         async with asyncio.TaskGroup() as tg:
             for node, batch in batches.items():
@@ -285,7 +285,7 @@ class Aggregator:
                     recs[row].fail_unreachable(Failure(
                         layer, batch.rows[row][0].choice.expert, (node,), (), why))
                 continue
-            d._gather(node, batch, res, recs, dict(entered), outputs, src=here, dst=gather)
+            d.execute.gather(node, batch, res, recs, dict(entered), outputs, src=here, dst=gather)
             if back >= end:
                 end, crit = back, res
         clock.at = max(end, clock.at)
@@ -297,7 +297,7 @@ class Aggregator:
             rec.queue_ms, rec.load_ms, rec.compute_ms = parts
             rec.link_ms = max(0.0, total - 1e3 * dense - sum(parts))
             recs[r].layers.append(rec)
-        return d._combine(x, outputs, recs)
+        return d.execute.combine(x, outputs, recs)
 
     def _downlink(self, node: str) -> bool:
         return self.mesh.nodes[node].prior.downlink_mbit is not None

@@ -318,7 +318,7 @@ class Batcher:
                 job.out.append(nxt)
         if ended or len(job.records) >= job.max_tokens:
             self._running.remove(job)
-            engine._count(job.records)
+            engine.count(job.records)
             if not job.future.done():
                 job.future.set_result(GenerateResult(job.out, job.records, job.ttft,
                                                      (now() - job.start) * 1e3, job.tap))

@@ -49,8 +49,8 @@ from .dispatch import Dispatcher, Timeline, now_ms
 from .errors import BadRouterInput
 from .pipeline import Pipeline
 from .policies import Policy
-from .records import Failure, TokenRecord
-from .transport import RETRYABLE
+from .records import TokenRecord
+from .runners import AggregateRunner, HomeRunner, LayerRunner, PipelineRunner
 
 if TYPE_CHECKING:
     from .batching import Batcher
@@ -352,46 +352,43 @@ class Engine:
             t = max(t, weights / self.home_mem_bytes_per_s)
         return t
 
+    def runner(self, policy: Policy) -> LayerRunner:
+        """Where a request's layers run (router.runners), chosen once when it starts: its
+        moving aggregation servers (not for `exact`, which runs in-process), its pipeline's
+        stages or the home."""
+        stages = self.pipeline.choose() if self.pipeline is not None else None
+        if self.aggregator is not None and not policy.in_process:
+            return AggregateRunner(self.aggregator, Route(self.dispatcher.home,
+                                                          self.shape.layers))
+        if stages is None:
+            return HomeRunner(self.dispatcher, self.dense_s)
+        assert self.pipeline is not None
+        return PipelineRunner(self.pipeline, stages, self.dispatcher.home, self.shape.layers - 1)
+
     async def _group(self, steps: Steps, recs: list[TokenRecord], policy: Policy,
-                     clock: Timeline, deadline_ms: float, tap: RoutingTap | None = None,
-                     stages: tuple[str, ...] | None = None, route: Route | None = None
-                     ) -> int | None:
-        """One token group through every layer; returns `steps.finish()`. The clock ends at
-        the group's emulated end; host time of the dense part goes to recs[-1]. `stages`:
-        the pipeline the group runs on (router.pipeline), `route` its request's aggregation
-        servers (router.aggregate); neither: the dense part at home."""
+                     clock: Timeline, deadline_ms: float, runner: LayerRunner,
+                     tap: RoutingTap | None = None) -> int | None:
+        """One token group through every layer on `runner`; returns `steps.finish()`. The
+        clock ends at the group's emulated end; host time of the dense part goes to
+        recs[-1]."""
         host = 0.0
         dense = 0.0
         rows, context = steps.rows, steps.context
-        where = self.dispatcher.home
         for layer in range(self.shape.layers):
             t = host_clock()
             x, idx, w = steps.layer_input(layer)
             if tap is not None:
                 tap.add(idx, w)
             host += host_clock() - t
-            if route is not None and not policy.in_process:  # `exact` runs in-process
-                assert self.aggregator is not None
-                y, d = await self.aggregator.run_layer(layer, x, idx, w, recs, policy,
-                                                       deadline_ms, clock, context, route)
-            elif stages is None:
-                d = self.dense_s(rows, context)
-                clock.at += d
-                y = await self.dispatcher.run_layer(layer, x, idx, w, recs, policy,
-                                                    deadline_ms, clock)
-            else:
-                assert self.pipeline is not None
-                y, d = await self.pipeline.run_layer(layer, stages[layer], where, x, idx, w,
-                                                     recs, clock, context)
-                where = stages[layer]
+            y, d = await runner.run_layer(layer, x, idx, w, recs, policy, deadline_ms, clock,
+                                          rows, context)
             dense += d
             t = host_clock()
             steps.layer_output(layer, y)
             host += host_clock() - t
-            if stages is not None and recs[-1].done:
+            if runner.stops(recs):
                 break  # a stage failed: the whole group failed with it
-        if stages is not None and not recs[-1].done:  # the rows back home, to the head
-            await self._home(where, rows, recs, clock)
+        await runner.finish(recs, clock, rows)  # the rows back home, to the head
         t = host_clock()
         nxt = steps.finish()
         if tap is not None:
@@ -401,16 +398,6 @@ class Engine:
         rec.dense_ms += dense * 1e3
         rec.dense_host_ms += host * 1e3
         return nxt
-
-    async def _home(self, where: str, rows: int, recs: list[TokenRecord], clock: Timeline
-                    ) -> None:
-        assert self.pipeline is not None
-        try:
-            clock.at = await self.pipeline.hop(where, self.dispatcher.home, rows, recs, clock.at)
-        except RETRYABLE as exc:
-            for rec in recs:
-                rec.fail_unreachable(Failure(self.shape.layers - 1, -1, (where,), (),
-                                             f"pipeline back home from {where}: {exc}"))
 
     # -- score ------------------------------------------------------------------------------------
     async def score(
@@ -445,7 +432,7 @@ class Engine:
             r.emulated_ms = (clock.at - start) * 1e3
             if r.status == "running":
                 r.status = "ok"
-        self._count(recs)
+        self.count(recs)
         values = nll.tolist()
         mean = sum(values[i] for i in ok) / len(ok) if ok else float("nan")
         return ScoreResult(mean, n, n - len(ok), recs, values)
@@ -484,13 +471,11 @@ class Engine:
         tap = RoutingTap() if routing else None
         if self.batcher is not None and self.pipeline is None and self.aggregator is None:
             return await self.batcher.generate(self, steps, max_tokens, policy, budget, tap)
-        stages = self.pipeline.choose() if self.pipeline is not None else None
-        route = (Route(self.dispatcher.home, self.shape.layers)
-                 if self.aggregator is not None else None)
+        runner = self.runner(policy)
         for i in range(max_tokens):
             recs = [TokenRecord(i, budget) for _ in range(steps.rows)]
             nxt = await self._group(steps, recs, policy, clock, now_ms() + settings.token_ms,
-                                    tap, stages, route)
+                                    runner, tap)
             rec = token_of(recs, i)
             await sleep_until(clock.at)  # never before its emulated end
             t_end = now()
@@ -505,7 +490,7 @@ class Engine:
             rec.status = "ok"
             if nxt is not None:
                 out.append(nxt)
-        self._count(records)
+        self.count(records)
         return GenerateResult(out, records, ttft, (now() - start) * 1e3, tap)
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -523,5 +508,6 @@ class Engine:
             raise BadRouterInput(str(exc)) from None
         return tokens.long()
 
-    def _count(self, recs: list[TokenRecord]) -> None:
+    def count(self, recs: list[TokenRecord]) -> None:
+        """Fold finished tokens into the dispatcher's counters (router.batching too)."""
         self.dispatcher.counters.count_tokens(recs)

@@ -178,7 +178,7 @@ class Counters:
     retries: int = 0
     reroutes: int = 0
     failures: int = 0  # failed requests to nodes (each may have been retried)
-    late_answers: int = 0  # answers that came after their request's limit (router.dispatch)
+    late_answers: int = 0  # answers that came after their request's limit (router.execute)
     plans: int = 0
     bytes_out: int = 0
     bytes_in: int = 0

@@ -233,7 +233,7 @@ async def test_a_late_answer_from_a_busy_node_is_queueing_not_a_fault(
     waited = time.monotonic() - t0
     assert res.failed == 0 and all(r.status == "ok" for r in res.records)
     assert d.counters.failures >= 1  # a's requests did pass their limit ...
-    await wait_until(lambda: not d._late_tasks, "a's late answers")
+    await wait_until(lambda: not d.execute.late_tasks, "a's late answers")
     assert d.counters.late_answers >= 1  # ... and answered after it
     assert d.breakers.states()["a"] == {"node": "closed", "link": "closed"}
     assert waited < 10.0  # no 30 s breaker wait
