@@ -371,8 +371,8 @@ class _Run:
                            f"({probe_arm.label})")
         t = time.monotonic()
         factor, info = await calibrate(self.scenario, probe_arm, open_mesh,
-                                    self.placements[probe_arm.placement_key(self.scenario)],
-                                    self.plan, self.progress.note)
+                                       self.placements[probe_arm.placement_key(self.scenario)],
+                                       self.plan, self.progress.note)
         self._time("calibration_s", t)
         self.scenario = replace(self.scenario, time_dilation=factor, auto_dilation=False)
         self.meta["time_dilation"] = factor

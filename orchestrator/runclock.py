@@ -39,6 +39,11 @@ class RunClock:
         """Scenario seconds (or milliseconds: the unit is kept) for a wall-clock span."""
         return wall_s / self.dilation
 
+    def scaled(self, by: float) -> RunClock:
+        """This clock dilated `by` times more (capacity's loads); a virtual clock stays at 1:
+        the host's work takes no emulated time, so no load needs a dilation."""
+        return RunClock(1.0, virtual=True) if self.virtual else RunClock(self.dilation * by)
+
     def since(self, start: float, t: float) -> float:
         """Scenario seconds from the wall instant `start` to `t`."""
         return (t - start) / self.dilation
