@@ -2,7 +2,7 @@
 
 A run's scenario times (`at_s`, think times, timeouts) are in scenario seconds; on the wall
 clock a run dilated by `dilation` spends `dilation` wall seconds per scenario second, so the
-host's work looks that much faster (docs/measurement.md, "Time dilation"). Every part that
+host's work looks that much faster (docs/architecture.md, "Time"). Every part that
 turns one into the other (driver, fault timeline, supervisor, loop-lag, capacity, fidelity,
 calibration) asks a `RunClock` instead of carrying the bare factor. In virtual time
 (`clock: virtual`) the dilation is 1: the host's work takes no emulated time.
