@@ -27,6 +27,7 @@ from typing import Any
 from orchestrator.arms import Arm
 from orchestrator.scenario import Scenario
 
+from .clock import run_clock
 from .driver import Driver
 from .rows import TokenRow
 from .workload import WorkloadPlan
@@ -83,12 +84,12 @@ async def search(measure: Callable[[float], Awaitable[Probe]], factors: Sequence
     def passes(p: Probe) -> bool:
         return p.tokens > 0 and p.share <= target
 
-    for i, tdf in enumerate(factors):
-        if passes(await measure(tdf)):
-            between = tdf * 0.75
+    for i, factor in enumerate(factors):
+        if passes(await measure(factor)):
+            between = factor * 0.75
             if i > 0 and between > factors[i - 1] and passes(await measure(between)):
-                tdf = between
-            return tdf, f"the smallest factor with a host overhead share <= {target:.1%}"
+                factor = between
+            return factor, f"the smallest factor with a host overhead share <= {target:.1%}"
     return factors[-1], (f"no factor up to {factors[-1]:g} got the share to {target:.1%}: "
                          f"the largest is used")
 
@@ -102,18 +103,18 @@ async def calibrate(scenario: Scenario, arm: Arm, open_mesh: Callable[..., Any],
     small = _probe_plan(plan, requests)
     probes: list[Probe] = []
 
-    async def measure(tdf: float) -> Probe:
+    async def measure(factor: float) -> Probe:
         t0 = time.monotonic()
-        sc = replace(scenario, time_dilation=tdf, auto_dilation=False, faults=())
+        sc = replace(scenario, time_dilation=factor, auto_dilation=False, faults=())
         async with open_mesh(sc, placement) as mesh:
             await mesh.use_placement(placement, arm.router_settings())
-            driver = Driver(small, arm, mesh.urls, time_dilation=tdf,
+            driver = Driver(small, arm, mesh.urls, run_clock=run_clock(sc),
                             budget=arm.budget_of(scenario))
             result = await driver.run_back_to_back()
         share, n, lat, emu = overhead_share(result.tokens)
-        probe = Probe(tdf, share, n, lat, emu, time.monotonic() - t0)
+        probe = Probe(factor, share, n, lat, emu, time.monotonic() - t0)
         probes.append(probe)
-        note(f"time dilation {tdf:g}: host overhead {share:.1%} of {lat:.3g} ms per token "
+        note(f"time dilation {factor:g}: host overhead {share:.1%} of {lat:.3g} ms per token "
              f"({n} tokens)")
         return probe
 

@@ -27,12 +27,11 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
   target, so each capacity is a figure, not "at least the top". A policy that missed at a
   load is not run at the higher ones (it would only miss more), which keeps the climb short.
 * **The host must not be what saturates** (real time). Loads are scenario time; each load
-  runs at the time dilation `base_tdf x max(1, load / base_load)`, so the host sees the
-  same wall-clock request rate at every load (the scenario's own, or the first load's when
-  the factor is calibrated there with `--tdf auto`), and what queues is the emulated devices
-  and links.
-  `base_tdf` is the scenario's `capacity.time_dilation`, else its `time_dilation`
-  (`--tdf` replaces both). A
+  runs at the time dilation `base x max(1, load / base_load)` (`RunClock.scaled`), so the
+  host sees the same wall-clock request rate at every load (the scenario's own, or the first
+  load's when the factor is calibrated there with `--tdf auto`), and what queues is the
+  emulated devices and links. The base is the run clock of the scenario with its
+  `capacity.time_dilation`, else its `time_dilation` (`--tdf` replaces both). A
   point where a policy's host overhead share (experiments.faithful's measure and 5% limit:
   the host's lateness over the measured token latency) is above the limit cannot be judged:
   it is skipped (listed as `skipped`), neither a pass nor a miss, and when the loads above
@@ -65,8 +64,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.arms import Arm
+from orchestrator.runclock import RunClock
 from orchestrator.scenario import Scenario
 
+from .clock import run_clock
 from .faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT
 
 __all__ = [
@@ -131,7 +132,7 @@ def steady_requests(load: float, least: int, knob: str = "rate") -> int:
     return min(STEADY_MAX, max(least, math.ceil(load * STEADY_SPAN_S)))
 
 
-def at_load(scenario: Scenario, load: float, *, base_load: float, base_tdf: float,
+def at_load(scenario: Scenario, load: float, *, base_load: float, base: RunClock,
             requests: int | None = None) -> Scenario:
     """The scenario at one offered load (faults dropped; see the module docstring for the
     time dilation and, with `requests`, the request count and warm-up)."""
@@ -149,9 +150,9 @@ def at_load(scenario: Scenario, load: float, *, base_load: float, base_tdf: floa
         if requests is not None:
             w = replace(w, requests=requests, duration_s=None,
                         warmup_s=round(WARMUP_SHARE * requests / load, 6))
-    # in virtual time the host's work takes no emulated time: no load needs a dilation
-    tdf = 1.0 if scenario.clock == "virtual" else base_tdf * max(1.0, load / base_load)
-    return replace(scenario, workload=w, faults=(), time_dilation=tdf, auto_dilation=False)
+    clock = base.scaled(max(1.0, load / base_load))
+    return replace(scenario, workload=w, faults=(), time_dilation=clock.dilation,
+                   auto_dilation=False)
 
 
 def capacity_arms(arms: Sequence[Arm], scenario: Scenario, *, chosen: bool = False
@@ -212,12 +213,12 @@ def _f(x: Any) -> float:
     return math.nan if x is None else float(x)
 
 
-def figures_of(load: float, tdf: float, summary: Mapping[str, Any],
+def figures_of(load: float, clock: RunClock, summary: Mapping[str, Any],
                requests: Mapping[str, tuple[int, float]] | None = None) -> dict[str, Figure]:
-    """Each policy's figure from one load's summary.json; a policy is faithful here when its
-    own host overhead share is within experiments.faithful's limit (see the module
-    docstring for the loop lag). `requests`: per policy (requests sent, mean request time in
-    scenario s), from requests.csv (see `_request_times`)."""
+    """Each policy's figure from one load's summary.json (`clock`: that run's); a policy is
+    faithful here when its own host overhead share is within experiments.faithful's limit
+    (see the module docstring for the loop lag). `requests`: per policy (requests sent, mean
+    request time in scenario s), from requests.csv (see `_request_times`)."""
     out = {}
     for name, p in summary["policies"].items():
         reasons = []
@@ -233,9 +234,9 @@ def figures_of(load: float, tdf: float, summary: Mapping[str, Any],
         frac = _f(lag.get("over_5ms_frac"))
         notes = ([f"{lag.get('node')}'s event loop lagged > {LAG_MS:g} ms (wall) for "
                   f"{100 * frac:.1f}% of the time, worst {_f(lag.get('max')):.0f} ms "
-                  f"(= {_f(lag.get('max')) / tdf:.2g} scenario ms)"]
+                  f"(= {clock.to_scenario_s(_f(lag.get('max'))):.2g} scenario ms)"]
                  if math.isfinite(frac) and frac > LAG_SHARE else [])
-        out[name] = Figure(load, tdf, _f(p.get("slo_share")), _f(p["throughput_tok_s"]),
+        out[name] = Figure(load, clock.dilation, _f(p.get("slo_share")), _f(p["throughput_tok_s"]),
                            _f(p["latency_ms"]["mean"]), _f(p["latency_ms"]["p99"]), share,
                            int(p["tokens"]), int(p["failed_tokens"]), not reasons,
                            tuple(reasons), tuple(notes), *_flight(load, (requests or {}).get(
@@ -323,18 +324,19 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
     def count(load: float) -> int:  # virtual time: enough requests for a steady state
         return steady_requests(load, requests, knob) if virtual else requests
 
-    points = [at_load(scenario, v, base_load=load_of(scenario),
-                      base_tdf=scenario.time_dilation, requests=count(v))
+    base_clock = run_clock(scenario)
+    points = [at_load(scenario, v, base_load=load_of(scenario), base=base_clock,
+                      requests=count(v))
               for v in loads]  # checks every load before anything starts
     claim_out(out, force=bool(getattr(options, "force", False)), scenario=scenario.name)
     t0 = time.monotonic()
-    base_load, base_tdf = load_of(scenario), scenario.time_dilation
+    base_load = load_of(scenario)
     auto = scenario.auto_dilation
     done: list[dict[str, Any]] = []
     out_of_slo: set[str] = set()  # virtual time: arms that missed, not run at higher loads
     for i, load in enumerate(loads):
         point = (replace(points[i], auto_dilation=True) if auto else
-                 at_load(scenario, load, base_load=base_load, base_tdf=base_tdf,
+                 at_load(scenario, load, base_load=base_load, base=base_clock,
                          requests=count(load)))
         live = [a for a in arms if a.label not in out_of_slo]
         folder = out / f"{knob}={load:g}"
@@ -346,10 +348,10 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
         meta = await run_experiment(point, live, open_mesh, folder,
                                     replace(options, link_probe=not done),
                                     notes=[*notes, f"capacity point {knob}={load:g}"])
+        ran = replace(base_clock, dilation=float(meta["time_dilation"]))  # as run.json says
         if auto:  # calibrated at the first load: later loads keep its wall-clock rate
-            auto, base_load, base_tdf = False, load, float(meta["time_dilation"])
-        done.append(_point(folder, load, float(meta["time_dilation"]),
-                           round(time.monotonic() - t, 1)))
+            auto, base_load, base_clock = False, load, ran
+        done.append(_point(folder, load, ran, round(time.monotonic() - t, 1)))
         figs = _figures(done[-1:])
         if virtual:
             out_of_slo |= {k for k, v in figs.items() if v[0].faithful
@@ -364,7 +366,7 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
                 f"{UNITS[knob]}; higher loads skipped")
             break
     data = capacity_data(scenario.name, knob, done, target, options.slo_for(scenario),
-                         {"load": base_load, "time_dilation": base_tdf}, requests)
+                         {"load": base_load, "time_dilation": base_clock.dilation}, requests)
     data["clock"] = scenario.clock
     data["wall_s"] = round(time.monotonic() - t0, 1)
     write_capacity(out, data)
@@ -407,11 +409,12 @@ def _request_times(folder: Path) -> dict[str, tuple[int, float]]:
             for k, n in sent.items()}
 
 
-def _point(folder: Path, load: float, tdf: float, wall_s: float) -> dict[str, Any]:
-    """One load's entry of capacity.json, from its run folder's summary.json."""
+def _point(folder: Path, load: float, clock: RunClock, wall_s: float) -> dict[str, Any]:
+    """One load's entry of capacity.json, from its run folder's summary.json (`clock`: the
+    load's run's, with the dilation its run.json records)."""
     summary = json.loads((folder / "summary.json").read_text())
-    figs = figures_of(load, tdf, summary, _request_times(folder))
-    return {"load": load, "time_dilation": tdf, "folder": folder.name, "wall_s": wall_s,
+    figs = figures_of(load, clock, summary, _request_times(folder))
+    return {"load": load, "time_dilation": clock.dilation, "folder": folder.name, "wall_s": wall_s,
             "faithful": bool(summary.get("faithful", True)),
             "policies": {k: f.to_json() for k, f in figs.items()}}
 
@@ -426,7 +429,7 @@ def rebuild_capacity(out: Path, *, slo_ms: float | None = None) -> dict[str, Any
     for pt in old["points"]:
         if slo_ms is not None:
             build_report(out / pt["folder"], slo_ms=slo_ms)
-        points.append(_point(out / pt["folder"], pt["load"], pt["time_dilation"],
+        points.append(_point(out / pt["folder"], pt["load"], RunClock(pt["time_dilation"]),
                              pt["wall_s"]))
     data = capacity_data(old["scenario"], old["knob"], points, old["target"],
                          old["slo_ms"] if slo_ms is None else slo_ms, old["base"],

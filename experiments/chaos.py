@@ -37,6 +37,7 @@ from orchestrator.faults import FaultError, FaultTimeline
 from orchestrator.markers import mark
 from orchestrator.scenario import Scenario
 
+from .clock import run_clock
 from .driver import DriveLimits, Driver, first_error
 from .rows import RequestRow, TokenRow
 from .workload import plan_workload
@@ -91,7 +92,7 @@ async def _drive(mesh: Any, scenario: Scenario, arms: Sequence[Arm], plan: Chaos
                  result: ChaosResult, console: Console) -> None:
     """Every arm's share of the workload and the timeline at once; violations print as they
     happen."""
-    tdf = scenario.time_dilation
+    rc = run_clock(scenario)
     inv = result.invariants
 
     def on_request(row: RequestRow, tokens: list[TokenRow]) -> None:
@@ -112,9 +113,9 @@ async def _drive(mesh: Any, scenario: Scenario, arms: Sequence[Arm], plan: Chaos
         share = replace(w, seed=w.seed + i,
                         rate_rps=w.rate_rps / len(arms) if w.rate_rps else w.rate_rps)
         drivers.append(Driver(plan_workload(replace(scenario, workload=share)), arm, mesh.urls,
-                              time_dilation=tdf, limits=DriveLimits(), on_request=on_request,
+                              run_clock=rc, limits=DriveLimits(), on_request=on_request,
                               budget=arm.budget_of(scenario)))
-    timeline = FaultTimeline(mesh, plan.events, time_dilation=tdf)
+    timeline = FaultTimeline(mesh, plan.events, run_clock=rc)
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(timeline.run(), name="chaos-faults")  # ends with the last revert

@@ -4,7 +4,9 @@
 the run uses: in virtual time there is no host work to hide, so the time dilation is 1 and
 `shaper: auto` is the app shaper (the one whose durations are computed); `auto` picks virtual
 time where it can run and says which it took and why. `run_clocked(main, scenario)` runs the
-command's coroutine with a virtual-time authority when the scenario is virtual.
+command's coroutine with a virtual-time authority when the scenario is virtual;
+`run_clock(scenario)` is the resolved scenario's `RunClock`, the one object the run's parts
+ask to turn wall time into scenario time (orchestrator.runclock).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from collections.abc import Coroutine
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from orchestrator.runclock import RunClock
 from orchestrator.scenario import Scenario
 
-__all__ = ["clock_for_overrides", "clock_meta", "resolve_clock", "run_clocked"]
+__all__ = ["clock_for_overrides", "clock_meta", "resolve_clock", "run_clock", "run_clocked"]
 
 T = TypeVar("T")
 
@@ -55,6 +58,11 @@ def resolve_clock(scenario: Scenario, flag: str | None = None) -> tuple[Scenario
     if scenario.capacity.time_dilation not in (None, 1.0):
         changes["capacity"] = replace(scenario.capacity, time_dilation=None)
     return replace(scenario, **changes), notes
+
+
+def run_clock(scenario: Scenario) -> RunClock:
+    """The run's time base: the scenario's time dilation, on the virtual clock or the wall's."""
+    return RunClock(scenario.time_dilation, virtual=scenario.clock == "virtual")
 
 
 def run_clocked(main: Coroutine[Any, Any, T], scenario: Scenario) -> T:

@@ -1,10 +1,10 @@
 """One policy's workload against a running mesh: send the requests, turn answers into rows.
 
 The driver is the mesh's users. Open loop: each request is sent at its arrival time
-(`at_s x time_dilation` wall seconds after the start, deadline-based) whatever happens to
-the others; closed loop: each user sends, waits for the answer, thinks, sends the next. A
-request is `POST /v1/generate` on its home node with the policy, its prompt tokens, its
-generation length and its seed; the answer's per-token records become `TokenRow`s.
+(`at_s` scenario seconds after the start on the run's `RunClock`, deadline-based) whatever
+happens to the others; closed loop: each user sends, waits for the answer, thinks, sends the
+next. A request is `POST /v1/generate` on its home node with the policy, its prompt tokens,
+its generation length and its seed; the answer's per-token records become `TokenRow`s.
 
 Every token asked for ends as a row: completed, failed by the router (its reason), never run
 because an earlier token failed (`after:<reason>`), or lost with the whole request
@@ -13,8 +13,8 @@ whose home a node-down fault has taken is sent to the node `rehome` names (the r
 nearest live node), as a user's device would reconnect; its row says `rehomed_from`. Any other HTTP
 error (400, 500, a peer's bug as 502) is a bug, not a fault: the run fails with the node's
 message (`RequestRefused`). At most `DriveLimits.connections` connections are open at once;
-a request past them waits for one (its time counts). Times are divided by the time dilation
-factor (scenario time).
+a request past them waits for one (its time counts). Times are scenario times: the run's
+`orchestrator.runclock.RunClock` turns the wall clock's into them (the time dilation).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from orchestrator.arms import Arm
+from orchestrator.runclock import REAL, RunClock
 from router.records import Failure
 from services.clock import now, sleep_until
 
@@ -80,7 +81,7 @@ class DriveResult:
     links: list[tuple] = field(default_factory=list)  # experiments.fidelity.link_samples
 
 
-def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
+def _token_rows(arm: Arm, req: Request, sent_s: float, rc: RunClock,
                 records: list[Mapping[str, Any]], failure: str | None) -> list[TokenRow]:
     """Rows for every token the request asked for (see the module docstring)."""
     rows = []
@@ -94,7 +95,7 @@ def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
                                  sent_s, math.nan, math.nan, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0,
                                  0, math.nan))
             continue
-        lat = float(rec.get("latency_ms", 0.0)) / tdf
+        lat = rc.to_scenario_s(float(rec.get("latency_ms", 0.0)))
         t += lat / 1000.0
         ok = rec.get("status") == "ok"
         reason = "" if ok else str(rec.get("reason") or "failed")
@@ -110,32 +111,34 @@ def _token_rows(arm: Arm, req: Request, sent_s: float, tdf: float,
             int(mix.get("local_exact", 0)), int(mix.get("remote_exact", 0)),
             int(mix.get("cpu_loaded", 0)), int(mix.get("substitute", 0)),
             int(mix.get("fallback", 0)), int(rec.get("quantized", 0)),
-            sum(1 for c in rec.get("choices", ()) if len(c) > 6 and c[6]), predicted / tdf,
-            **_split(rec, layers, lat, tdf),
+            sum(1 for c in rec.get("choices", ()) if len(c) > 6 and c[6]),
+            rc.to_scenario_s(predicted),
+            **_split(rec, layers, lat, rc),
             failure=str(Failure.from_json(rec["failure"])) if rec.get("failure") else "",
             kv_bytes=sum(int(layer.get("kv_bytes", 0)) for layer in layers)))
     return rows
 
 
-def _split(rec: Mapping[str, Any], layers: Any, latency_ms: float, tdf: float
+def _split(rec: Mapping[str, Any], layers: Any, latency_ms: float, rc: RunClock
            ) -> dict[str, float]:
     """The token's latency split (scenario ms) from its record; nan where the record has no
     emulated timeline (an older node)."""
     if "emulated_ms" not in rec:
         return {}
-    out = {k: sum(float(layer.get(k, 0.0)) for layer in layers) / tdf
+    out = {k: rc.to_scenario_s(sum(float(layer.get(k, 0.0)) for layer in layers))
            for k in ("link_ms", "queue_ms", "load_ms", "compute_ms")}
-    emulated = float(rec["emulated_ms"]) / tdf
+    emulated = rc.to_scenario_s(float(rec["emulated_ms"]))
     out.update(emulated_ms=emulated, overhead_ms=latency_ms - emulated,
-               dense_ms=float(rec.get("dense_ms", 0.0)) / tdf,
-               dense_host_ms=float(rec.get("dense_host_ms", 0.0)) / tdf)
+               dense_ms=rc.to_scenario_s(float(rec.get("dense_ms", 0.0))),
+               dense_host_ms=rc.to_scenario_s(float(rec.get("dense_host_ms", 0.0))))
     return out
 
 
 def rows_of_answer(arm: Arm, req: Request, at_s: float, sent_s: float, done_s: float,
-                   tdf: float, answer: Mapping[str, Any] | None, error: str = ""
+                   rc: RunClock, answer: Mapping[str, Any] | None, error: str = ""
                    ) -> tuple[list[TokenRow], RequestRow]:
-    """The rows of one request from the answer of /v1/generate (or from its error)."""
+    """The rows of one request from the answer of /v1/generate (or from its error); `rc`
+    turns the answer's wall milliseconds into scenario milliseconds."""
     if answer is None:
         reason = f"request:{error or 'lost'}"
         tokens = [TokenRow(arm.label, req.id, req.home, i, req.warmup, "failed", reason, sent_s,
@@ -145,10 +148,10 @@ def rows_of_answer(arm: Arm, req: Request, at_s: float, sent_s: float, done_s: f
     else:
         records = list(answer.get("records") or [])
         failed_reason = answer.get("failed")
-        tokens = _token_rows(arm, req, sent_s, tdf, records,
+        tokens = _token_rows(arm, req, sent_s, rc, records,
                              str(failed_reason) if failed_reason else None)
         completed = sum(t.ok for t in tokens)
-        ttft = (float(answer.get("ttft_ms", math.nan)) / tdf
+        ttft = (rc.to_scenario_s(float(answer.get("ttft_ms", math.nan)))
                 if tokens and tokens[0].ok else math.nan)
     failed = len(tokens) - sum(t.ok for t in tokens)
     request = RequestRow(arm.label, req.id, req.home, -1 if req.user is None else req.user,
@@ -161,7 +164,7 @@ class Driver:
     """Sends one plan's requests for one arm to the home nodes at `urls`."""
 
     def __init__(self, plan: WorkloadPlan, arm: Arm, urls: Mapping[str, str], *,
-                 time_dilation: float = 1.0, limits: DriveLimits | None = None,
+                 run_clock: RunClock = REAL, limits: DriveLimits | None = None,
                  on_request: Callable[[RequestRow, list[TokenRow]], None] | None = None,
                  budget: float | None = None, trace: RoutingTrace | None = None,
                  rehome: Callable[[str], str] | None = None) -> None:
@@ -172,7 +175,7 @@ class Driver:
         self.plan = plan
         self.arm = arm
         self.urls = dict(urls)
-        self.tdf = float(time_dilation)
+        self.clock = run_clock
         self.limits = limits or DriveLimits()
         self.on_request = on_request
         self.budget = budget
@@ -187,13 +190,14 @@ class Driver:
         self._next_offset = 0  # closed loop: in send order
 
     def _scenario_s(self, t: float) -> float:
-        return (t - self._start) / self.tdf
+        return self.clock.since(self._start, t)
 
     @contextlib.asynccontextmanager
     async def _session(self) -> AsyncIterator[aiohttp.ClientSession]:
         """The run's client session; the run's clock starts when it is open."""
         conn = aiohttp.TCPConnector(limit=self.limits.connections, force_close=False)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect_s * self.tdf)
+        timeout = aiohttp.ClientTimeout(total=None,
+                                        sock_connect=self.clock.to_wall_s(self.limits.connect_s))
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
             self._start = self.result.started_perf = now()
             self.result.started_at = time.time()
@@ -211,7 +215,7 @@ class Driver:
                     else:
                         for req in self.plan.requests:
                             assert req.at_s is not None
-                            await sleep_until(self._start + req.at_s * self.tdf)
+                            await sleep_until(self._start + self.clock.to_wall_s(req.at_s))
                             tg.create_task(self._send(session, req, req.at_s),
                                            name=f"request-{req.id}")
             except BaseExceptionGroup as group:
@@ -246,7 +250,7 @@ class Driver:
             k += 1
             await self._send(session, req, t)
             if w.think_s > 0:
-                await asyncio.sleep(w.think_s * self.tdf)
+                await asyncio.sleep(self.clock.to_wall_s(w.think_s))
 
     async def _send(self, session: aiohttp.ClientSession, req: Request, at_s: float) -> None:
         own = req.home
@@ -262,7 +266,8 @@ class Driver:
             body["trace"] = self.trace.take(offset, _positions(req))
         if self.budget is not None:
             body["budget"] = self.budget
-        limit = (self.limits.per_request_s + self.limits.per_token_s * req.gen_tokens) * self.tdf
+        limit = self.clock.to_wall_s(self.limits.per_request_s
+                                     + self.limits.per_token_s * req.gen_tokens)
         sent = now()
         answer: dict[str, Any] | None = None
         error = ""
@@ -288,7 +293,7 @@ class Driver:
             error = f"bad_answer:{exc}"[:80]
         done = now()
         tokens, row = rows_of_answer(self.arm, req, at_s, self._scenario_s(sent),
-                                     self._scenario_s(done), self.tdf, answer, error)
+                                     self._scenario_s(done), self.clock, answer, error)
         if req.home != own:
             row = replace(row, rehomed_from=own)
         self.result.tokens.extend(tokens)
@@ -296,7 +301,7 @@ class Driver:
         if answer is not None:
             if self.arm.dense == "home":  # a pipelined layer's link is a one-way hop
                 self.result.links += link_samples(req.home, answer.get("records") or (),
-                                                  self.tdf)
+                                                  self.clock)
             if answer.get("routing"):
                 self.result.routing.append(routing_line(self.arm.label, 0, req.id, req.home,
                                                         answer["routing"]))

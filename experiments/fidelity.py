@@ -64,6 +64,7 @@ import aiohttp
 
 from netem.app import MSS_BYTES
 from netem.plan import refill_s
+from orchestrator.runclock import REAL, RunClock
 from orchestrator.topology import Topology
 from router.probe import MAX_GAP_S
 from services.wire import MAX_ROWS
@@ -167,7 +168,7 @@ async def _probe_pair(session: aiohttp.ClientSession, url: str, token: str, a: s
     return data
 
 
-def _fit(samples: Sequence[Mapping[str, Any]], tdf: float, clock: str = "rtt_ms",
+def _fit(samples: Sequence[Mapping[str, Any]], run_clock: RunClock, clock: str = "rtt_ms",
          framed: bool = False) -> dict[str, Any]:
     """Delay and goodput from one pair's probe samples (see the module docstring); `clock`:
     the emulated round trip (`rtt_ms`) or the real one (`wall_ms`, the base network);
@@ -176,7 +177,8 @@ def _fit(samples: Sequence[Mapping[str, Any]], tdf: float, clock: str = "rtt_ms"
     large = [s for s in samples if s["rows"] > 1]
 
     def link(s: Mapping[str, Any]) -> float:
-        return (s.get(clock, s["rtt_ms"]) - s["queue_ms"] - s["load_ms"] - s["compute_ms"]) / tdf
+        return run_clock.to_scenario_s(
+            s.get(clock, s["rtt_ms"]) - s["queue_ms"] - s["load_ms"] - s["compute_ms"])
 
     ls, ll = statistics.median(map(link, small)), statistics.median(map(link, large))
     out_s = wire_bytes(statistics.median(s["bytes_out"] for s in small), framed)
@@ -190,7 +192,7 @@ def _fit(samples: Sequence[Mapping[str, Any]], tdf: float, clock: str = "rtt_ms"
             "link_small_ms": ls, "link_large_ms": ll}
 
 
-async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
+async def probe_mesh(mesh: Any, topology: Topology, run_clock: RunClock, row_bytes: int,
                      clock: str = "rtt_ms", parallel: int = PARALLEL
                      ) -> dict[str, dict[str, Any]]:
     """Probe every pair (from its first node), `parallel` pairs at once; "a-b" → the fit, or
@@ -210,14 +212,14 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
         conf = configured(topology, a, b)
         rows = [1] * SMALL + [_large_rows(min(conf["rate_ab_mbit"], conf["rate_ba_mbit"]),
                                           row_bytes)] * LARGE
-        timeout_s = 30.0 * tdf
+        timeout_s = run_clock.to_wall_s(30.0)
         async with limit:
             try:
                 async with asyncio.timeout(timeout_s * 4):
                     try:
                         data = await _probe_pair(session, urls[a], token, a, b, rows,
                                                  timeout_s)
-                        fit = _fit(data["samples"], tdf, clock, framed)
+                        fit = _fit(data["samples"], run_clock, clock, framed)
                     except RuntimeError as exc:
                         if NO_EXPERT not in str(exc):
                             raise
@@ -225,7 +227,7 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
                         # requests go b→a, its answers a→b: pair_rows swaps the rates)
                         data = await _probe_pair(session, urls[b], token, b, a, rows,
                                                  timeout_s)
-                        fit = {**_fit(data["samples"], tdf, clock, framed), "reversed": True}
+                        fit = {**_fit(data["samples"], run_clock, clock, framed), "reversed": True}
                 out[f"{a}-{b}"] = fit
             except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
                     statistics.StatisticsError) as exc:
@@ -237,7 +239,7 @@ async def probe_mesh(mesh: Any, topology: Topology, tdf: float, row_bytes: int,
     return {k: out[k] for k in sorted(out)}
 
 
-def uplink_fit(rounds: Sequence[Mapping[str, Any]], tdf: float, framed: bool = False,
+def uplink_fit(rounds: Sequence[Mapping[str, Any]], run_clock: RunClock, framed: bool = False,
                way: str = "uplink") -> dict[str, Any]:
     """The access link's rate from `probe_together` answers, one per round: each round's rate,
     their median; `late_ms` per round; `framed`: bytes as tc counts them (`wire_bytes`).
@@ -248,7 +250,8 @@ def uplink_fit(rounds: Sequence[Mapping[str, Any]], tdf: float, framed: bool = F
     side = "bytes_out" if way == "uplink" else "bytes_in"
 
     def link(s: Mapping[str, Any]) -> float:
-        return (s["rtt_ms"] - s["queue_ms"] - s["load_ms"] - s["compute_ms"]) / tdf
+        return run_clock.to_scenario_s(s["rtt_ms"] - s["queue_ms"] - s["load_ms"]
+                                       - s["compute_ms"])
 
     rates, lates = [], []
     for data in rounds:
@@ -266,7 +269,7 @@ def uplink_fit(rounds: Sequence[Mapping[str, Any]], tdf: float, framed: bool = F
             "bytes": nbytes, "late_ms": lates, "way": way}
 
 
-async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: int
+async def probe_uplinks(mesh: Any, topology: Topology, run_clock: RunClock, row_bytes: int
                         ) -> dict[str, dict[str, Any]]:
     """Every node with an access link and two peers or more: node → the fit (`uplink_fit`) of
     its slower access link beside its configured rate, or {"error": why}. One node at a
@@ -286,13 +289,13 @@ async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: in
                 out[node.name] = {**conf, "error": "the mesh target gives no control token"}
                 continue
             rows = _large_rows(rate, row_bytes, UPLINK_MS)
-            gap_s = REFILLS * max(map(refill_s, node.access.values())) * tdf
-            body = {"peers": peers, "rows": rows, "timeout_s": 30.0 * tdf,
+            gap_s = run_clock.to_wall_s(REFILLS * max(map(refill_s, node.access.values())))
+            body = {"peers": peers, "rows": rows, "timeout_s": run_clock.to_wall_s(30.0),
                     "gap_s": min(MAX_GAP_S, gap_s)}
             try:
                 rounds = []
                 for _ in range(UPLINK_WARMUP + UPLINK_ROUNDS):
-                    async with asyncio.timeout(120.0 * tdf), session.post(
+                    async with asyncio.timeout(run_clock.to_wall_s(120.0)), session.post(
                             mesh.urls[node.name] + "/v1/probe", json=body,
                             headers={"Authorization": f"Bearer {token}"}) as resp:
                         data = await resp.json(content_type=None)
@@ -300,7 +303,7 @@ async def probe_uplinks(mesh: Any, topology: Topology, tdf: float, row_bytes: in
                             raise RuntimeError(f"{node.name}: {resp.status} {data}")
                     rounds.append(data)
                 out[node.name] = {**conf, **uplink_fit(
-                    rounds[UPLINK_WARMUP:], tdf, framed=_framed(mesh), way=way)}
+                    rounds[UPLINK_WARMUP:], run_clock, framed=_framed(mesh), way=way)}
             except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
                     statistics.StatisticsError) as exc:
                 out[node.name] = {**conf, "error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -340,7 +343,7 @@ async def probe_base(mesh: Any, topology: Topology, row_bytes: int
 
     await mesh.use_links(zero_links(topology))
     try:
-        return await probe_mesh(mesh, topology, 1.0, row_bytes, clock="wall_ms", parallel=1)
+        return await probe_mesh(mesh, topology, REAL, row_bytes, clock="wall_ms", parallel=1)
     finally:
         await mesh.use_links(None)
 
@@ -353,9 +356,11 @@ def combine(shaper: str) -> str:
     return "added" if shaper == "tc" else "absorbed"
 
 
-def base_rows(fidelity: Mapping[str, Any] | None, tdf: float) -> list[dict[str, Any]]:
+def base_rows(fidelity: Mapping[str, Any] | None, run_clock: RunClock
+              ) -> list[dict[str, Any]]:
     """Per pair: the measured base round trip and goodput (wall ms, Mbit/s), the base's
-    share in scenario time (÷ TDF) and the configured round trip it is added to."""
+    share in scenario time (÷ the run's time dilation) and the configured round trip it is
+    added to."""
     rows = []
     for key, conf in (fidelity or {}).get("configured", {}).items():
         base = (fidelity or {}).get("base", {}).get(key)
@@ -371,16 +376,17 @@ def base_rows(fidelity: Mapping[str, Any] | None, tdf: float) -> list[dict[str, 
             rtt = 2 * delay
             rate = base.get("rate_mbit")
             row.update(base_rtt_ms=rtt, base_goodput_mbit=math.nan if rate is None else rate,
-                       base_scenario_rtt_ms=rtt / tdf,
-                       expected_rtt_ms=(2 * conf["delay_ms"] + rtt / tdf
+                       base_scenario_rtt_ms=run_clock.to_scenario_s(rtt),
+                       expected_rtt_ms=(2 * conf["delay_ms"] + run_clock.to_scenario_s(rtt)
                                         if fidelity.get("combine") == "added"
-                                        else max(2 * conf["delay_ms"], rtt / tdf)))
+                                        else max(2 * conf["delay_ms"],
+                                                 run_clock.to_scenario_s(rtt))))
         rows.append(row)
     return rows
 
 
 # -- passive: from the run's own transfers --------------------------------------------------
-def link_samples(home: str, records: Iterable[Mapping[str, Any]], tdf: float
+def link_samples(home: str, records: Iterable[Mapping[str, Any]], run_clock: RunClock
                  ) -> list[tuple[str, str, float, int, int]]:
     """(home, peer, link_ms, bytes_out, bytes_in) of every completed decode token's layer whose
     critical branch was one remote node (scenario ms): its link time is that pair's. A layer
@@ -396,7 +402,8 @@ def link_samples(home: str, records: Iterable[Mapping[str, Any]], tdf: float
             if (len(remote) != 1 or layer.get("replans")
                     or (len(layer.get("nodes", ())) > 1 and link_ms <= LOCAL_LINK_MS)):
                 continue
-            out.append((home, remote[0], link_ms / tdf, int(layer.get("bytes_out", 0)),
+            out.append((home, remote[0], run_clock.to_scenario_s(link_ms),
+                        int(layer.get("bytes_out", 0)),
                         int(layer.get("bytes_in", 0))))
     return out
 

@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.runclock import RunClock
+
 from .commands import add_shorten_flags, chosen_arms
 
 __all__ = ["register"]
@@ -97,7 +99,7 @@ def _load(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.scenario}: node(s) {', '.join(unknown)} are not in the mesh "
                          f"{state.get('name')} (its nodes: {', '.join(sorted(urls))})")
     arm = _arm_for_mesh(scenario, arms, args.policy, state)
-    tdf = float(state.get("time_dilation") or 1.0)
+    rc = RunClock(float(state.get("time_dilation") or 1.0))  # the mesh's, as `up` recorded it
     if faults:
         notes.append(f"the scenario's {faults} fault(s) are not applied: inject faults with "
                      "`moemesh fault`")
@@ -107,11 +109,11 @@ def _load(args: argparse.Namespace) -> int:
     ok = False
     try:
         with RunProgress(f"moemesh load: {scenario.name} on mesh {state.get('name')} (clock "
-                         f"realtime, time dilation {tdf:g})", quiet=args.quiet) as progress:
+                         f"realtime, time dilation {rc.dilation:g})", quiet=args.quiet) as progress:
             for note in notes:
                 progress.note(note)
             progress.arm(arm.label, len(plan.requests) if not plan.closed else None)
-            driver = Driver(plan, arm, urls, time_dilation=tdf, on_request=progress.on_request,
+            driver = Driver(plan, arm, urls, run_clock=rc, on_request=progress.on_request,
                             budget=arm.budget_of(scenario))
             result = asyncio.run(driver.run())
             progress.end_arm()
@@ -122,7 +124,7 @@ def _load(args: argparse.Namespace) -> int:
         summary = {"scenario": scenario.name, "mesh": state.get("name"),
                    "runtime": state.get("runtime"), "shaper": state.get("shaper"),
                    "placement": state.get("policy"), "clock": "realtime",
-                   "time_dilation": tdf, "wall_s": round(result.wall_s, 3),
+                   "time_dilation": rc.dilation, "wall_s": round(result.wall_s, 3),
                    "notes": notes, "policies": {arm.label: stats.summary()}}
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         ok = True

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from netem.timing import now
+from orchestrator.runclock import REAL, RunClock
 
 __all__ = ["CHUNK_S", "LAG_OVER_MS", "SERIES_MIN_MS", "ArmLag", "arm_lag", "collect_loop_lag",
            "lag_intervals", "merge_windows", "worst_node"]
@@ -41,11 +42,12 @@ LAG_OVER_MS = 5.0
 CHUNK_S = 120.0  # wall seconds between reads: far inside the ring's ~11 minutes
 
 
-def lag_intervals(series: list[list[float]], tdf: float, over_ms: float = LAG_OVER_MS
-                  ) -> list[list[float]]:
+def lag_intervals(series: list[list[float]], run_clock: RunClock = REAL,
+                  over_ms: float = LAG_OVER_MS) -> list[list[float]]:
     """[[from_s, to_s, max_lag_ms]]: where the loop was later than `over_ms` (scenario
     seconds; overlapping spans merged)."""
-    spans = sorted((t - lag / 1e3 / tdf, t, lag) for t, lag in series if lag > over_ms)
+    spans = sorted((t - run_clock.to_scenario_s(lag / 1e3), t, lag)
+                   for t, lag in series if lag > over_ms)
     out: list[list[float]] = []
     for lo, hi, lag in spans:
         if out and lo <= out[-1][1]:
@@ -56,17 +58,18 @@ def lag_intervals(series: list[list[float]], tdf: float, over_ms: float = LAG_OV
     return [[round(a, 4), round(b, 4), round(c, 3)] for a, b, c in out]
 
 
-def _node_entry(window: Mapping[str, Any], start: float, tdf: float) -> dict[str, Any]:
+def _node_entry(window: Mapping[str, Any], start: float, run_clock: RunClock
+                ) -> dict[str, Any]:
     if "error" in window:
         return {"error": str(window["error"])}
     points = {(float(t), float(lag)) for t, lag in window.get("samples", ())}
     points |= {(float(t), float(lag)) for t, lag in window.get("peaks", ())}
-    series = [[round((t - start) / tdf, 4), round(lag, 3)] for t, lag in sorted(points)]
+    series = [[round(run_clock.since(start, t), 4), round(lag, 3)] for t, lag in sorted(points)]
     out = {"p99_ms": float(window.get("p99_ms", 0.0)),
            "max_ms": float(window.get("max_ms", 0.0)),
            "over_5ms_frac": float(window.get("over_5ms_frac", 0.0)),
            "samples": int(window.get("count", 0)),
-           "series": series, "intervals": lag_intervals(series, tdf)}
+           "series": series, "intervals": lag_intervals(series, run_clock)}
     if window.get("lost"):
         out["lost"] = True
     return out
@@ -94,9 +97,9 @@ def merge_windows(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 class ArmLag:
     """Reads every node's loop lag in chunks while an arm runs (see the module docstring)."""
 
-    def __init__(self, mesh: Any, tdf: float, chunk_s: float = CHUNK_S) -> None:
+    def __init__(self, mesh: Any, run_clock: RunClock, chunk_s: float = CHUNK_S) -> None:
         self.read = getattr(mesh, "loop_lag", None)
-        self.tdf = tdf
+        self.run_clock = run_clock
         self.chunk_s = chunk_s
         self.since = now()
         self.chunks: list[Mapping[str, Mapping[str, Any]]] = []
@@ -105,7 +108,7 @@ class ArmLag:
         assert self.read is not None
         until = now()
         self.chunks.append(await self.read(self.since, until, min_ms=SERIES_MIN_MS,
-                                           every_s=self.tdf))
+                                           every_s=self.run_clock.to_wall_s(1.0)))
         self.since = until
 
     async def run(self) -> None:
@@ -121,13 +124,14 @@ class ArmLag:
         await self._chunk()
         names = sorted({n for c in self.chunks for n in c})
         return {name: _node_entry(merge_windows([c[name] for c in self.chunks if name in c]),
-                                  start, self.tdf) for name in names}
+                                  start, self.run_clock) for name in names}
 
 
 @contextlib.asynccontextmanager
-async def arm_lag(mesh: Any, tdf: float, chunk_s: float = CHUNK_S) -> AsyncIterator[ArmLag]:
+async def arm_lag(mesh: Any, run_clock: RunClock, chunk_s: float = CHUNK_S
+                  ) -> AsyncIterator[ArmLag]:
     """An `ArmLag` reading in the background for the block's length; call `finish` after."""
-    lag = ArmLag(mesh, tdf, chunk_s)
+    lag = ArmLag(mesh, run_clock, chunk_s)
     task = asyncio.create_task(lag.run(), name="loop-lag") if lag.read is not None else None
     try:
         yield lag
@@ -138,16 +142,16 @@ async def arm_lag(mesh: Any, tdf: float, chunk_s: float = CHUNK_S) -> AsyncItera
                 await task
 
 
-async def collect_loop_lag(mesh: Any, start: float, tdf: float, end: float | None = None
-                           ) -> dict[str, dict[str, Any]] | None:
+async def collect_loop_lag(mesh: Any, start: float, run_clock: RunClock,
+                           end: float | None = None) -> dict[str, dict[str, Any]] | None:
     """Every node's lag in the arm's workload (`start`..`end`, `netem.timing.now()` seconds;
     end None: now); None when the target cannot say (no `loop_lag`)."""
     read = getattr(mesh, "loop_lag", None)
     if read is None:
         return None
     windows = await read(start, now() if end is None else end, min_ms=SERIES_MIN_MS,
-                         every_s=tdf)
-    return {name: _node_entry(w, start, tdf) for name, w in sorted(windows.items())}
+                         every_s=run_clock.to_wall_s(1.0))
+    return {name: _node_entry(w, start, run_clock) for name, w in sorted(windows.items())}
 
 
 def worst_node(per_node: Mapping[str, Mapping[str, Any]]) -> dict[str, float] | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.placement.edgeshard import stage_runs
+from orchestrator.runclock import RunClock
 from router.records import MIX_KEYS
 
 from . import plots
@@ -490,8 +491,8 @@ def _dense_lines(meta: RunMeta, tokens: Mapping[str, Sequence[TokenRow]] | None 
 
 def _base_lines(meta: RunMeta) -> list[str]:
     """The real network under the emulated links, per pair (experiments.fidelity.probe_base)."""
-    tdf = meta.time_dilation
-    rows = base_rows(meta.fidelity, tdf)
+    tdf = meta.time_dilation  # run.json's record of the run's dilation
+    rows = base_rows(meta.fidelity, RunClock(tdf))
     if not rows:
         return []
     if meta.to_json().get("clock") == "virtual":  # the probe timed the emulated timeline

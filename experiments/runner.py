@@ -35,12 +35,13 @@ import numpy as np
 from moe.vocab import is_number
 from orchestrator.arms import Arm
 from orchestrator.faults import FaultTimeline
+from orchestrator.runclock import RunClock
 from orchestrator.scenario import Scenario, scenario_to_data
 from orchestrator.supervisor import runtime_notes, supervise
 from router.pipeline import kv_bytes_per_token
 from router.policies import MESH_POLICIES
 
-from .clock import clock_meta
+from .clock import clock_meta, run_clock
 from .driver import DriveLimits, Driver, DriveResult, first_error
 from .fidelity import (
     combine,
@@ -187,7 +188,7 @@ async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: Workloa
                              options: RunOptions, progress: RunProgress, faults: bool = True,
                              stream: Callable[[list[TokenRow]], None] | None = None
                              ) -> tuple[DriveResult, list[dict[str, Any]]]:
-    tdf = scenario.time_dilation
+    rc = run_clock(scenario)
 
     def on_request(row: RequestRow, tokens: list[TokenRow]) -> None:
         progress.on_request(row, tokens)
@@ -195,8 +196,8 @@ async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: Workloa
             stream(tokens)
 
     events = scenario.timeline() if faults else ()
-    timeline = FaultTimeline(mesh, events, time_dilation=tdf)
-    driver = Driver(plan, arm, mesh.urls, time_dilation=tdf, limits=options.limits,
+    timeline = FaultTimeline(mesh, events, run_clock=rc)
+    driver = Driver(plan, arm, mesh.urls, run_clock=rc, limits=options.limits,
                     on_request=on_request, budget=arm.budget_of(scenario),
                     trace=options.trace,
                     rehome=lambda home: scenario.topology.nearest(home, timeline.down))
@@ -207,9 +208,9 @@ async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: Workloa
             if fault_task is not None and not fault_task.done():
                 # an event already due (a node restarting, say) finishes and is recorded;
                 # events after the workload's end do not happen
-                due = sum(1 for e in events if e.at_s <= result.wall_s / tdf)
+                due = sum(1 for e in events if e.at_s <= rc.to_scenario_s(result.wall_s))
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(FAULT_FINISH_S * tdf):
+                    async with asyncio.timeout(rc.to_wall_s(FAULT_FINISH_S)):
                         while len(timeline.records) < due and not fault_task.done():
                             await asyncio.sleep(0.05)
                 fault_task.cancel()
@@ -315,7 +316,6 @@ class _Run:
                  out: Path) -> None:
         self.scenario, self.arms, self.options, self.plan = scenario, arms, options, plan
         self.progress = progress
-        self.tdf = scenario.time_dilation
         self.folder = RunFolder(out)
         self.keys: list[str] = []  # every part of the run, in order (set by run_experiment)
         self.links: list[tuple] = []  # experiments.fidelity.link_samples of finished parts
@@ -333,7 +333,7 @@ class _Run:
             "format": 1,
             "scenario": scenario.name, "description": scenario.description,
             "model": scenario.model.name, "model_mode": scenario.model.mode,
-            "seed": scenario.seed, "time_dilation": self.tdf,
+            "seed": scenario.seed, "time_dilation": scenario.time_dilation,
             "slo_ms": options.slo_for(scenario),
             "warmup_s": scenario.workload.warmup_s,
             "quality_budget_pct": scenario.quality_budget_pct,
@@ -356,6 +356,11 @@ class _Run:
                         "slo_ms": options.slo_for(scenario)},
         }
 
+    @property
+    def clock(self) -> RunClock:
+        """The run's time base (its scenario's, calibrated or resumed dilation included)."""
+        return run_clock(self.scenario)
+
     def _time(self, key: str, since: float) -> None:
         self.meta["timings"][key] = round(time.monotonic() - since, 3)
 
@@ -367,15 +372,14 @@ class _Run:
         self.progress.note(f"time dilation: auto; measuring the host's overhead on the mesh "
                            f"({probe_arm.label})")
         t = time.monotonic()
-        tdf, info = await calibrate(self.scenario, probe_arm, open_mesh,
-                                    self.placements[probe_arm.placement_key(self.scenario)],
-                                    self.plan, self.progress.note)
+        factor, info = await calibrate(self.scenario, probe_arm, open_mesh,
+                                       self.placements[probe_arm.placement_key(self.scenario)],
+                                       self.plan, self.progress.note)
         self._time("calibration_s", t)
-        self.scenario = replace(self.scenario, time_dilation=tdf, auto_dilation=False)
-        self.tdf = tdf
-        self.meta["time_dilation"] = tdf
+        self.scenario = replace(self.scenario, time_dilation=factor, auto_dilation=False)
+        self.meta["time_dilation"] = factor
         self.meta["calibration"] = info
-        self.progress.note(f"time dilation {tdf:g} ({info['reason']})")
+        self.progress.note(f"time dilation {factor:g} ({info['reason']})")
         return self.scenario
 
     def _cheapest_arm(self) -> Arm:
@@ -483,8 +487,8 @@ class _Run:
             # orchestrator.supervisor: a node that dies with no fault scheduled is recorded,
             # its log kept; experiments.looplag: each node's event-loop lag over the whole arm
             try:
-                async with (supervise(mesh, self.logs_dir, tdf=self.tdf) as watch,
-                            arm_lag(mesh, self.tdf) as lagging):
+                async with (supervise(mesh, self.logs_dir, run_clock=self.clock) as watch,
+                            arm_lag(mesh, self.clock) as lagging):
                     result, faults = await _drive_with_faults(
                         mesh, self.scenario, self.plan, keyed, self.options, self.progress,
                         stream=lambda ts: stream.add(relabel(ts)))
@@ -498,7 +502,7 @@ class _Run:
                 self.meta.setdefault("loop_lag", {})[key] = lag
             if watch.deaths:
                 self.meta.setdefault("node_deaths", {})[key] = [
-                    d.to_json(result.started_perf, self.tdf) for d in watch.deaths]
+                    d.to_json(result.started_perf, self.clock) for d in watch.deaths]
                 for d in watch.deaths:
                     self.progress.note(f"{key}: node {d.node} {d.how}; log kept in "
                                        f"{d.log or '(none)'}; it restarts before the next arm")
@@ -526,8 +530,8 @@ class _Run:
         self.meta["fidelity"] = {
             "configured": {f"{a}-{b}": configured(topo, a, b) for a, b in pairs_of(topo)},
             "base": base, "combine": combine(mesh.shaper),
-            "probe": await probe_mesh(mesh, topo, self.tdf, _row_bytes(self.scenario)),
-            "uplinks": await probe_uplinks(mesh, topo, self.tdf, _row_bytes(self.scenario)),
+            "probe": await probe_mesh(mesh, topo, self.clock, _row_bytes(self.scenario)),
+            "uplinks": await probe_uplinks(mesh, topo, self.clock, _row_bytes(self.scenario)),
             "passive": {}}
         self._time("probe_s", t)
 
@@ -538,7 +542,7 @@ class _Run:
         await mesh.reset()
         t = time.monotonic()
         q = self.meta["quality"]
-        limit = QUALITY_LIMIT_S * self.tdf
+        limit = self.clock.to_wall_s(QUALITY_LIMIT_S)
         if "exact" not in q:
             q["exact"] = await score(mesh.urls, self.homes, self.windows, "exact",
                                      self.scenario.quality_budget_pct / 100.0, limit)
@@ -665,7 +669,7 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             if resume.get("calibration") is not None:  # the factor it measured, not again
                 scenario = replace(scenario, time_dilation=float(resume["time_dilation"]),
                                    auto_dilation=False)
-                run.scenario, run.tdf = scenario, scenario.time_dilation
+                run.scenario = scenario
         run.write()  # run.json from the start: a run killed in its first part says so
         if all(run.folder.done(k) for k in run.keys):  # a resume with nothing left to run
             progress.note("every part is on disk already")

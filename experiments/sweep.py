@@ -36,6 +36,7 @@ from typing import Any
 
 from moe.vocab import is_number
 from netem.spec import LinkSpec
+from orchestrator.runclock import RunClock
 from orchestrator.scenario import Scenario
 from orchestrator.topology import Node, Topology
 
@@ -120,12 +121,13 @@ def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
     base = replace(scenario, faults=())
     if knob in LOAD_KNOBS:
         from .capacity import at_load, load_knob, load_of
+        from .clock import run_clock
 
         if load_knob(scenario) != knob:
             raise ValueError(f"sweep {knob}: needs an "
                              f"{'open-loop (poisson)' if knob == 'rate' else 'closed'} workload")
         point = at_load(scenario, float(value), base_load=load_of(scenario),
-                        base_tdf=scenario.time_dilation)
+                        base=run_clock(scenario))
         return replace(point, auto_dilation=scenario.auto_dilation)
     if knob == "redundancy":
         return replace(base, placement=replace(scenario.placement, redundancy=float(value)))
@@ -177,7 +179,8 @@ def _load_plot(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any
 
     by: dict[str, list[Any]] = {}
     for value, summary in points:
-        for name, fig in figures_of(value, summary.get("time_dilation", 1.0), summary).items():
+        ran = RunClock(summary.get("time_dilation", 1.0))  # as the point's summary.json says
+        for name, fig in figures_of(value, ran, summary).items():
             by.setdefault(name, []).append(fig)
     return plots.load_curves(KNOBS[knob], by, SLO_TARGET, slo_ms, out / f"sweep_{knob}_slo.png",
                              title=f"SLO attainment and latency vs {KNOBS[knob]}")

@@ -27,6 +27,7 @@ from moe.vocab import clip, is_number
 from netem import timing
 from netem.parse import parse_delay_ms, parse_loss_pct, parse_rate_mbit
 from netem.spec import LinkSpec
+from orchestrator.runclock import REAL, RunClock
 from orchestrator.units import parse_duration_s
 from orchestrator.yamlio import Loc, Section, describe, locate
 
@@ -297,6 +298,7 @@ class FaultTimeline:
     `run()` returns when the last event has been applied; cancel it to stop early (the
     records so far stay in `records`). An event that fails is recorded, then `FaultError` is
     raised: an experiment whose faults did not happen must not report as if they had.
+    `run_clock` turns the events' scenario times into wall times (the run's dilation);
     `clock` (seconds, monotonic) and `sleep` may be replaced by a virtual clock in tests.
     """
 
@@ -305,17 +307,16 @@ class FaultTimeline:
         target: FaultTarget,
         events: Sequence[Fault],
         *,
-        time_dilation: float = 1.0,
+        run_clock: RunClock = REAL,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
     ) -> None:
-        _finite(time_dilation, "time_dilation", gt=0)
         for event in events:
             if not isinstance(event, Fault):
                 raise ValueError(f"timeline events must be Fault, got {clip(event)}")
         self.target = target
         self.events = tuple(sorted(events, key=lambda f: f.at_s))
-        self.time_dilation = float(time_dilation)
+        self.run_clock = run_clock
         self._clock = clock or timing.now
         self._sleep = sleep or timing.sleep_for
         self.records: list[FaultRecord] = []
@@ -325,9 +326,9 @@ class FaultTimeline:
 
     async def run(self) -> list[FaultRecord]:
         start = self._clock()
-        tdf = self.time_dilation
+        rc = self.run_clock
         for event in self.events:
-            due = start + event.at_s * tdf
+            due = start + rc.to_wall_s(event.at_s)
             while (left := due - self._clock()) > 0:
                 await self._sleep(left)
             began = self._clock()
@@ -344,7 +345,7 @@ class FaultTimeline:
                 detail, error = {}, f"{type(exc).__name__}: {exc}"
             done = self._clock()
             record = FaultRecord(
-                at_s=event.at_s, started_s=(began - start) / tdf, done_s=(done - start) / tdf,
+                at_s=event.at_s, started_s=rc.since(start, began), done_s=rc.since(start, done),
                 wall_time=time.time(), action=event.action, target=event.target,
                 description=event.describe(), ok=not error, error=error, detail=dict(detail))
             self.records.append(record)

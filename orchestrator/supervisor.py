@@ -30,6 +30,7 @@ from typing import Any
 
 from netem.timing import now
 from orchestrator.lifetime import together
+from orchestrator.runclock import REAL, RunClock
 from services.errors import NodeError
 
 __all__ = ["Death", "Supervisor", "runtime_notes", "supervise"]
@@ -50,22 +51,23 @@ class Death:
     how: str
     log: str = ""
 
-    def to_json(self, start: float, tdf: float) -> dict[str, Any]:
+    def to_json(self, start: float, run_clock: RunClock = REAL) -> dict[str, Any]:
         """For run.json: `at_s` in scenario seconds since the arm's workload start."""
-        return {"node": self.node, "at_s": round((self.at - start) / tdf, 3), "how": self.how,
+        return {"node": self.node, "at_s": round(run_clock.since(start, self.at), 3),
+                "how": self.how,
                 "log": self.log}
 
 
 class Supervisor:
     """Polls a `LiveMesh`'s nodes (see the module docstring). Use through `supervise`."""
 
-    def __init__(self, mesh: Any, logs_dir: Path | None, *, tdf: float = 1.0,
+    def __init__(self, mesh: Any, logs_dir: Path | None, *, run_clock: RunClock = REAL,
                  every_s: float = EVERY_S, silent_s: float = SILENT_S) -> None:
         self.mesh = mesh
         self.launcher = getattr(mesh, "launcher", None)
         self.logs_dir = logs_dir
         self.every_s = every_s
-        self.silent_s = silent_s * tdf
+        self.silent_s = run_clock.to_wall_s(silent_s)
         self.deaths: list[Death] = []
         self._answered: dict[str, float] = {}
 
@@ -135,11 +137,11 @@ class Supervisor:
 
 
 @contextlib.asynccontextmanager
-async def supervise(mesh: Any, logs_dir: Path | None, *, tdf: float = 1.0,
+async def supervise(mesh: Any, logs_dir: Path | None, *, run_clock: RunClock = REAL,
                     every_s: float = EVERY_S, silent_s: float = SILENT_S
                     ) -> AsyncIterator[Supervisor]:
     """Watch `mesh`'s nodes for the block's length (nothing for a target without a runtime)."""
-    sup = Supervisor(mesh, logs_dir, tdf=tdf, every_s=every_s, silent_s=silent_s)
+    sup = Supervisor(mesh, logs_dir, run_clock=run_clock, every_s=every_s, silent_s=silent_s)
     if not sup.can_watch:
         yield sup
         return

@@ -9,6 +9,7 @@ import pytest
 from experiments.fidelity import _fit, base_rows, combine
 from experiments.report import _base_lines
 from experiments.runmeta import RunMeta
+from orchestrator.runclock import RunClock
 
 
 def fidelity() -> dict:
@@ -19,13 +20,13 @@ def fidelity() -> dict:
 
 
 def test_base_is_added_to_the_configured_round_trip_in_scenario_time() -> None:
-    ab, ac = base_rows(fidelity(), tdf=4.0)
+    ab, ac = base_rows(fidelity(), RunClock(4.0))
     assert ab["base_rtt_ms"] == pytest.approx(0.5)  # two one-way halves, wall ms
     assert ab["base_scenario_rtt_ms"] == pytest.approx(0.125)  # ÷ TDF
     assert ab["expected_rtt_ms"] == pytest.approx(8.0 + 0.125)
     assert ab["base_goodput_mbit"] == 900.0
     assert ac["error"].startswith("TimeoutError") and "base_rtt_ms" not in ac
-    assert base_rows(None, 1.0) == [] and base_rows({"configured": {}}, 1.0) == []
+    assert base_rows(None, RunClock()) == [] and base_rows({"configured": {}}, RunClock()) == []
 
 
 def test_the_report_states_the_runtime_and_that_the_delay_is_added() -> None:
@@ -39,7 +40,7 @@ def test_the_report_states_the_runtime_and_that_the_delay_is_added() -> None:
 
 def test_under_the_app_shaper_the_base_is_absorbed_not_added() -> None:
     data = {**fidelity(), "combine": combine("app")}
-    (ab, _) = base_rows(data, tdf=4.0)
+    (ab, _) = base_rows(data, RunClock(4.0))
     assert ab["expected_rtt_ms"] == pytest.approx(8.0)  # max(configured, base / TDF)
     text = "\n".join(_base_lines(RunMeta("s", (), runtime="docker", time_dilation=4.0,
                                           fidelity=data)))
@@ -52,7 +53,7 @@ def test_the_base_is_fitted_on_the_wall_clock() -> None:
               "queue_ms": 0.0, "load_ms": 0.0, "compute_ms": 0.0}] * 5
     large = [{"rows": 9, "bytes_out": 100_100, "bytes_in": 100, "rtt_ms": 0.0, "wall_ms": 1.3,
               "queue_ms": 0.0, "load_ms": 0.0, "compute_ms": 0.0}] * 2
-    fit = _fit(small + large, 1.0, "wall_ms")
+    fit = _fit(small + large, RunClock(), "wall_ms")
     assert fit["rate_mbit"] == pytest.approx(1000.0)  # 100 kB in 0.8 ms more
     assert fit["delay_ms"] == pytest.approx((0.5 - 0.8 * 200 / 100_000) / 2)
 

@@ -32,6 +32,7 @@ from experiments.capacity import (
 from experiments.rows import RequestRow, write_rows
 from orchestrator.arms import Arm
 from orchestrator.faults import Fault
+from orchestrator.runclock import RunClock
 from tests.experiments.conftest import small_scenario
 from tests.helpers import moemesh
 
@@ -84,22 +85,22 @@ def test_a_load_point_scales_the_dilation_and_counts_requests() -> None:
     sc = replace(small_scenario(), time_dilation=2.0, auto_dilation=True,
                  faults=(Fault(1.0, "link-down", ("edge1", "edge2")),))
     base = sc.workload.rate_rps
-    hi = at_load(sc, 4 * base, base_load=base, base_tdf=2.0, requests=20)
+    hi = at_load(sc, 4 * base, base_load=base, base=RunClock(2.0), requests=20)
     assert hi.workload.rate_rps == 4 * base and hi.time_dilation == 8.0
     assert hi.workload.requests == 20 and hi.workload.duration_s is None
     # the warm-up is the first fifth of the span: 20 requests at 20 req/s take 1 s
     assert hi.workload.warmup_s == pytest.approx(0.2 * 20 / (4 * base))
     assert hi.faults == () and not hi.auto_dilation
-    low = at_load(sc, base / 2, base_load=base, base_tdf=2.0)
+    low = at_load(sc, base / 2, base_load=base, base=RunClock(2.0))
     assert low.time_dilation == 2.0 and low.workload.duration_s == sc.workload.duration_s
     with pytest.raises(ValueError, match="load"):
-        at_load(sc, 0, base_load=base, base_tdf=2.0)
+        at_load(sc, 0, base_load=base, base=RunClock(2.0))
 
 
 def test_in_virtual_time_a_load_is_undilated_and_held_not_a_burst() -> None:
     sc = replace(small_scenario(), time_dilation=2.0, clock="virtual")
     base = sc.workload.rate_rps
-    hi = at_load(sc, 40 * base, base_load=base, base_tdf=2.0, requests=30)
+    hi = at_load(sc, 40 * base, base_load=base, base=RunClock(2.0, virtual=True), requests=30)
     assert hi.time_dilation == 1.0  # the host's work takes no emulated time
     assert steady_requests(10.0, 16) == 16  # a low load: the ladder's own count
     assert steady_requests(160.0, 16) == math.ceil(160 * STEADY_SPAN_S)  # 0.6 s of arrivals
@@ -109,11 +110,11 @@ def test_in_virtual_time_a_load_is_undilated_and_held_not_a_burst() -> None:
 
 def test_a_closed_loop_point_sets_whole_users() -> None:
     sc = small_scenario(arrival="closed", rate_rps=None, concurrency=2)
-    pt = at_load(sc, 8, base_load=2, base_tdf=1.0, requests=12)
+    pt = at_load(sc, 8, base_load=2, base=RunClock(1.0), requests=12)
     assert pt.workload.concurrency == 8 and pt.time_dilation == 4.0
     assert pt.workload.requests == 12 and pt.workload.warmup_s == sc.workload.warmup_s
     with pytest.raises(ValueError, match="concurrency"):
-        at_load(sc, 2.5, base_load=2, base_tdf=1.0)
+        at_load(sc, 2.5, base_load=2, base=RunClock(1.0))
     assert default_loads(sc) == [10.0, 40.0, 80.0]
     assert default_loads(small_scenario()) == [25.0, 100.0, 200.0]
 
@@ -139,13 +140,13 @@ def _summary(share: float, overhead: float = 0.01, lag: float = 0.0) -> dict:
 
 
 def test_a_policy_the_host_distorted_is_not_faithful_at_that_load() -> None:
-    ok = figures_of(20, 40.0, _summary(0.95))["hetroute"]
+    ok = figures_of(20, RunClock(40.0), _summary(0.95))["hetroute"]
     assert ok.faithful and ok.passes(0.9) and ok.time_dilation == 40.0
-    busy = figures_of(20, 40.0, _summary(0.95, overhead=0.08))["hetroute"]
+    busy = figures_of(20, RunClock(40.0), _summary(0.95, overhead=0.08))["hetroute"]
     assert not busy.faithful and not busy.passes(0.9) and "8.0%" in busy.reasons[0]
     # a late event loop is said beside the point, in scenario time too; what it did to the
     # tokens is in their overhead share, which decides (at factor 40, 7 ms is 0.17 ms)
-    lagged = figures_of(20, 40.0, _summary(0.95, lag=0.03))["hetroute"]
+    lagged = figures_of(20, RunClock(40.0), _summary(0.95, lag=0.03))["hetroute"]
     assert lagged.faithful and lagged.reasons == ()
     assert "edge5's event loop" in lagged.notes[0] and "0.17 scenario ms" in lagged.notes[0]
 

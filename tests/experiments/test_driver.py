@@ -11,6 +11,7 @@ from experiments.runner import RunOptions, shorten
 from experiments.workload import Request, plan_workload
 from orchestrator.arms import Arm
 from orchestrator.faults import Fault
+from orchestrator.runclock import RunClock
 from tests.experiments.conftest import TEXT, small_scenario
 from tests.helpers import free_port
 
@@ -31,7 +32,7 @@ def _record(i: int, status: str = "ok", reason: str | None = None) -> dict:
 def test_a_generation_that_stops_accounts_for_every_token() -> None:
     answer = {"records": [_record(0), _record(1), _record(2, "failed", "no_replica")],
               "failed": "no_replica", "ttft_ms": 80.0}
-    tokens, req = rows_of_answer(ARM, REQ, 0.5, 0.6, 1.0, 2.0, answer)
+    tokens, req = rows_of_answer(ARM, REQ, 0.5, 0.6, 1.0, RunClock(2.0), answer)
     assert [t.status for t in tokens] == ["ok", "ok", "failed", "failed", "failed"]
     assert [t.reason for t in tokens] == ["", "", "no_replica", "after:no_replica",
                                           "after:no_replica"]
@@ -47,7 +48,7 @@ def test_a_token_no_replica_could_serve_names_the_expert_in_its_row() -> None:
               "failure": {"layer": 2, "expert": 5, "tried": ["edge2", "edge4"],
                           "cut_off": ["edge3"], "why": "deadline"}}
     answer = {"records": [_record(0), failed], "failed": "no_replica_reachable"}
-    tokens, _ = rows_of_answer(ARM, REQ, 0.5, 0.6, 1.0, 1.0, answer)
+    tokens, _ = rows_of_answer(ARM, REQ, 0.5, 0.6, 1.0, RunClock(), answer)
     assert tokens[0].failure == ""
     assert tokens[1].reason == "no_replica_reachable"
     assert tokens[1].failure == ("layer 2 expert 5: deadline; tried edge2, edge4; "
@@ -55,7 +56,7 @@ def test_a_token_no_replica_could_serve_names_the_expert_in_its_row() -> None:
 
 
 def test_a_lost_request_fails_all_its_tokens_with_its_reason() -> None:
-    tokens, req = rows_of_answer(ARM, REQ, 0.5, 0.6, 0.9, 1.0, None, "unreachable:X")
+    tokens, req = rows_of_answer(ARM, REQ, 0.5, 0.6, 0.9, RunClock(), None, "unreachable:X")
     assert len(tokens) == 5 and {t.reason for t in tokens} == {"request:unreachable:X"}
     assert math.isnan(req.ttft_ms) and req.failed == 5 and req.error == "unreachable:X"
 
@@ -64,7 +65,7 @@ async def test_an_unreachable_home_node_is_a_failed_request_not_a_crash() -> Non
     port = free_port()  # a port nothing listens on
     plan = plan_workload(small_scenario(duration_s=None, requests=3, warmup_s=0.0), TEXT)
     urls = {n: f"http://127.0.0.1:{port}" for n in ("edge1", "edge2", "edge3")}
-    result = await Driver(plan, ARM, urls, time_dilation=1.0).run()
+    result = await Driver(plan, ARM, urls, run_clock=RunClock(1.0)).run()
     assert len(result.requests) == 3
     assert all(r.error.startswith("unreachable") for r in result.requests)
     assert len(result.tokens) == sum(r.gen_tokens for r in plan.requests)

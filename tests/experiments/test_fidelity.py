@@ -19,6 +19,7 @@ from experiments.fidelity import (
     summary_of,
 )
 from netem.spec import LinkSpec
+from orchestrator.runclock import RunClock
 from orchestrator.topology import Node, Topology
 from services.device import builtin_profiles
 
@@ -43,12 +44,12 @@ def samples(delay_ms: float, rate_ab: float, rate_ba: float, tdf: float = 2.0,
 
 
 def test_the_fit_recovers_delay_and_goodput_in_scenario_time() -> None:
-    fit = _fit(samples(4.0, 100.0, 100.0), tdf=2.0)
+    fit = _fit(samples(4.0, 100.0, 100.0), RunClock(2.0))
     assert fit["delay_ms"] == pytest.approx(4.0, abs=1e-9)
     assert fit["rate_mbit"] == pytest.approx(100.0, rel=1e-9)
     # an asymmetric pair: the goodput the round trip's bytes see (harmonic, by bytes); the
     # delay is then off by the small message's share of the rate difference (~1 us here)
-    fit = _fit(samples(3.0, 100.0, 40.0), tdf=2.0)
+    fit = _fit(samples(3.0, 100.0, 40.0), RunClock(2.0))
     assert fit["delay_ms"] == pytest.approx(3.0, abs=0.01)
     assert 40.0 < fit["rate_mbit"] < 100.0
 
@@ -60,15 +61,16 @@ def _fidelity(probe: dict) -> dict:
 
 
 def test_pairs_off_by_more_than_the_limits_are_flagged() -> None:
-    probe = {"a-b": _fit(samples(4.0, 100.0, 100.0), 2.0),       # as configured
-             "a-c": _fit(samples(4.25, 100.0, 100.0), 2.0),      # 0.25 ms: within 0.3 ms
-             "b-c": _fit(samples(4.0, 95.0, 95.0), 2.0)}         # goodput 5% low
+    rc = RunClock(2.0)
+    probe = {"a-b": _fit(samples(4.0, 100.0, 100.0), rc),       # as configured
+             "a-c": _fit(samples(4.25, 100.0, 100.0), rc),      # 0.25 ms: within 0.3 ms
+             "b-c": _fit(samples(4.0, 95.0, 95.0), rc)}         # goodput 5% low
     rows = {r["pair"]: r for r in pair_rows(_fidelity(probe))}
     assert rows["a-b"]["off"] == [] and rows["a-c"]["off"] == []
     assert rows["a-c"]["delay_error_ms"] == pytest.approx(0.25)
     assert rows["b-c"]["off"] == ["goodput"]
     assert rows["b-c"]["rate_error_pct"] == pytest.approx(-5.0)
-    probe["a-c"] = _fit(samples(4.4, 100.0, 100.0), 2.0)
+    probe["a-c"] = _fit(samples(4.4, 100.0, 100.0), RunClock(2.0))
     probe["b-c"] = {"error": "RuntimeError: b → c: 502"}
     summary = summary_of(_fidelity(probe))
     assert summary is not None and not summary["within_limits"]
@@ -92,7 +94,7 @@ def test_the_runs_transfers_give_each_pairs_delay() -> None:
                 {**layer, "nodes": ["b", "c"]},                  # two remote nodes
                 {**layer, "replans": 1}]},
             {"index": 2, "status": "failed", "layers": [layer]}]
-    got = link_samples("a", recs, tdf=2.0)
+    got = link_samples("a", recs, RunClock(2.0))
     assert got == [("a", "b", pytest.approx(8.1), 625, 625)] * 2
     # minus 625 B at 100 Mbit/s each way (0.05 ms), halved: 4 ms one-way
     assert passive(got, t) == {"a-b": {"delay_ms": pytest.approx(4.0), "n": 2}}
@@ -123,7 +125,7 @@ async def _probe_two_nodes() -> None:
         async with session.post(urls["h"] + "/v1/probe", json=body, headers=auth) as resp:
             data = await resp.json()
             assert resp.status == 200, data
-        fit = _fit(data["samples"], tdf=1.0)
+        fit = _fit(data["samples"], RunClock(1.0))
         assert abs(fit["delay_ms"] - 3.0) <= 0.3
         assert fit["rate_mbit"] == pytest.approx(50.0, rel=0.03)
         for bad, says in (({"peer": "h", "rows": [1]}, "another node"),
@@ -148,7 +150,7 @@ def test_an_access_link_probe_measures_the_shared_rate_over_the_app_shaper(way: 
     from experiments.fidelity import RATE_REL, uplink_fit, uplink_rows
 
     data = asyncio.run(_probe_together(way))
-    fit = uplink_fit([data, data], tdf=1.0, way=way)
+    fit = uplink_fit([data, data], RunClock(1.0), way=way)
     assert fit["rate_mbit"] == pytest.approx(20.0, rel=RATE_REL)
     assert sorted(fit["peers"]) == ["p", "q", "r"] and max(fit["late_ms"][0]) > 0
     assert fit["rounds_mbit"][0] == fit["rounds_mbit"][1]
@@ -197,7 +199,7 @@ def test_a_base_probe_that_did_not_fit_is_shown_as_such_not_a_crash() -> None:
 
     fidelity = {"configured": {"a-b": {"delay_ms": 2.0}}, "combine": "added",
                 "base": {"a-b": {"delay_ms": None, "rate_mbit": None}}}
-    (row,) = base_rows(fidelity, tdf=4.0)
+    (row,) = base_rows(fidelity, RunClock(4.0))
     assert row["pair"] == "a-b" and row["configured_rtt_ms"] == 4.0
     assert "no fit" in row["error"] and "base_rtt_ms" not in row
 
@@ -237,8 +239,8 @@ def test_under_tc_a_message_counts_its_frames_and_head() -> None:
             "alone": [{**sample, "peer": p, "rtt_ms": 50.0} for p in "pq"],
             "together": [{**sample, "peer": "p", "rtt_ms": 90.0},
                          {**sample, "peer": "q", "rtt_ms": 70.0}]}
-    body = uplink_fit([data], tdf=1.0)
-    framed = uplink_fit([data], tdf=1.0, framed=True)
+    body = uplink_fit([data], RunClock(1.0))
+    framed = uplink_fit([data], RunClock(1.0), framed=True)
     assert body["rate_mbit"] == pytest.approx(8 * 10_000 / 40e3)  # one message per 40 ms
     assert framed["rate_mbit"] / body["rate_mbit"] == pytest.approx(10_778 / 10_000)
 

@@ -8,6 +8,7 @@ import pytest
 
 from experiments.looplag import collect_loop_lag, lag_intervals, worst_node
 from experiments.plots import lag_spans
+from orchestrator.runclock import RunClock
 
 
 class FakeMesh:
@@ -35,7 +36,7 @@ async def test_series_are_scenario_seconds_from_the_workload_start() -> None:
         "edge2": {"error": "node down"},
         "edge1": window([[1010.0, 40.0], [1010.5, 1.5]], [[1001.0, 0.6], [1010.0, 40.0]]),
     })
-    got = await collect_loop_lag(mesh, start, tdf, end=1020.0)
+    got = await collect_loop_lag(mesh, start, RunClock(tdf), end=1020.0)
     assert mesh.asked == [(1000.0, 1020.0, 1.0, 2.0)]  # > 1 ms plus the worst per scenario s
     assert list(got) == ["edge1", "edge2"] and got["edge2"] == {"error": "node down"}
     e1 = got["edge1"]
@@ -48,12 +49,12 @@ async def test_series_are_scenario_seconds_from_the_workload_start() -> None:
 
 
 async def test_a_target_without_loop_lag_records_none() -> None:
-    assert await collect_loop_lag(object(), 0.0, 1.0) is None
+    assert await collect_loop_lag(object(), 0.0, RunClock()) is None
 
 
 def test_intervals_merge_and_the_plot_joins_nodes() -> None:
     series = [[1.0, 3.0], [2.0, 20.0], [2.01, 15.0], [4.0, 6.0]]
-    assert lag_intervals(series, tdf=1.0) == [[1.98, 2.01, 20.0], [3.994, 4.0, 6.0]]
+    assert lag_intervals(series, RunClock(1.0)) == [[1.98, 2.01, 20.0], [3.994, 4.0, 6.0]]
     per_node = {"a": {"intervals": [[1.0, 1.5, 9.0]]}, "b": {"intervals": [[1.4, 2.0, 7.0]]},
                 "c": {"error": "node down"}}
     assert lag_spans(per_node) == [(1.0, 2.0)]
@@ -99,7 +100,7 @@ async def test_a_long_arm_is_read_in_chunks_and_merged_and_keeps_lost() -> None:
             return chunks[min(len(self.asked), 2) - 1]
 
     mesh = Chunked({})
-    async with arm_lag(mesh, 1.0, chunk_s=0.05) as lagging:
+    async with arm_lag(mesh, RunClock(1.0), chunk_s=0.05) as lagging:
         await asyncio.sleep(0.08)  # one chunk read during the arm
     got = await lagging.finish(0.0)
     assert len(mesh.asked) == 2 and mesh.asked[0][1] == mesh.asked[1][0]  # back to back

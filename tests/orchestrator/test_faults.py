@@ -25,6 +25,7 @@ from orchestrator.faults import (
 )
 from orchestrator.mesh import LiveMesh
 from orchestrator.placement import place, problem_from_scenario
+from orchestrator.runclock import RunClock
 from orchestrator.runtimes.local import LocalRuntime, process_alive
 from orchestrator.yamlio import InputError, Loc
 from services.client import ClientSettings, NodeClient
@@ -67,7 +68,8 @@ async def test_events_fire_at_their_dilated_times_and_are_recorded() -> None:
     target = Recorder(clock, takes_s=0.4)
     events = [Fault(5.0, "node-down", ("b",)), Fault(1.0, "link-down", ("a", "b"), for_s=2.0)]
     events.append(events[1].undo())
-    timeline = FaultTimeline(target, events, time_dilation=4.0, clock=clock, sleep=clock.sleep)
+    timeline = FaultTimeline(target, events, run_clock=RunClock(4.0), clock=clock,
+                             sleep=clock.sleep)
     records = await timeline.run()
     # wall times: at_s x 4 after the start (100.0)
     assert [t for t, _ in target.seen] == [104.0, 112.0, 120.0]
@@ -125,7 +127,7 @@ async def test_cancelling_keeps_the_records_so_far() -> None:
 
 def test_timeline_input_is_checked() -> None:
     with pytest.raises(ValueError, match="time_dilation: must be > 0, got 0"):
-        FaultTimeline(Recorder(VirtualClock()), [], time_dilation=0)
+        FaultTimeline(Recorder(VirtualClock()), [], run_clock=RunClock(0))
     with pytest.raises(ValueError, match="timeline events must be Fault"):
         FaultTimeline(Recorder(VirtualClock()), [{"at": 1}])  # type: ignore[list-item]
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from orchestrator.runclock import RunClock
 from orchestrator.runtimes.base import NodeLaunch
 from orchestrator.runtimes.local import LocalRuntime
 from orchestrator.supervisor import Supervisor, supervise
@@ -58,7 +59,7 @@ async def test_deaths_are_recorded_with_their_log_and_scheduled_downs_are_not(
         for name in ("a", "b"):
             assert by_node[name].log == f"logs/{name}.log"
             assert f"aiohttp_node {name} listening" in (logs / f"{name}.log").read_text()
-        assert by_node["a"].to_json(by_node["a"].at - 2.0, 2.0)["at_s"] == 1.0
+        assert by_node["a"].to_json(by_node["a"].at - 2.0, RunClock(2.0))["at_s"] == 1.0
 
 
 async def test_a_target_without_a_runtime_is_not_watched() -> None:
