@@ -315,13 +315,13 @@ class _Run:
                  plan: WorkloadPlan, notes: Sequence[str], progress: RunProgress,
                  out: Path) -> None:
         self.scenario, self.arms, self.options, self.plan = scenario, arms, options, plan
-        self.progress = progress
+        self.progress, self.out = progress, out
         self.folder = RunFolder(out)
+        self.logs_dir = out / "logs"  # where a dead node's log is kept
         self.keys: list[str] = []  # every part of the run, in order (set by run_experiment)
         self.links: list[tuple] = []  # experiments.fidelity.link_samples of finished parts
         self.placements: dict[tuple, dict[str, list[dict]]] = {}
         self.current: tuple | None = None
-        self.logs_dir: Path | None = None  # where a dead node's log is kept (out/logs)
         modeled = scenario.model.mode == "modeled"
         seq, capped = ((options.quality_seq, []) if modeled or not options.quality_windows
                        else quality_seq_for(scenario.model.name, options.quality_seq))
@@ -582,6 +582,31 @@ class _Run:
         finally:
             stream.close()
 
+    def resume(self, old: Mapping[str, Any]) -> Scenario:
+        """Take over a stopped run's parts (checked by experiments.resume first); returns the
+        scenario to run on, with the factor the old run calibrated, not a new one."""
+        from .resume import check
+
+        check(old, _jsonable(self.meta), self.out)
+        kept = self.resume_from(old)
+        self.progress.note(f"resuming {self.out}: {len(kept)} of {len(self.keys)} parts on disk"
+                           + (f" ({', '.join(kept)})" if kept else ""))
+        if old.get("calibration") is not None:
+            self.scenario = replace(self.scenario, time_dilation=float(old["time_dilation"]),
+                                    auto_dilation=False)
+        return self.scenario
+
+    async def every_part(self, mesh: Any, orders: Sequence[Sequence[Arm]]) -> None:
+        """On a started mesh: the link probe (unless a resumed run has it), every arm in every
+        repetition's order, then the overhead run."""
+        if self.options.link_probe and not self.meta.get("fidelity"):
+            await self.probe_links(mesh)
+        for rep, order in enumerate(orders):
+            for arm in order:
+                await self.arm_in(mesh, arm, rep)
+        if self.options.overhead_requests:
+            await self.overhead(mesh)
+
     def resume_from(self, old: Mapping[str, Any]) -> list[str]:
         """Take what a stopped run left in the folder: its run.json's probe, calibration and
         start, and every finished part's share of run.json and link samples. Returns the
@@ -624,6 +649,17 @@ class _Run:
         self.folder.rebuild(self.keys, _jsonable(self.meta))
 
 
+def _check_dense_parts(arms: Sequence[Arm], shaper: str) -> None:
+    """A dense part off the home is timed by its sender's shaper, which only `app` has."""
+    piped = [a.label for a in arms if a.dense != "home"]
+    if piped and shaper != "app":
+        raise ValueError(
+            f"{', '.join(piped)}: a dense part off the home (pipeline, aggregate) "
+            f"needs the app shaper (a hop is timed by its sender's shaper), and "
+            f"this mesh's links are {shaper}-shaped: run with --shaper app, "
+            f"or leave these arms out")
+
+
 async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: MeshFactory,
                          out: Path, options: RunOptions | None = None, *,
                          notes: Sequence[str] = (), plan: WorkloadPlan | None = None,
@@ -649,7 +685,6 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
     with RunProgress(f"moemesh run {scenario.name}: {plan.describe()}",
                      quiet=options.quiet) as progress:
         run = _Run(scenario, arms, options, plan, notes, progress, out)
-        run.logs_dir = out / "logs"
         run.meta["run_id"] = run_id
         orders = rep_orders(list(arms), options.repeat)
         run.meta["repeats"] = {"n": options.repeat,
@@ -660,16 +695,7 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
         if command is not None:
             run.meta["command"] = dict(command)
         if resume is not None:
-            from .resume import check
-
-            check(resume, _jsonable(run.meta), out)
-            kept = run.resume_from(resume)
-            progress.note(f"resuming {out}: {len(kept)} of {len(run.keys)} parts on disk"
-                          + (f" ({', '.join(kept)})" if kept else ""))
-            if resume.get("calibration") is not None:  # the factor it measured, not again
-                scenario = replace(scenario, time_dilation=float(resume["time_dilation"]),
-                                   auto_dilation=False)
-                run.scenario = scenario
+            scenario = run.resume(resume)
         run.write()  # run.json from the start: a run killed in its first part says so
         if all(run.folder.done(k) for k in run.keys):  # a resume with nothing left to run
             progress.note("every part is on disk already")
@@ -683,21 +709,9 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
             t0 = time.monotonic()
             async with open_mesh(scenario, first) as mesh:
                 run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
-                piped = [a.label for a in arms if a.dense != "home"]
-                if piped and mesh.shaper != "app":
-                    raise ValueError(
-                        f"{', '.join(piped)}: a dense part off the home (pipeline, aggregate) "
-                        f"needs the app shaper (a hop is timed by its sender's shaper), and "
-                        f"this mesh's links are {mesh.shaper}-shaped: run with --shaper app, "
-                        f"or leave these arms out")
+                _check_dense_parts(arms, mesh.shaper)
                 run._time("mesh_start_s", t0)
-                if options.link_probe and not run.meta.get("fidelity"):
-                    await run.probe_links(mesh)
-                for rep, order in enumerate(orders):
-                    for arm in order:
-                        await run.arm_in(mesh, arm, rep)
-                if options.overhead_requests:
-                    await run.overhead(mesh)
+                await run.every_part(mesh, orders)
         except BaseException as exc:
             run.meta["error"] = f"{type(exc).__name__}: {exc}"
             run._time("total_s", t_all)
