@@ -62,7 +62,8 @@ def test_the_report_states_how_the_run_was_made_and_what_it_measured(tmp_path: P
     for fact in ("| runtime | local |", "| shaper (link emulation) | app |", "| time dilation | 2",
                  "Emulator overhead: the first 6 requests", "## Comparisons", "95% CI",
                  "link-down edge1 edge2", "after:link_down",
-                 "| greedy | 90 | – | node-down edge3 | not applied: the workload ended first", "## Reproduction",
+                 "| greedy | 90 | – | node-down edge3 | not applied: the workload ended first",
+                 "## Reproduction",
                  "hetroute vs EdgeShard", "hetroute vs per-expert greedy"):
         assert fact in text, fact
     for name in ("paired.png", "latency_cdf.png", "bars.png", "mix.png", "latency_time.png"):
