@@ -327,8 +327,8 @@ def _quality_lines(meta: RunMeta, qset: QualitySet,
 
 def _clock_fact(meta: RunMeta) -> tuple[str, str]:
     """How time ran: virtual (with its speed-up) or the dilated wall clock."""
-    if meta.extra.get("clock") == "virtual":
-        speed = meta.extra.get("virtual_speedup")
+    if meta.clock == "virtual":
+        speed = meta.virtual_speedup
         pace = f"; {speed:g} emulated seconds per wall second" if speed else ""
         return ("clock", "virtual: every process on one clock that jumps to the next event "
                          "once the mesh is idle, so the host's work takes no emulated time "
@@ -495,7 +495,7 @@ def _base_lines(meta: RunMeta) -> list[str]:
     rows = base_rows(meta.fidelity, RunClock(tdf))
     if not rows:
         return []
-    if meta.to_json().get("clock") == "virtual":  # the probe timed the emulated timeline
+    if meta.clock == "virtual":  # the probe timed the emulated timeline
         return ["## Base network", "",
                 "None in virtual time: every message arrives at exactly its emulated time, so "
                 "a pair's round trip is its configured one (the zero-delay probe's fit read "
