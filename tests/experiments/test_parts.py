@@ -15,7 +15,7 @@ from experiments.parts import OVERHEAD, RunFolder, missing
 from experiments.resume import check, load
 from experiments.rows import RequestRow, TokenRow, read_rows
 from experiments.runmeta import RunMeta
-from tests.experiments.conftest import token
+from tests.experiments.conftest import meta_of, token
 from tests.helpers import moemesh
 
 
@@ -62,13 +62,13 @@ def test_finished_parts_make_the_top_level_files_in_run_order(tmp_path: Path) ->
 def test_a_partial_folder_says_what_is_missing_and_why() -> None:
     parts = {"planned": ["a", "b", "c"], "done": ["a"], "state": "running",
              "partial": {"b": 7}}
-    gone = missing({"parts": parts})
+    gone = missing(meta_of({"parts": parts}))
     assert list(gone) == ["b", "c"]
     assert "stopped before it" in gone["c"] and "--resume" in gone["c"]
     assert "7 token rows streamed" in gone["b"]
-    failed = missing({"parts": {**parts, "state": "failed"}, "error": "FaultError: x"})
+    failed = missing(meta_of({"parts": {**parts, "state": "failed"}, "error": "FaultError: x"}))
     assert "FaultError: x" in failed["c"]
-    assert missing({"scenario": "an older run"}) == {}
+    assert missing(meta_of({"scenario": "an older run"})) == {}
 
 
 def test_resume_refuses_another_commit_scenario_or_arms(tmp_path: Path) -> None:
