@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .commands import add_target
+
 __all__ = ["main", "register", "run_bench"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,14 +197,12 @@ def main(procs: int = 4, sleeps: int = 500, requests: int = 400, as_json: bool =
 
 def register(sub: argparse._SubParsersAction) -> None:
     """`moemesh bench clock` (called by `bench.commands.register`)."""
-    from .commands import bench_subparsers
-
-    bench = bench_subparsers(sub).add_parser(
-        "clock", help="virtual time: the cost of one clock round and events per second",
-        description="Child processes on one virtual clock: the wall cost of a clock round, "
-        "HTTP requests and clock events per second, against a bare loop iteration.")
-    _arguments(bench)
-    bench.set_defaults(handler=lambda a: main(a.procs, a.sleeps, a.requests, a.json))
+    add_target(sub, "clock", arguments=_arguments,
+               handler=lambda a: main(a.procs, a.sleeps, a.requests, a.json),
+               help="virtual time: the cost of one clock round and events per second",
+               description="Child processes on one virtual clock: the wall cost of a clock round,"
+                           " HTTP requests and clock events per second, against a bare loop "
+                           "iteration.")
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:

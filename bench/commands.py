@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
-__all__ = ["bench_subparsers", "register"]
+__all__ = ["add_target", "bench_subparsers", "register"]
 
 
 def bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
@@ -24,6 +25,16 @@ def bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAct
         if isinstance(action, argparse._SubParsersAction):
             return action
     raise RuntimeError("the bench parser has no subcommands")  # pragma: no cover
+
+
+def add_target(sub: argparse._SubParsersAction, name: str, *, help: str, description: str,
+               arguments: Callable[[argparse.ArgumentParser], None],
+               handler: Callable[[argparse.Namespace], int]) -> None:
+    """One `moemesh bench NAME` target: its flags (`arguments`, shared with the module's own
+    `python -m bench.NAME`) and what runs it."""
+    parser = bench_subparsers(sub).add_parser(name, help=help, description=description)
+    arguments(parser)
+    parser.set_defaults(handler=handler)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

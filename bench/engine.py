@@ -48,6 +48,8 @@ from typing import Any
 
 from moe.vocab import FULL_PRECISION, PlacementEntry
 
+from .commands import add_target
+
 __all__ = ["TARGETS", "main", "register", "run_bench", "summarize"]
 
 PROMPT = "def fibonacci(n):\n    "
@@ -314,17 +316,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """`moemesh bench engine` (called by `bench.commands.register`)."""
-    from .commands import bench_subparsers
-
-    bench = bench_subparsers(sub).add_parser(
-        "engine", help="decode step in process, through a one- and a two-node mesh, echo floor",
-        description="One tiny-moe decode token: model.forward in this process, the same "
-        "generation through POST /v1/generate of a one-node mesh (every expert local) and of "
-        "a two-node mesh with zero-delay links (every expert on the other node), and the "
-        "round trip of a plain aiohttp echo; with ratios.",
-    )
-    _add_arguments(bench)
-    bench.set_defaults(handler=_run)
+    add_target(sub, "engine", arguments=_add_arguments,
+               handler=_run,
+               help="decode step in process, through a one- and a two-node mesh, echo floor",
+               description="One tiny-moe decode token: model.forward in this process, the same "
+                           "generation through POST /v1/generate of a one-node mesh (every expert"
+                           " local) and of a two-node mesh with zero-delay links (every expert on"
+                           " the other node), and the round trip of a plain aiohttp echo; with "
+                           "ratios.")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .commands import add_target
+
 __all__ = ["main", "register", "run_bench"]
 
 TARGET_S = 1.0
@@ -107,14 +109,12 @@ def main(restarts: int = 5, as_json: bool = False) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """`moemesh bench restart` (called by `bench.commands.register`)."""
-    from .commands import bench_subparsers
-
-    bench = bench_subparsers(sub).add_parser(
-        "restart", help="node restart time in the local runtime: exec vs the fork server",
-        description="Kill and revive a real tiny-moe node of the local runtime N times, once "
-        "with nodes exec'd and once forked from the template; restart time and CPU, ratio.")
-    _arguments(bench)
-    bench.set_defaults(handler=lambda args: main(args.restarts, args.json))
+    add_target(sub, "restart", arguments=_arguments,
+               handler=lambda args: main(args.restarts, args.json),
+               help="node restart time in the local runtime: exec vs the fork server",
+               description="Kill and revive a real tiny-moe node of the local runtime N times, "
+                           "once with nodes exec'd and once forked from the template; restart "
+                           "time and CPU, ratio.")
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:

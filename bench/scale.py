@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .commands import add_target
+
 __all__ = ["main", "register", "run_point", "scenario_data"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,16 +278,13 @@ def main(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """`moemesh bench scale` (called by `bench.commands.register`)."""
-    from .commands import bench_subparsers
-
-    p = bench_subparsers(sub).add_parser(
-        "scale", help="the emulator's cost over node counts and loads, with and without "
-        "batching",
-        description="Runs a random mesh per node count (virtual clock, hetroute) and prints "
-        "emulated seconds per wall second, host CPU ms per token, clock advances per token, "
-        "PSS per node and the model's in-process step as the floor.")
-    _arguments(p)
-    p.set_defaults(handler=main)
+    add_target(sub, "scale", arguments=_arguments,
+               handler=main,
+               help="the emulator's cost over node counts and loads, with and without batching",
+               description="Runs a random mesh per node count (virtual clock, hetroute) and "
+                           "prints emulated seconds per wall second, host CPU ms per token, clock"
+                           " advances per token, PSS per node and the model's in-process step as "
+                           "the floor.")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 `claim_out` runs before a run writes anything. The folder may be new or empty (it is marked
 as a run folder, `orchestrator.markers`, with the run's id and `status: running`), or a
 folder moemesh marked as a run folder earlier: then the run refuses, naming what is there,
-unless `force` (the earlier run's folder is deleted first; nothing unmarked ever is). A
+unless `force` (the earlier run's output is deleted first: what `finish_out` listed as the
+run's, so a file put there since stays; the whole folder where the run was killed before it
+ended; nothing unmarked ever is). A
 non-empty folder without the marker (someone's data, or a run from before markers) is always
 refused: pick another `--out`. `finish_out` records how the run ended (`finished` or
 `failed`) in the marker, which is what a later refusal reports; a marker still `running`
@@ -19,9 +21,22 @@ the old report.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
-from orchestrator.markers import NotOurs, describe, mark, marker, owner_alive, update
+from orchestrator.markers import (
+    MANIFEST,
+    MARKER,
+    NotOurs,
+    describe,
+    mark,
+    marker,
+    owner_alive,
+    record,
+    recorded,
+    remove_recorded,
+    update,
+)
 
 __all__ = ["claim_out", "finish_out"]
 
@@ -55,14 +70,35 @@ def claim_out(out: Path, *, force: bool = False, scenario: str = "", resume: boo
                           f"{data.get('pid')}: give another --out")
         if resume:  # experiments.resume checks that it is the same run
             return mark(out, "run", run_id=str(data.get("id") or "") or None,
-                        status="running", scenario=scenario)
+                        status="running", scenario=scenario, kept=data.get("kept") or [])
         if not force:
             raise NotOurs(f"--out {out} holds an earlier run {what}, {status}: refusing to "
                           f"overwrite it; give another --out, or --force to replace it")
-        shutil.rmtree(out)
+        kept = _remove_earlier(out)
+        if kept:
+            print(f"moemesh: --force kept what the earlier run in {out} did not write: "
+                  f"{', '.join(kept[:6])}{' …' if len(kept) > 6 else ''}", file=sys.stderr)
+        return mark(out, "run", status="running", scenario=scenario, kept=kept)
     return mark(out, "run", status="running", scenario=scenario)
 
 
+def _remove_earlier(out: Path) -> list[str]:
+    """Remove an earlier run's output for `--force`; returns the names kept. A run that ended
+    (finish_out) listed what it wrote in the manifest: only that goes, and a file put there
+    since (notes, a paper's figure) stays. A run killed before it ended listed nothing, so
+    its folder goes whole, as it always did."""
+    names = recorded(out)
+    if not names:
+        shutil.rmtree(out)
+        return []
+    return [n for n in remove_recorded(out) if n not in (MARKER, MANIFEST)]
+
+
 def finish_out(out: Path, ok: bool) -> None:
-    """Record in the marker whether the run finished or failed part-way."""
+    """Record in the marker whether the run finished or failed part-way, and in the manifest
+    what the run wrote (every entry but those `--force` kept), for a later `--force`."""
+    data = marker(out) or {}
+    kept = set(data.get("kept") or ()) | {MARKER, MANIFEST, f"{MARKER}.tmp"}
+    wrote = [p.name for p in Path(out).iterdir() if p.name not in kept and "\n" not in p.name]
+    record(out, *sorted(wrote))
     update(out, status="finished" if ok else "failed")

@@ -210,6 +210,8 @@ def _spans(faults: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float 
     out: list[tuple[str, float, float | None]] = []
     undo = {"link-up": "link-down", "node-up": "node-down"}
     for f in faults:
+        if f.get("applied") is False:  # the workload ended before it was due
+            continue
         key_target = tuple(f.get("target", ()))
         action = f.get("action", "")
         t = float(f.get("done_s", f.get("at_s", 0.0)))

@@ -586,8 +586,10 @@ def _failure_lines(meta: RunMeta, stats: Sequence[PolicyStats]) -> list[str]:
         frow = []
         for policy, recs in faults.items():
             for r in recs:
-                frow.append([policy, f"{r['at_s']:g}", f"{r['done_s']:.2f}", r["description"],
-                             "ok" if r.get("ok", True) else f"failed: {r.get('error')}"])
+                done = "–" if r.get("done_s") is None else f"{r['done_s']:.2f}"
+                result = ("ok" if r.get("ok", True) else r["error"] if r.get("applied") is False
+                          else f"failed: {r.get('error')}")
+                frow.append([policy, f"{r['at_s']:g}", done, r["description"], result])
         lines += _table(["policy", "due s", "done s", "fault", "result"], frow)
     reasons = {s.name: s.reasons for s in stats if s.reasons}
     if reasons:

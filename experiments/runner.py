@@ -201,7 +201,18 @@ async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: Workloa
                 fault_task.cancel()
     except BaseExceptionGroup as group:  # a fault that failed (FaultError), a refused request
         raise first_error(group) from None
-    return result, [r.to_json() for r in timeline.records]
+    return result, [r.to_json() for r in timeline.records] + _not_applied(
+        events[len(timeline.records):], rc.to_scenario_s(result.wall_s))
+
+
+def _not_applied(events: Sequence[Any], end_s: float) -> list[dict[str, Any]]:
+    """The events the workload ended before (a closed loop's end is known only when it
+    comes), recorded as such: a fault the scenario states never vanishes from the report."""
+    return [{"at_s": e.at_s, "started_s": None, "done_s": None, "wall_time": None,
+             "action": e.action, "target": list(e.target), "description": e.describe(),
+             "ok": False, "applied": False,
+             "error": f"not applied: the workload ended first, at {end_s:.2f} s", "detail": {}}
+            for e in events]
 
 
 def quality_windows(count: int, seq: int) -> list[list[int]]:

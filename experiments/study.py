@@ -202,9 +202,11 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
 
 
 def run_worlds(worlds: Sequence[World], out: Path, run_one: Callable[[World, Path], None],
-               *, quiet: bool = False) -> list[dict[str, Any]]:
-    """Run every world not complete on disk (`run_one(world, folder)`), with a rich progress
-    bar; returns per world {"world", "ran", "wall_s"}."""
+               *, quiet: bool = False, jobs: int = 1) -> list[dict[str, Any]]:
+    """Run every world not complete on disk (`run_one(world, folder)`), `jobs` at a time
+    (`jobs` > 1: each in a worker process, so `run_one` must pickle), with a rich progress
+    bar; returns per world {"world", "ran", "wall_s"}, in the worlds' order. A world that
+    fails stops the study once the worlds already running have ended (each is resumable)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -215,24 +217,58 @@ def run_worlds(worlds: Sequence[World], out: Path, run_one: Callable[[World, Pat
         TimeRemainingColumn,
     )
 
-    done = []
+    walls: dict[str, float | None] = {}
+    todo = []
+    for world in worlds:
+        if world_done(out / "worlds" / world.name):
+            walls[world.name] = None
+        else:
+            todo.append(world)
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                   disable=quiet) as bar:
-        task = bar.add_task("worlds", total=len(worlds))
-        for world in worlds:
-            folder = out / "worlds" / world.name
-            if world_done(folder):
-                done.append({"world": world.name, "ran": False, "wall_s": 0.0})
-                bar.advance(task)
-                continue
-            bar.update(task, description=f"world {world.name}")
-            t0 = time.monotonic()
-            run_one(world, folder)
-            wall = time.monotonic() - t0
-            done.append({"world": world.name, "ran": True, "wall_s": round(wall, 1)})
+        task = bar.add_task(f"worlds ({min(jobs, max(1, len(todo)))} at a time)",
+                            total=len(worlds), completed=len(worlds) - len(todo))
+
+        def finished(world: World, wall: float) -> None:
+            walls[world.name] = wall
             if not quiet:
                 bar.console.print(f"{world.name}: {wall:.0f} s")
             bar.advance(task)
-    return done
+
+        if jobs <= 1:
+            for world in todo:
+                bar.update(task, description=f"world {world.name}")
+                finished(world, _timed(run_one, world, out / "worlds" / world.name))
+        else:
+            _run_pooled(todo, out, run_one, jobs, finished)
+    return [{"world": w.name, "ran": walls[w.name] is not None,
+             "wall_s": round(walls[w.name] or 0.0, 1)} for w in worlds]
+
+
+def _timed(run_one: Callable[[World, Path], None], world: World, folder: Path) -> float:
+    t0 = time.monotonic()
+    run_one(world, folder)
+    return time.monotonic() - t0
+
+
+def _run_pooled(todo: Sequence[World], out: Path, run_one: Callable[[World, Path], None],
+                jobs: int, finished: Callable[[World, float], None]) -> None:
+    """The worlds in `jobs` worker processes (spawned: a fresh interpreter, no inherited
+    threads or clock); the first failure cancels what has not started and is raised."""
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    with ProcessPoolExecutor(max_workers=jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {pool.submit(_timed, run_one, w, out / "worlds" / w.name): w for w in todo}
+        while running:
+            done, _ = wait(running, return_when=FIRST_EXCEPTION)
+            for fut in done:
+                world = running.pop(fut)
+                if fut.exception() is not None:
+                    for other in running:
+                        other.cancel()
+                    raise fut.exception()
+                finished(world, fut.result())

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,18 +59,66 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run nothing: draw study.json and study.md from the worlds complete "
                         "in --out (a study still running or stopped), the others listed as "
                         "missing")
+    p.add_argument("--jobs", type=_positive, metavar="N",
+                   help="worlds run at once, each its own mesh in its own process, e.g. 2 "
+                        "(default: in virtual time as many as the host has cores and memory "
+                        "for, about 4 GiB a world; on the wall clock 1, which it must stay: "
+                        "worlds running side by side would distort each other's latencies)")
     p.set_defaults(handler=_study)
 
 
-def _world_runner(arms: Any, options: Any, notes: list[str], scenario: Any, gen: Any
-                  ) -> Any:
-    from .clock import run_clocked
-    from .live import open_live
-    from .runner import run_experiment
-    from .worlds import world_scenario
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, got {text[:40]!r}")
+    return value
 
-    def run_one(world: Any, folder: Path) -> None:
-        ws = world_scenario(scenario, gen, world)
+
+WORLD_GIB = 4.0  # what one world's mesh may take (ten nodes, their models, the controller)
+
+
+def _jobs(asked: int | None, scenario: Any, worlds: int) -> int:
+    """How many worlds run at once. In virtual time a world's numbers do not depend on what
+    else the host runs, so worlds may share it; on the wall clock they may not."""
+    if scenario.clock != "virtual":
+        if asked not in (None, 1):
+            raise ValueError(f"--jobs {asked}: worlds on the wall clock (clock "
+                             f"{scenario.clock}) run one at a time, or they distort each "
+                             f"other's latencies; give --jobs 1 or run in virtual time")
+        return 1
+    if asked is not None:
+        return asked
+    return max(1, min(worlds, os.cpu_count() or 1, int(_available_gib() // WORLD_GIB)))
+
+
+def _available_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    return WORLD_GIB  # not known: room for one
+
+
+@dataclass(frozen=True)
+class WorldRunner:
+    """Runs one world into its folder (resuming what a stopped study left there). A plain
+    object, not a closure, so that `--jobs` can send it to a worker process."""
+
+    arms: Any
+    options: Any
+    notes: list[str]
+    scenario: Any
+    gen: Any
+
+    def __call__(self, world: Any, folder: Path) -> None:
+        from .worlds import world_scenario
+
+        ws = world_scenario(self.scenario, self.gen, world)
         resume = None
         if (folder / "run.json").is_file():
             from .resume import load
@@ -78,20 +127,22 @@ def _world_runner(arms: Any, options: Any, notes: list[str], scenario: Any, gen:
                 resume = load(folder)
             except ValueError:
                 resume = None  # not resumable: run it again from scratch
-        def once(resume: Any) -> None:
-            run_clocked(run_experiment(ws, arms, open_live, folder,
-                                       replace(options, force=resume is None),
-                                       notes=[*notes, f"study world {world.name}"],
-                                       resume=resume), ws)
-
         try:
-            once(resume)
+            self._once(ws, world, folder, resume)
         except ValueError as exc:  # not the same run (another commit, scenario, arms)
             if resume is None or not str(exc).startswith("--resume"):
                 raise
-            once(None)  # refused before it wrote anything: run the world afresh
+            self._once(ws, world, folder, None)  # refused before it wrote anything: afresh
 
-    return run_one
+    def _once(self, ws: Any, world: Any, folder: Path, resume: Any) -> None:
+        from .clock import run_clocked
+        from .live import open_live
+        from .runner import run_experiment
+
+        run_clocked(run_experiment(ws, self.arms, open_live, folder,
+                                   replace(self.options, force=resume is None),
+                                   notes=[*self.notes, f"study world {world.name}"],
+                                   resume=resume), ws)
 
 
 def _study(args: argparse.Namespace) -> int:
@@ -127,8 +178,8 @@ def _study(args: argparse.Namespace) -> int:
         claim_out(out, force=options.force, scenario=scenario.name,
                   resume=bool(args.resume))
         try:
-            ran = run_worlds(worlds, out, _world_runner(arms, options, notes, scenario, gen),
-                             quiet=args.quiet)
+            ran = run_worlds(worlds, out, WorldRunner(arms, options, notes, scenario, gen),
+                             quiet=args.quiet, jobs=_jobs(args.jobs, scenario, len(worlds)))
         except BaseException:
             finish_out(out, ok=False)
             raise

@@ -312,12 +312,9 @@ class Engine:
                  home_mem_bytes_per_s: float | None = None) -> None:
         if not home_flops_per_s > 0:
             raise BadRouterInput(f"home_flops_per_s must be > 0, got {home_flops_per_s!r}")
-        self.dispatcher = dispatcher
-        self.shape = shape
-        self.home_flops_per_s = home_flops_per_s
-        self.home_mem_bytes_per_s = home_mem_bytes_per_s
-        self.model = model
-        self.batcher = batcher
+        self.dispatcher, self.shape, self.model, self.batcher = dispatcher, shape, model, batcher
+        # the home's speed: FLOPs, and memory bandwidth where its weight reads are priced
+        self.home_flops_per_s, self.home_mem_bytes_per_s = home_flops_per_s, home_mem_bytes_per_s
         # the dense part on EdgeShard's stages, when the mesh says so (router.pipeline)
         self.pipeline: Pipeline | None = None
         if dispatcher.mesh.pipelines:  # one per dispatcher (its tier index)

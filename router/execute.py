@@ -54,14 +54,9 @@ class Executor:
     def __init__(self, home: str, shape: ModelShape, settings: Settings,
                  transport: Transport, health: Health, view: PlanView,
                  model: MoEModel | None = None) -> None:
-        self.home = home
-        self.shape = shape
-        self.settings = settings
-        self.transport = transport
-        self.health = health
-        self.view = view
-        self.model = model
-        self.counters = health.counters
+        self.home, self.shape, self.settings, self.model = home, shape, settings, model
+        self.transport, self.view = transport, view
+        self.health, self.counters = health, health.counters  # the learn side, its totals
         # looked up once, off the per-layer path: only MeshTransport can tell its uplink queue
         self._backlog_probe = getattr(transport, "uplink_backlog_ms", None)
         self.late_tasks: set[asyncio.Future] = set()  # requests past their limit (_late)

@@ -80,14 +80,9 @@ class Device:
     ) -> None:
         if time_dilation <= 0:
             raise ValueError(f"time_dilation must be > 0, got {time_dilation!r}")
-        self.tiers = tiers
-        self.compute = compute
-        self.profile = profile
-        self.metrics = metrics
-        self.faults = faults
-        self.time_dilation = time_dilation
-        self.max_queue = max_queue
-        self.max_batch_rows = max_batch_rows
+        self.tiers, self.compute, self.profile = tiers, compute, profile
+        self.metrics, self.faults, self.time_dilation = metrics, faults, time_dilation
+        self.max_queue, self.max_batch_rows = max_queue, max_batch_rows  # the queue's bounds
         self.thread_flops = thread_flops  # real batches above this run off the event loop
         self._waiting: deque[Job] = deque()
         self._wake = asyncio.Event()

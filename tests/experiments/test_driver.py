@@ -216,3 +216,27 @@ def test_the_nearest_live_node_is_the_shortest_round_trip_ties_by_name() -> None
     assert topo.nearest("a", {"a", "c"}) == "d"
     assert topo.nearest("a", {"a", "c", "d"}) == "b"
     assert topo.nearest("a", {"a", "b", "c", "d"}) == "a"
+
+
+async def test_a_fault_the_workload_ended_before_is_recorded_as_not_applied() -> None:
+    # a closed loop's end is known only when it comes, so shorten() cannot drop its late faults
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from experiments.progress import RunProgress
+    from experiments.runner import _drive_with_faults
+
+    port = free_port()  # nothing listens: the three requests fail at once
+    sc = small_scenario(arrival="closed", rate_rps=None, concurrency=1, duration_s=None,
+                        requests=3, warmup_s=0.0)
+    sc = replace(sc, faults=(Fault(500.0, "node-down", ("edge3",)),))
+    urls = {n: f"http://127.0.0.1:{port}" for n in ("edge1", "edge2", "edge3")}
+    mesh = SimpleNamespace(urls=urls)  # the fault is never due: nothing calls the mesh
+    with RunProgress("t", quiet=True) as progress:
+        progress.arm(ARM.label, 3)
+        result, faults = await _drive_with_faults(mesh, sc, plan_workload(sc, TEXT), ARM,
+                                                  RunOptions(), progress)
+    assert len(result.requests) == 3
+    (rec,) = faults
+    assert rec["applied"] is False and rec["ok"] is False and rec["done_s"] is None
+    assert rec["at_s"] == 500.0 and rec["error"].startswith("not applied: the workload ended")

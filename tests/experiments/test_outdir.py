@@ -11,7 +11,7 @@ import pytest
 from experiments.outdir import claim_out, finish_out
 from experiments.runner import RunOptions, run_experiment
 from orchestrator.arms import Arm
-from orchestrator.markers import NotOurs, marker
+from orchestrator.markers import NotOurs, marker, update
 from tests.experiments.conftest import small_scenario
 
 
@@ -37,6 +37,35 @@ def test_a_rerun_into_a_finished_folder_refuses_unless_forced(tmp_path: Path) ->
     assert (out / "tokens.csv").read_text() == "old rows\n"  # untouched
     claim_out(out, force=True)
     assert sorted(p.name for p in out.iterdir()) == [".moemesh-manifest", ".moemesh-marker"]
+
+
+def test_force_removes_what_the_earlier_run_wrote_and_keeps_a_file_put_there_since(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    claim_out(out, scenario="quickstart")
+    (out / "parts").mkdir()
+    (out / "parts" / "tokens.csv").write_text("old rows\n")
+    (out / "report.md").write_text("old report\n")
+    finish_out(out, ok=True)
+    (out / "notes.md").write_text("what I saw in this run\n")  # the user's, after the run
+    claim_out(out, force=True, scenario="quickstart")
+    assert (out / "notes.md").read_text() == "what I saw in this run\n"
+    assert not (out / "report.md").exists() and not (out / "parts").exists()
+    assert "kept what the earlier run" in capsys.readouterr().err
+    (out / "report.md").write_text("new report\n")
+    finish_out(out, ok=True)  # the kept file is not the new run's either
+    claim_out(out, force=True)
+    assert (out / "notes.md").exists() and not (out / "report.md").exists()
+
+
+def test_force_on_a_run_killed_before_it_ended_replaces_the_folder_whole(
+        tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    claim_out(out, scenario="quickstart")
+    (out / "tokens.csv").write_text("rows of a run killed hard\n")
+    update(out, pid=2**22 + 7)  # its process is gone: interrupted, nothing listed
+    claim_out(out, force=True)
+    assert not (out / "tokens.csv").exists()
 
 
 def test_a_folder_moemesh_did_not_make_is_refused_even_with_force(tmp_path: Path) -> None:

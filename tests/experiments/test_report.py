@@ -34,7 +34,11 @@ def _folder(tmp_path: Path) -> Path:
          "ok": True, "error": "", "detail": {}},
         {"at_s": 9.0, "started_s": 9.0, "done_s": 9.02, "wall_time": 0.0, "action": "link-up",
          "target": ["edge1", "edge2"], "description": "link-up edge1 edge2 (both ways)",
-         "ok": True, "error": "", "detail": {}}]}
+         "ok": True, "error": "", "detail": {}},
+        {"at_s": 90.0, "started_s": None, "done_s": None, "wall_time": None,
+         "action": "node-down", "target": ["edge3"], "description": "node-down edge3",
+         "ok": False, "applied": False, "detail": {},
+         "error": "not applied: the workload ended first, at 41.20 s"}]}
     quality = {"exact": {"nll": 1.0, "tokens": 100}, "hetroute": {"nll": 1.01, "tokens": 100},
                "greedy": {"nll": 1.002, "tokens": 100}}
     return write_run(tmp_path / "run", [arm("edgeshard", "greedy", placement="layer-shard"),
@@ -57,7 +61,8 @@ def test_the_report_states_how_the_run_was_made_and_what_it_measured(tmp_path: P
     text = (folder / "report.md").read_text()
     for fact in ("| runtime | local |", "| shaper (link emulation) | app |", "| time dilation | 2",
                  "Emulator overhead: the first 6 requests", "## Comparisons", "95% CI",
-                 "link-down edge1 edge2", "after:link_down", "## Reproduction",
+                 "link-down edge1 edge2", "after:link_down",
+                 "| greedy | 90 | – | node-down edge3 | not applied: the workload ended first", "## Reproduction",
                  "hetroute vs EdgeShard", "hetroute vs per-expert greedy"):
         assert fact in text, fact
     for name in ("paired.png", "latency_cdf.png", "bars.png", "mix.png", "latency_time.png"):

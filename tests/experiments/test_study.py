@@ -166,6 +166,22 @@ def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
     assert "**Partial study**: 1 of 5 worlds drawn are not complete on disk" in partial
 
 
+def test_worlds_share_the_host_in_virtual_time_and_never_on_the_wall_clock(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from experiments import study_command
+
+    virtual, wall = SimpleNamespace(clock="virtual"), SimpleNamespace(clock="realtime")
+    monkeypatch.setattr(study_command.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(study_command, "_available_gib", lambda: 10.0)  # room for 2 worlds
+    assert study_command._jobs(None, virtual, 16) == 2
+    assert study_command._jobs(None, virtual, 1) == 1
+    assert study_command._jobs(3, virtual, 16) == 3
+    assert study_command._jobs(None, wall, 16) == 1
+    with pytest.raises(ValueError, match="--jobs 2: worlds on the wall clock"):
+        study_command._jobs(2, wall, 16)
+
+
 @pytest.mark.slow
 def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -> None:
     """Two 4-node worlds of a tiny scenario, 3 requests each; then --resume reruns nothing."""
@@ -210,3 +226,22 @@ def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -
     redo = json.loads((out / "study.json").read_text())
     assert [r["ran"] for r in redo["ran"]] == [False, False]
     assert redo["comparisons"] == data["comparisons"]
+    # in virtual time worlds side by side (the default here: 2 cores) give the numbers that
+    # worlds one at a time give
+    alone = tmp_path / "alone"
+    one = moemesh_process(*args[:-3], "--out", str(alone), "--quiet", "--jobs", "1",
+                          timeout_s=240)
+    assert one.returncode == 0, one.stderr[-2000:]
+    for w in data["worlds"]:
+        assert _tokens(out / w["folder"]) == _tokens(alone / w["folder"])
+    assert json.loads((alone / "study.json").read_text())["comparisons"] == data["comparisons"]
+
+
+def _tokens(folder) -> list[list[str]]:
+    """tokens.csv without the one host-measured column (dense_host_ms)."""
+    import csv
+
+    with (folder / "tokens.csv").open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    drop = rows[0].index("dense_host_ms")
+    return [r[:drop] + r[drop + 1:] for r in rows]
