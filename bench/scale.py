@@ -158,11 +158,13 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
         if proc.returncode != 0:
             raise RuntimeError(f"bench scale: the {nodes}-node run failed "
                                f"(exit {proc.returncode}): {log[-2000:]}")
-        meta = json.loads((out / "run.json").read_text())
+        from experiments.runmeta import RunMeta
+
+        meta = RunMeta.read(out / "run.json")
         with open(out / "tokens.csv") as f:
             tokens = sum(1 for _ in f) - 1
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    stats = meta.get("clock_stats") or {}
+    stats = meta.clock_stats or {}
     node_peaks = list(peaks.values())
     return {
         "nodes": nodes, "rate_rps": rate_rps, "batching": batching, "tokens": tokens,

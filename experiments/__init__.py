@@ -7,7 +7,9 @@ Compute → rows → render:
   placement, redundancy, budget or router settings; `experiments.arms`);
 * `run_experiment(scenario, arms, open_live, out)` — each arm on a live mesh, faults on their
   timeline, quality scored, the overhead run; raw rows and run.json written
-  (`experiments.runner`, `experiments.live`);
+  (`experiments.runner`, `experiments.live`); returns run.json's record;
+* `RunMeta` — run.json as one typed record, the runner's and every reader's
+  (`experiments.runmeta`);
 * `build_report(out)` — summary.json (docs/contracts.md), report.md and plots from the raw rows
   (`experiments.report`, `experiments.metrics`, `experiments.plots`,
   `experiments.reproduce`).
@@ -21,11 +23,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["Arm", "RunOptions", "build_report", "load_experiment", "plan_workload",
+__all__ = ["Arm", "RunMeta", "RunOptions", "build_report", "load_experiment", "plan_workload",
            "run_experiment"]
 
 _WHERE = {"Arm": "arms", "load_experiment": "arms", "plan_workload": "workload",
-          "RunOptions": "runner", "run_experiment": "runner", "build_report": "report"}
+          "RunMeta": "runmeta", "RunOptions": "runner", "run_experiment": "runner",
+          "build_report": "report"}
 
 
 def __getattr__(name: str) -> Any:

@@ -348,7 +348,7 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
         meta = await run_experiment(point, live, open_mesh, folder,
                                     replace(options, link_probe=not done),
                                     notes=[*notes, f"capacity point {knob}={load:g}"])
-        ran = replace(base_clock, dilation=float(meta["time_dilation"]))  # as run.json says
+        ran = replace(base_clock, dilation=meta.time_dilation)  # as run.json says
         if auto:  # calibrated at the first load: later loads keep its wall-clock rate
             auto, base_load, base_clock = False, load, ran
         done.append(_point(folder, load, ran, round(time.monotonic() - t, 1)))

@@ -19,11 +19,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moe.vocab import is_number
 
 from .clock import clock_for_overrides, resolve_clock, run_clocked
+
+if TYPE_CHECKING:
+    from .runmeta import RunMeta
 
 __all__ = ["add_shorten_flags", "chosen_arms", "register"]
 
@@ -366,9 +369,9 @@ def _command(args: argparse.Namespace) -> dict[str, Any]:
     return {"scenario_file": str(Path(args.scenario).resolve()), "flags": flags}
 
 
-def _recorded(args: argparse.Namespace, meta: dict[str, Any]) -> argparse.Namespace:
+def _recorded(args: argparse.Namespace, meta: RunMeta) -> argparse.Namespace:
     """`args` with the scenario file and flags of run.json `command`."""
-    cmd = meta.get("command")
+    cmd = meta.command
     if not isinstance(cmd, dict) or not isinstance(cmd.get("flags"), dict):
         raise ValueError(f"--resume {args.resume}: run.json does not record the command the "
                          f"run was made with; give its SCENARIO and flags again")

@@ -37,6 +37,7 @@ from .repeats import base_label
 
 if TYPE_CHECKING:
     from .metrics import PolicyStats
+    from .runmeta import RunMeta
 
 __all__ = ["LAG_MS", "LAG_SHARE", "NO_SPLIT", "OVERHEAD_LIMIT", "assess", "loop_lag_of",
            "runtime_notes"]
@@ -54,10 +55,10 @@ def _float(x: Any) -> float:
         return math.nan
 
 
-def loop_lag_of(meta: Mapping[str, Any], label: str) -> dict[str, Any] | None:
+def loop_lag_of(meta: RunMeta, label: str) -> dict[str, Any] | None:
     """The worst node's event-loop lag while `label` ran (every repetition):
     {"p99", "max", "over_5ms_frac", "node"}, or None when the run recorded none."""
-    lag = meta.get("loop_lag") or {}
+    lag = meta.loop_lag
     worst: dict[str, Any] | None = None
     for key, nodes in lag.items():
         if base_label(str(key)) != label or not isinstance(nodes, Mapping):
@@ -79,9 +80,9 @@ def loop_lag_of(meta: Mapping[str, Any], label: str) -> dict[str, Any] | None:
     return worst
 
 
-def _lag_reasons(meta: Mapping[str, Any], labels: set[str]) -> list[str]:
+def _lag_reasons(meta: RunMeta, labels: set[str]) -> list[str]:
     out = []
-    for key, nodes in (meta.get("loop_lag") or {}).items():
+    for key, nodes in meta.loop_lag.items():
         if base_label(str(key)) not in labels or not isinstance(nodes, Mapping):
             continue
         for node, v in nodes.items():
@@ -98,7 +99,7 @@ def _lag_reasons(meta: Mapping[str, Any], labels: set[str]) -> list[str]:
     return out
 
 
-def assess(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
+def assess(meta: RunMeta, stats: Sequence[PolicyStats],
            scoring_failed: Mapping[str, int] | None = None) -> tuple[bool, list[str]]:
     """(faithful, reasons) of a run from its figures (see the module docstring);
     `scoring_failed` maps every scored label (exact too) to its failed scoring tokens."""
@@ -126,9 +127,9 @@ def assess(meta: Mapping[str, Any], stats: Sequence[PolicyStats],
     return not reasons, reasons
 
 
-def _death_reasons(meta: Mapping[str, Any]) -> list[str]:
+def _death_reasons(meta: RunMeta) -> list[str]:
     out = []
-    for key, deaths in (meta.get("node_deaths") or {}).items():
+    for key, deaths in meta.node_deaths.items():
         for d in deaths if isinstance(deaths, Sequence) else ():
             if not isinstance(d, Mapping):
                 continue
@@ -142,22 +143,21 @@ def _death_reasons(meta: Mapping[str, Any]) -> list[str]:
 MULTI_HOST = "only tc shapes them faithfully"  # orchestrator.runtimes.swarm's note
 
 
-def runtime_notes(meta: Mapping[str, Any]) -> list[str]:
+def runtime_notes(meta: RunMeta) -> list[str]:
     """What the runtime noted during the run (run.json `runtime_notes`)."""
-    return [str(n) for n in meta.get("runtime_notes") or ()]
+    return [str(n) for n in meta.runtime_notes]
 
 
-def _run_reasons(meta: Mapping[str, Any], labels: set[str]) -> list[str]:
+def _run_reasons(meta: RunMeta, labels: set[str]) -> list[str]:
     out = []
-    if meta.get("error"):
+    if meta.error:
         ran = sorted(labels)
-        out.append(f"the run did not finish ({meta['error']}): a partial folder; policies "
+        out.append(f"the run did not finish ({meta.error}): a partial folder; policies "
                    f"with rows: {', '.join(ran) or 'none'}")
-    arms = [str(a.get("label")) for a in meta.get("arms") or () if isinstance(a, Mapping)]
-    missing = [a for a in arms if a not in labels]
-    if missing and not meta.get("error"):
+    missing = [a for a in meta.labels if a not in labels]
+    if missing and not meta.error:
         out.append(f"policies without a single row: {', '.join(missing)} (a partial folder)")
     for note in runtime_notes(meta):
-        if MULTI_HOST in note and meta.get("shaper") != "tc":
-            out.append(f"runtime: {note}, and this run's shaper is {meta.get('shaper')}")
+        if MULTI_HOST in note and meta.shaper != "tc":
+            out.append(f"runtime: {note}, and this run's shaper is {meta.shaper}")
     return out

@@ -36,6 +36,7 @@ from orchestrator.scenario import DEFAULT_SLO_MS  # the scenario's default, `slo
 from router.records import MIX_KEYS
 
 from .rows import RequestRow, TokenRow
+from .runmeta import RunMeta
 
 __all__ = [
     "DEFAULT_SLO_MS",
@@ -291,7 +292,7 @@ def policy_stats(
     )
 
 
-def summary_json(meta: Mapping[str, Any], stats: Sequence[PolicyStats], *,
+def summary_json(meta: RunMeta, stats: Sequence[PolicyStats], *,
                  comparisons: Sequence[Comparison] = (),
                  faithful: tuple[bool, Sequence[str]] | None = None,
                  quality: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -303,15 +304,12 @@ def summary_json(meta: Mapping[str, Any], stats: Sequence[PolicyStats], *,
 
         faithful = assess(meta, stats)
     ok, reasons = faithful
-    repeats = meta.get("repeats") or {}
     out = {
-        "scenario": str(meta["scenario"]), "runtime": str(meta["runtime"]),
-        "shaper": str(meta["shaper"]), "model": str(meta["model"]), "seed": int(meta["seed"]),
-        "time_dilation": float(meta["time_dilation"]),
-        "clock": str(meta.get("clock") or "realtime"),
-        "virtual_speedup": meta.get("virtual_speedup"),
+        "scenario": meta.scenario, "runtime": meta.runtime, "shaper": meta.shaper,
+        "model": meta.model, "seed": meta.seed, "time_dilation": meta.time_dilation,
+        "clock": meta.clock, "virtual_speedup": meta.virtual_speedup,
         "faithful": bool(ok), "unfaithful_reasons": [str(r) for r in reasons],
-        "repeat": int(repeats.get("n", 1)),
+        "repeat": int(meta.repeats.get("n", 1)),
         "policies": {s.name: s.summary() for s in stats},
         "comparisons": [c.summary_entry() for c in comparisons],
     }

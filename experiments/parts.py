@@ -25,10 +25,13 @@ import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .routing import ROUTING_FILE
 from .rows import RequestRow, TokenRow, cell, write_rows
+
+if TYPE_CHECKING:
+    from .runmeta import RunMeta
 
 __all__ = ["OVERHEAD", "PARTS", "PartStream", "RunFolder", "missing", "write_atomic"]
 
@@ -188,17 +191,17 @@ class RunFolder:
 
 
 
-def missing(meta: Mapping[str, Any]) -> dict[str, str]:
+def missing(meta: RunMeta) -> dict[str, str]:
     """Parts a run planned and has not finished (run.json `parts`) → why: the run's error,
     or that it stopped (killed, or still going) when run.json was last written."""
-    parts = meta.get("parts")
-    if not isinstance(parts, Mapping):
+    parts = meta.parts
+    if parts is None:
         return {}  # a run made before parts: complete, or its error says what happened
     done = set(parts.get("done") or ())
     partial = parts.get("partial") or {}
     state = parts.get("state")
     if state == "failed":
-        why = f"not run: the run failed ({meta.get('error') or 'no error recorded'})"
+        why = f"not run: the run failed ({meta.error or 'no error recorded'})"
     elif state == "running":
         why = ("not run: the run stopped before it (killed, or still running when run.json "
                "was last written); `moemesh run --resume DIR` runs it")

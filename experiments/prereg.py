@@ -17,23 +17,24 @@ from orchestrator.claims import Claim, judge
 
 from .paired import failed_charge, paired_compare
 from .rows import TokenRow
+from .runmeta import RunMeta
 
 __all__ = ["claims_of", "judge_run", "prereg_lines"]
 
 
-def claims_of(meta: Mapping[str, Any]) -> tuple[Claim, ...]:
+def claims_of(meta: RunMeta) -> tuple[Claim, ...]:
     """run.json's `claims` as Claims (none in a run recorded before them)."""
-    raw = meta.get("claims") or []
+    raw = meta.claims
     try:
         return tuple(Claim(**c) for c in raw)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"run.json: field 'claims' is not a list of claims: {exc}") from None
 
 
-def judge_run(meta: Mapping[str, Any], tokens: Mapping[str, Sequence[TokenRow]]
+def judge_run(meta: RunMeta, tokens: Mapping[str, Sequence[TokenRow]]
               ) -> list[dict[str, Any]]:
     """Per claim: the claim, the paired change and CI of its arms, and the verdict."""
-    seed = int(meta.get("seed", 0))
+    seed = meta.seed
     charge = failed_charge(*tokens.values())
     out = []
     for claim in claims_of(meta):
@@ -58,10 +59,10 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:+.1f}%"
 
 
-def prereg_lines(meta: Mapping[str, Any], tokens: Mapping[str, Sequence[TokenRow]]
+def prereg_lines(meta: RunMeta, tokens: Mapping[str, Sequence[TokenRow]]
                  ) -> list[str]:
     """The report's "Pre-registered claims" section (with the scenario file's sha256)."""
-    sha = meta.get("scenario_sha256")
+    sha = meta.scenario_sha256
     where = (f"The scenario file's sha256 is `{sha}` (run.json `scenario_sha256`): a scenario "
              f"edited after its results were seen has another." if sha else
              "The scenario was not read from a file (or the run predates the record): no "

@@ -327,8 +327,8 @@ def _quality_lines(meta: RunMeta, qset: QualitySet,
 
 def _clock_fact(meta: RunMeta) -> tuple[str, str]:
     """How time ran: virtual (with its speed-up) or the dilated wall clock."""
-    if meta.extra.get("clock") == "virtual":
-        speed = meta.extra.get("virtual_speedup")
+    if meta.clock == "virtual":
+        speed = meta.virtual_speedup
         pace = f"; {speed:g} emulated seconds per wall second" if speed else ""
         return ("clock", "virtual: every process on one clock that jumps to the next event "
                          "once the mesh is idle, so the host's work takes no emulated time "
@@ -340,7 +340,7 @@ def _clock_fact(meta: RunMeta) -> tuple[str, str]:
 def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[str]:
     """The verdict, the description and how the run was made."""
     lines = [f"# moemesh run: {meta.scenario}", "", *_faithful_lines(faithful)]
-    notes = runtime_notes(meta.to_json())
+    notes = runtime_notes(meta)
     if notes:
         lines += ["Runtime notes (what the runtime saw while the nodes ran):", "",
                   *[f"- {n}" for n in notes], ""]
@@ -379,7 +379,7 @@ def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[s
 
 def _missing_lines(meta: RunMeta) -> list[str]:
     """A partial folder (experiments.parts): what is not in this report, and why."""
-    gone = missing(meta.to_json())
+    gone = missing(meta)
     if not gone:
         return []
     return [f"**Partial run: {len(gone)} part(s) missing**; every figure below (and the "
@@ -495,7 +495,7 @@ def _base_lines(meta: RunMeta) -> list[str]:
     rows = base_rows(meta.fidelity, RunClock(tdf))
     if not rows:
         return []
-    if meta.to_json().get("clock") == "virtual":  # the probe timed the emulated timeline
+    if meta.clock == "virtual":  # the probe timed the emulated timeline
         return ["## Base network", "",
                 "None in virtual time: every message arrives at exactly its emulated time, so "
                 "a pair's round trip is its configured one (the zero-delay probe's fit read "
@@ -617,7 +617,7 @@ def _failure_lines(meta: RunMeta, stats: Sequence[PolicyStats]) -> list[str]:
 
 def _reproduction_lines(meta: RunMeta, by_name: Mapping[str, PolicyStats],
                         tokens: Mapping[str, Sequence[TokenRow]]) -> list[str]:
-    repro = reproduction_rows(meta.to_json(), by_name, tokens)
+    repro = reproduction_rows(meta, by_name, tokens)
     if not repro:
         return []
     lines = ["", "## Reproduction", "",
@@ -645,7 +645,7 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
     by_name = {s.name: s for s in stats}
     qset = qset if qset is not None else identical_set(meta.quality)
     if faithful is None:
-        faithful = assess(meta.to_json(), stats, qset.failed)
+        faithful = assess(meta, stats, qset.failed)
     if comps is None:
         comps = comparisons(meta, stats, tokens)
     head = _header_lines(meta, faithful)  # the title; a partial run says so before anything
@@ -666,7 +666,7 @@ def render_markdown(meta: RunMeta | Mapping[str, Any], stats: Sequence[PolicySta
         lines += ["", "## Plots", ""]
         lines += [f"![{cap}]({name})" for cap, name in images.items()]
     lines += _reproduction_lines(meta, by_name, tokens)
-    lines += ["", *prereg_lines(meta.to_json(), tokens)]
+    lines += ["", *prereg_lines(meta, tokens)]
     return "\n".join(lines) + "\n"
 
 
@@ -688,11 +688,10 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
     meta, tokens, requests, overhead = load_run(folder)
     if slo_ms is not None:
         meta = replace(meta, slo_ms=float(slo_ms))
-    gone = missing(meta.to_json())
+    gone = missing(meta)
     if gone:  # a partial folder: the policies with no rows yet are listed, not summarised
         have = {t.policy for t in tokens}
         meta = replace(meta, arms=tuple(a for a in meta.arms if a["label"] in have))
-    raw = meta.to_json()  # for the modules that read the plain mapping
     order = meta.labels
     tok = _by_policy(tokens, order)
     req = _by_policy(requests, order)
@@ -703,13 +702,13 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
         stats.append(policy_stats(name, tok[name], req.get(name, []),
                                   warmup_s=meta.warmup_s, slo_ms=meta.slo_ms,
                                   quality_delta_pct=q, quality_source=source,
-                                  loop_lag=loop_lag_of(raw, name),
+                                  loop_lag=loop_lag_of(meta, name),
                                   scoring_failed_tokens=qset.failed.get(name, 0)))
     comps = comparisons(meta, stats, tok)
-    faithful = assess(raw, stats, qset.failed)
+    faithful = assess(meta, stats, qset.failed)
     quality = {"scored_tokens": qset.scored, "excluded_tokens": qset.excluded,
                "comparable": qset.comparable, "scoring_failed_tokens": dict(qset.failed)}
-    summary = summary_json(raw, stats, comparisons=comps, faithful=faithful,
+    summary = summary_json(meta, stats, comparisons=comps, faithful=faithful,
                            quality=quality if meta.quality else None)
     if gone:
         summary["missing"] = gone
@@ -718,8 +717,8 @@ def build_report(folder: Path, *, slo_ms: float | None = None, plots_too: bool =
         summary["fidelity"] = fidelity
     if meta.dense:
         summary["dense"] = meta.dense
-    summary["scenario_sha256"] = raw.get("scenario_sha256")
-    summary["claims"] = judge_run(raw, tok)
+    summary["scenario_sha256"] = meta.scenario_sha256
+    summary["claims"] = judge_run(meta, tok)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     images: dict[str, str] = {}
     if plots_too and tokens:

@@ -42,7 +42,7 @@ def folder_rows(folder: Path) -> list[ReproRow]:
         stats[name] = policy_stats(name, rows, [r for r in requests if r.policy == name],
                                    warmup_s=meta.warmup_s, slo_ms=meta.slo_ms,
                                    quality_delta_pct=q, quality_source=source)
-    return reproduction_rows(meta.to_json(), stats, tok)
+    return reproduction_rows(meta, stats, tok)
 
 
 def markdown(folders: Sequence[Path]) -> str:

@@ -22,25 +22,26 @@ from typing import Any
 from .metrics import Comparison, PolicyStats
 from .paired import paired_compare
 from .rows import TokenRow
+from .runmeta import RunMeta
 
 __all__ = ["DIFFERENCES", "INERT_SHARE", "ROUTE_COLUMNS", "Claim", "ReproRow", "claims",
            "edgeshard", "find_arm", "plain", "priced_bytes", "reproduction_rows", "same_routes",
            "verdict", "with_placement", "with_variants"]
 
 ArmInfo = Mapping[str, Any]
-Select = Callable[[ArmInfo, Mapping[str, Any]], bool]
+Select = Callable[[ArmInfo, RunMeta], bool]
 
 
 def plain(policy: str, placement: str | None = None) -> Select:
     """The policy on the scenario's own placement, redundancy, budget and settings (and that
     placement must be `placement`, when given)."""
-    def sel(arm: ArmInfo, meta: Mapping[str, Any]) -> bool:
-        base = meta.get("scenario_data", {}).get("placement", {})
+    def sel(arm: ArmInfo, meta: RunMeta) -> bool:
+        base = meta.scenario_data.get("placement", {})
         return (arm["policy"] == policy
                 and placement in (None, base.get("policy"))
                 and arm.get("placement") in (None, base.get("policy"))
                 and arm.get("redundancy") in (None, base.get("redundancy"))
-                and arm.get("budget_pct") in (None, meta.get("quality_budget_pct"))
+                and arm.get("budget_pct") in (None, meta.quality_budget_pct)
                 and arm.get("variants") in (None, base.get("variants"))
                 and not arm.get("settings"))
     return sel
@@ -49,8 +50,8 @@ def plain(policy: str, placement: str | None = None) -> Select:
 def with_variants(policy: str, placement: str, variants: Sequence[str]) -> Select:
     """`policy` on `placement` (the arm's own, else the scenario's) with exactly these
     precisions of replicas (the arm's `variants`): the confound arms of issue 39."""
-    def sel(arm: ArmInfo, meta: Mapping[str, Any]) -> bool:
-        base = meta.get("scenario_data", {}).get("placement", {})
+    def sel(arm: ArmInfo, meta: RunMeta) -> bool:
+        base = meta.scenario_data.get("placement", {})
         return (arm["policy"] == policy
                 and (arm.get("placement") or base.get("policy")) == placement
                 and list(arm.get("variants") or base.get("variants") or ()) == list(variants)
@@ -60,8 +61,8 @@ def with_variants(policy: str, placement: str, variants: Sequence[str]) -> Selec
 
 def with_placement(placement: str, policy: str | None = None) -> Select:
     """`policy` (any) on `placement` (the arm's own, else the scenario's)."""
-    def sel(arm: ArmInfo, meta: Mapping[str, Any]) -> bool:
-        base = meta.get("scenario_data", {}).get("placement", {}).get("policy")
+    def sel(arm: ArmInfo, meta: RunMeta) -> bool:
+        base = meta.scenario_data.get("placement", {}).get("policy")
         return ((arm.get("placement") or base) == placement
                 and (policy is None or arm["policy"] == policy)
                 and not arm.get("settings") and arm.get("redundancy") is None
@@ -69,14 +70,14 @@ def with_placement(placement: str, policy: str | None = None) -> Select:
     return sel
 
 
-def edgeshard(arm: ArmInfo, meta: Mapping[str, Any]) -> bool:
+def edgeshard(arm: ArmInfo, meta: RunMeta) -> bool:
     """EdgeShard: the arm on its pipelined stages (`placement: edgeshard`, `dense: pipeline`);
     in a run recorded before EdgeShard was pipelined (issue 25), the `layer-shard` arm."""
     if arm.get("settings") or arm.get("redundancy") is not None:
         return False
     if arm.get("placement") == "edgeshard" and arm.get("dense") == "pipeline":
         return True
-    piped = any(a.get("dense") == "pipeline" for a in meta.get("arms", ()))
+    piped = any(a.get("dense") == "pipeline" for a in meta.arms)
     return not piped and arm.get("placement") == "layer-shard"
 
 
@@ -85,7 +86,7 @@ def priced_bytes(policy: str) -> Select:
     their link time (`settings: {traffic_weight: W}`, W > 1) and no other setting changed."""
     base = plain(policy)
 
-    def sel(arm: ArmInfo, meta: Mapping[str, Any]) -> bool:
+    def sel(arm: ArmInfo, meta: RunMeta) -> bool:
         settings = dict(arm.get("settings") or {})
         weight = settings.pop("traffic_weight", None)
         return (weight is not None and float(weight) > 1.0 and not settings
@@ -94,7 +95,7 @@ def priced_bytes(policy: str) -> Select:
 
 
 def _knob(policy: str, **want: Any) -> Select:
-    def sel(arm: ArmInfo, meta: Mapping[str, Any]) -> bool:
+    def sel(arm: ArmInfo, meta: RunMeta) -> bool:
         if arm["policy"] != policy:
             return False
         settings = arm.get("settings") or {}
@@ -230,7 +231,7 @@ class ReproRow:
                 self.holds, self.note]
 
 
-def find_arm(select: Select, arms: Sequence[ArmInfo], meta: Mapping[str, Any]) -> str | None:
+def find_arm(select: Select, arms: Sequence[ArmInfo], meta: RunMeta) -> str | None:
     for arm in arms:
         if select(arm, meta):
             return str(arm["label"])
@@ -269,10 +270,10 @@ def same_routes(a: Sequence[TokenRow], b: Sequence[TokenRow]) -> float:
     return alike / len(paired)
 
 
-def reproduction_rows(meta: Mapping[str, Any], stats: Mapping[str, PolicyStats],
+def reproduction_rows(meta: RunMeta, stats: Mapping[str, PolicyStats],
                       tokens: Mapping[str, Sequence[TokenRow]]) -> list[ReproRow]:
     """One row per claim whose arms this run has (claims it cannot check are left out)."""
-    arms = meta.get("arms", [])
+    arms = meta.arms
     rows = []
     for c in claims():
         b = find_arm(c.b, arms, meta)
@@ -285,7 +286,7 @@ def reproduction_rows(meta: Mapping[str, Any], stats: Mapping[str, PolicyStats],
             metric = {"latency_mean": "mean_latency", "latency_p99": "p99_latency",
                       "traffic": "traffic"}[c.metric]
             cmp = paired_compare(a, tokens[a], b, tokens[b], metric,
-                                 seed=int(meta.get("seed", 0)))
+                                 seed=meta.seed)
             unit = "kB/tok" if metric == "traffic" else "ms"
             scale = 1e-3 if metric == "traffic" else 1.0
             measured = (f"{cmp.value_a * scale:.3g} → {cmp.value_b * scale:.3g} {unit} "
@@ -309,7 +310,7 @@ def reproduction_rows(meta: Mapping[str, Any], stats: Mapping[str, PolicyStats],
                                  "not tested here (open loop)", f"{pair}. {c.note}"))
         elif c.metric == "quality":
             q = sb.quality_delta_pct
-            budget = float(meta.get("quality_budget_pct", 2.0))
+            budget = meta.quality_budget_pct
             limit = c.paper_value if c.paper == "OrderMoE" else budget
             holds = "n/a" if not math.isfinite(q) else ("yes" if q <= limit else "no")
             rows.append(ReproRow(c.paper, c.what, c.paper_text,

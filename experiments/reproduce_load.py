@@ -40,6 +40,7 @@ from .metrics import BOOTSTRAP
 from .paired import paired_compare
 from .reproduce import ReproRow, Select, edgeshard, find_arm, plain, verdict, with_placement
 from .rows import RequestRow, TokenRow, read_rows
+from .runmeta import RunMeta
 
 __all__ = ["LoadClaim", "load_claims", "load_rows", "paired_slo", "slo_passes"]
 
@@ -208,8 +209,8 @@ def load_rows(out: Path) -> list[ReproRow]:
     points = data["points"]
     if not points:
         return []
-    meta = json.loads((out / points[0]["folder"] / "run.json").read_text())
-    arms = [a for a in meta.get("arms", []) if a["label"] in data["capacity"]]
+    meta = RunMeta.read(out / points[0]["folder"] / "run.json")
+    arms = [a for a in meta.arms if a["label"] in data["capacity"]]
     near = min(points, key=lambda p: abs(p["load"] - PAPER_LOAD))
     rows = []
     for c in load_claims():
@@ -220,5 +221,5 @@ def load_rows(out: Path) -> list[ReproRow]:
             rows.append(_capacity_row(c, la, lb, data))
         elif la in near["policies"] and lb in near["policies"]:
             rows.append(_at_load_row(c, la, lb, out / near["folder"], near,
-                                     float(data["slo_ms"]), int(meta.get("seed", 0)), data))
+                                     float(data["slo_ms"]), meta.seed, data))
     return rows

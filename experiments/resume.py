@@ -23,11 +23,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .runmeta import RunMeta
+
 __all__ = ["check", "load"]
 
 
-def load(out: Path) -> dict[str, Any]:
-    """DIR/run.json of the run to resume (ValueError naming the file when there is none)."""
+def load(out: Path) -> RunMeta:
+    """DIR/run.json of the run to resume (ValueError naming the file when there is none, or
+    when it is not a resumable run's)."""
     path = Path(out) / "run.json"
     if not path.is_file():
         raise ValueError(f"--resume {out}: no run.json there, nothing to resume")
@@ -38,7 +41,10 @@ def load(out: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or "scenario_data" not in data or "parts" not in data:
         raise ValueError(f"--resume {out}: {path} has no 'scenario_data' and 'parts' (a run "
                          f"made before runs could be resumed, or not a run folder)")
-    return data
+    try:
+        return RunMeta.from_json(data, str(path))
+    except ValueError as exc:
+        raise ValueError(f"--resume {out}: {exc}") from None
 
 
 def _diff(old: Any, new: Any, where: str = "") -> list[str]:
@@ -58,22 +64,23 @@ def _names(paths: Sequence[str]) -> str:
     return ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
 
 
-def check(old: Mapping[str, Any], new: Mapping[str, Any], out: Path) -> None:
-    """Refuse (ValueError naming what differs) unless `new` (the run.json the resumed run
-    starts from) is the same run as `old` (DIR/run.json)."""
-    was, now = (old.get("host") or {}).get("commit"), (new.get("host") or {}).get("commit")
+def check(old: RunMeta, new: RunMeta, out: Path) -> None:
+    """Refuse (ValueError naming what differs) unless `new` (the record the resumed run
+    starts from) is the same run as `old` (DIR/run.json's)."""
+    was, now = old.host.get("commit"), new.host.get("commit")
     if was != now:
         raise ValueError(f"--resume {out}: the code's commit differs: the run was made at "
                          f"{was or 'an unknown commit'}, this is {now or 'an unknown commit'} "
                          f"(check that commit out, or start a new run)")
-    paths = _diff(old.get("scenario_data"), new.get("scenario_data"))
+    old_json, new_json = old.to_json(), new.to_json()  # compared as run.json has them
+    paths = _diff(old_json.get("scenario_data"), new_json.get("scenario_data"))
     if paths:
         raise ValueError(f"--resume {out}: the scenario differs from the one the run was made "
                          f"with, at {_names(paths)} (give the same scenario file and flags, "
                          f"or none: --resume alone reruns what run.json recorded)")
     for key, what in (("arms", "the policies"), ("options", "the run options"),
                       ("trace", "the --trace file")):
-        paths = _diff(old.get(key), new.get(key), key)
+        paths = _diff(old_json.get(key), new_json.get(key), key)
         if paths:
             raise ValueError(f"--resume {out}: {what} differ from the run's, at "
                              f"{_names(paths)}")

@@ -1,57 +1,101 @@
-"""run.json as a typed record: what the report reads of how a run was made.
+"""run.json as one typed record, written and read as the same type.
 
-`RunMeta.from_json` reads run.json's content (docs/contracts.md, "run.json"): every field the
-report uses, with the default an older run folder implies when the field is missing (so
-`moemesh report DIR` still redraws runs recorded before a field existed), and a ValueError
-naming the field when one has the wrong type. Keys it does not know are kept in `extra`, so
-`to_json` gives back what was read (with any field changed by `dataclasses.replace`): the
-modules that take the plain mapping (metrics, faithful, reproduce) get exactly that.
+run.json's vocabulary lives here and nowhere else (docs/contracts.md, "run.json"): the runner
+(experiments.runner) fills a `RunMeta` as the run goes and writes it with `to_json`; every
+reader (report, resume, crosscheck, study, capacity, metrics) gets it from `from_json` (or
+`read`). Nested parts that other modules own stay plain JSON mappings inside the record
+(placements, fidelity, calibration, each arm's fault records...).
+
+`from_json` is tolerant of older run folders: a missing field takes the default such a run
+implies (so `moemesh report DIR` still redraws runs recorded before a field existed), and a
+field of the wrong type is a ValueError naming it. Keys it does not know are kept in `extra`,
+so `to_json` gives back what was read. `to_json` writes the fields in declaration order (the
+order run.json has always had), leaves out an OPTIONAL field that is None or empty (a key a
+run only has when something happened: an error, a resume, a node death...), and turns what
+JSON has no word for into what it has (`jsonable`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from moe.vocab import is_number
 from orchestrator.scenario import DEFAULT_SLO_MS
 
-__all__ = ["RunMeta"]
+__all__ = ["RunMeta", "jsonable"]
 
 _MISSING = object()
+_REQUIRED = ("scenario", "arms")
+# run.json leaves such a field out when it is None or empty
+OPTIONAL: dict[str, Any] = {"optional": True}
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True)
 class RunMeta:
+    """How a run was made and what it recorded besides its rows (declaration order is
+    run.json's key order). Mutable: the runner fills it while the run goes."""
+
+    format: int = 1
     scenario: str
-    arms: tuple[dict[str, Any], ...]  # label, policy, placement, redundancy, budget, settings
     description: str = ""
     model: str = "?"
     model_mode: str = "real"  # real | modeled
     seed: int = 0
-    time_dilation: float = 1.0
+    time_dilation: float = 1.0  # the run's (after calibration, when `auto`)
     slo_ms: float = DEFAULT_SLO_MS
     warmup_s: float = 0.0
     quality_budget_pct: float = 2.0
-    workload: str = ""
+    arms: tuple[dict[str, Any], ...]  # label, policy, placement, redundancy, budget, settings
+    workload: str = ""  # the plan in words
+    heldout_sha256: str = ""  # the held-out text the prompts come from
+    notes: tuple[str, ...] = ()
+    started: str = ""
+    host: dict[str, Any] = field(default_factory=dict)  # versions, cpus, commit
+    scenario_data: dict[str, Any] = field(default_factory=dict)  # the scenario as run
+    scenario_sha256: str | None = None  # the scenario file's (orchestrator.claims)
+    claims: tuple[dict[str, Any], ...] = ()  # pre-registered claims (experiments.prereg)
     runtime: str = "?"
     shaper: str = "?"
-    started: str = ""
-    notes: tuple[str, ...] = ()
-    host: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, Any] = field(default_factory=dict)
-    load: dict[str, Any] = field(default_factory=dict)  # label → [before, after]
+    clock: str = "realtime"  # realtime | virtual (experiments.clock)
+    virtual_speedup: float | None = None
+    placements: dict[str, Any] = field(default_factory=dict)  # name → placement record
     faults: dict[str, Any] = field(default_factory=dict)  # label → event records
     quality: dict[str, Any] = field(default_factory=dict)  # label → scores
-    placements: dict[str, Any] = field(default_factory=dict)
-    repeats: dict[str, Any] = field(default_factory=dict)  # n, orders
-    loop_lag: dict[str, Any] = field(default_factory=dict)
-    dense: dict[str, Any] = field(default_factory=dict)  # label → where its dense part runs
+    timings: dict[str, Any] = field(default_factory=dict)  # step → wall seconds
     overhead: dict[str, Any] | None = None  # the zero-delay run: arm, requests, links
+    load: dict[str, Any] = field(default_factory=dict)  # label → [before, after]
     trace: dict[str, Any] | None = None  # the --trace file
-    fidelity: dict[str, Any] | None = None  # experiments.fidelity
+    options: dict[str, Any] = field(default_factory=dict)  # run options that shape the rows
+    run_id: str = ""  # experiments.outdir
+    repeats: dict[str, Any] = field(default_factory=dict)  # n, orders
+    # scenario file and flags, for --resume
+    command: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    # time_dilation: auto (.calibrate)
+    calibration: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    # each --resume: at, kept, commit
+    resumed: tuple[dict[str, Any], ...] = field(default=(), metadata=OPTIONAL)
+    # the virtual clock's counters
+    clock_stats: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    # planned, done, state, partial (.parts)
+    parts: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    error: str | None = field(default=None, metadata=OPTIONAL)  # why the run stopped
+    # label → where its dense part runs
+    dense: dict[str, Any] = field(default_factory=dict, metadata=OPTIONAL)
+    # router.batching, and its arms
+    batching: dict[str, Any] = field(default_factory=dict, metadata=OPTIONAL)
+    fidelity: dict[str, Any] | None = field(default=None, metadata=OPTIONAL)  # experiments.fidelity
+    runtime_notes: tuple[str, ...] = field(default=(), metadata=OPTIONAL)  # orchestrator.supervisor
+    # label → node → lag (.looplag)
+    loop_lag: dict[str, Any] = field(default_factory=dict, metadata=OPTIONAL)
+    # label → deaths (.supervisor)
+    node_deaths: dict[str, Any] = field(default_factory=dict, metadata=OPTIONAL)
     extra: dict[str, Any] = field(default_factory=dict)  # every other key of run.json
 
     @property
@@ -68,10 +112,10 @@ class RunMeta:
             if f.name == "extra":
                 continue
             raw = data.get(f.name, _MISSING)
-            if raw is _MISSING or (raw is None and f.name not in ("scenario", "arms")):
+            if raw is _MISSING or (raw is None and f.name not in _REQUIRED):
                 continue  # an older run: the default
             values[f.name] = _typed(source, f.name, str(f.type), raw)
-        for name in ("scenario", "arms"):
+        for name in _REQUIRED:
             if name not in values:
                 raise ValueError(f"{source}: field {name!r} is missing")
         bad = [i for i, a in enumerate(values["arms"]) if not isinstance(a, dict)
@@ -81,15 +125,49 @@ class RunMeta:
         known = {f.name for f in fields(cls)}
         return cls(**values, extra={k: v for k, v in data.items() if k not in known})
 
+    @classmethod
+    def read(cls, path: Path) -> RunMeta:
+        """The record in the file `path` (ValueError naming it when it is not JSON)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not JSON: {exc}") from None
+        return cls.from_json(data, str(path))
+
     def to_json(self) -> dict[str, Any]:
-        """run.json's content again: the fields, then the keys this record does not know."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        out["arms"], out["notes"] = list(self.arms), list(self.notes)
-        return {**self.extra, **out}
+        """run.json's content: the fields in order (an optional one left out when None or
+        empty), then the keys this record does not know; plain JSON values throughout."""
+        out: dict[str, Any] = dict(self.extra)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (f.metadata.get("optional") and value in (None, {}, ())):
+                continue
+            out.pop(f.name, None)
+            out[f.name] = value
+        return jsonable(out)
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON: tuples as lists, numpy scalars and arrays as numbers and lists,
+    a non-finite float as null, anything else unknown as its str."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return jsonable(value.item())
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
 
 
 def _typed(source: str, name: str, kind: str, raw: Any) -> Any:
     where = f"{source}: field {name!r}"
+    kind = kind.removesuffix(" | None")
     if kind == "str":
         return str(raw)
     if kind == "int":

@@ -59,6 +59,7 @@ from .progress import RunProgress
 from .repeats import rep_label, rep_orders
 from .routing import RoutingTrace
 from .rows import RequestRow, TokenRow
+from .runmeta import RunMeta, jsonable
 from .target import MeshTarget, zero_links
 from .workload import WorkloadPlan, plan_workload
 
@@ -164,24 +165,8 @@ def _placement(scenario: Scenario, arm: Arm) -> tuple[dict[str, list[dict]], dic
             **({"variants": list(variants)} if variants is not None else {}),
             "expected_cost_ms": round(result.expected_cost_ms, 6),
             "replicas": len(result.replicas), "memory": result.memory(),
-            "notes": _jsonable(dict(result.notes))}
+            "notes": jsonable(dict(result.notes))}
     return result.by_node(), info
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return str(value)
 
 
 async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: WorkloadPlan, arm: Arm,
@@ -340,32 +325,27 @@ class _Run:
         self.windows = (quality_windows(options.quality_windows, seq)
                         if options.quality_windows and not modeled else [])
         self.homes = _score_homes(plan, len(self.windows), scenario.seed)
-        self.meta: dict[str, Any] = {
-            "format": 1,
-            "scenario": scenario.name, "description": scenario.description,
-            "model": scenario.model.name, "model_mode": scenario.model.mode,
-            "seed": scenario.seed, "time_dilation": scenario.time_dilation,
-            "slo_ms": options.slo_for(scenario),
-            "warmup_s": scenario.workload.warmup_s,
-            "quality_budget_pct": scenario.quality_budget_pct,
-            "arms": [a.to_json() for a in arms], "workload": plan.describe(),
-            "heldout_sha256": plan.text_sha256, "notes": list(notes),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": _host(),
-            "scenario_data": _jsonable(scenario_to_data(scenario)),
+        self.meta = RunMeta(
+            scenario=scenario.name, description=scenario.description,
+            model=scenario.model.name, model_mode=scenario.model.mode,
+            seed=scenario.seed, time_dilation=scenario.time_dilation,
+            slo_ms=options.slo_for(scenario),
+            warmup_s=scenario.workload.warmup_s,
+            quality_budget_pct=scenario.quality_budget_pct,
+            arms=tuple(a.to_json() for a in arms), workload=plan.describe(),
+            heldout_sha256=plan.text_sha256, notes=tuple(notes),
+            started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), host=_host(),
+            scenario_data=jsonable(scenario_to_data(scenario)),
             # the scenario file's sha256 and its pre-registered claims (orchestrator.claims)
-            "scenario_sha256": scenario.source_sha256 or None,
-            "claims": [c.to_data() for c in scenario.claims],
-            "runtime": scenario.runtime, "shaper": scenario.shaper,
-            "clock": scenario.clock, "virtual_speedup": None,
-            "placements": {}, "faults": {}, "quality": {}, "timings": {}, "overhead": None,
-            "load": {},  # 1-minute load average of the host before and after each arm
-            "trace": None if options.trace is None else options.trace.describe(),
+            scenario_sha256=scenario.source_sha256 or None,
+            claims=tuple(c.to_data() for c in scenario.claims),
+            runtime=scenario.runtime, shaper=scenario.shaper, clock=scenario.clock,
+            trace=None if options.trace is None else options.trace.describe(),
             # what shapes the rows besides the scenario (experiments.resume compares it)
-            "options": {"repeat": options.repeat, "quality_windows": options.quality_windows,
-                        "quality_seq": options.quality_seq,
-                        "overhead_requests": options.overhead_requests,
-                        "slo_ms": options.slo_for(scenario)},
-        }
+            options={"repeat": options.repeat, "quality_windows": options.quality_windows,
+                     "quality_seq": options.quality_seq,
+                     "overhead_requests": options.overhead_requests,
+                     "slo_ms": options.slo_for(scenario)})
 
     @property
     def clock(self) -> RunClock:
@@ -373,7 +353,7 @@ class _Run:
         return run_clock(self.scenario)
 
     def _time(self, key: str, since: float) -> None:
-        self.meta["timings"][key] = round(time.monotonic() - since, 3)
+        self.meta.timings[key] = round(time.monotonic() - since, 3)
 
     async def calibrate(self, open_mesh: MeshFactory) -> Scenario:
         """`time_dilation: auto`: measure the factor (experiments.calibrate), use it."""
@@ -388,8 +368,7 @@ class _Run:
                                        self.plan, self.progress.note)
         self._time("calibration_s", t)
         self.scenario = replace(self.scenario, time_dilation=factor, auto_dilation=False)
-        self.meta["time_dilation"] = factor
-        self.meta["calibration"] = info
+        self.meta.time_dilation, self.meta.calibration = factor, info
         self.progress.note(f"time dilation {factor:g} ({info['reason']})")
         return self.scenario
 
@@ -400,7 +379,7 @@ class _Run:
         edgeshard, is its slowest: the fast arms then had 24-28% host overhead.)"""
         def cost(arm: Arm) -> float:
             name = _placement_name(arm.placement_key(self.scenario))
-            return float(self.meta["placements"][name]["expected_cost_ms"])
+            return float(self.meta.placements[name]["expected_cost_ms"])
 
         return min([a for a in self.arms if a.policy in MESH_POLICIES] or list(self.arms),
                    key=cost)
@@ -414,12 +393,12 @@ class _Run:
                 name = _placement_name(key)
                 self.progress.note(f"placement {name}")
                 t = time.monotonic()
-                self.placements[key], self.meta["placements"][name] = _placement(
+                self.placements[key], self.meta.placements[name] = _placement(
                     self.scenario, arm)
                 self._time(f"placement:{name}", t)
-        self.meta["dense"] = {arm.label: self._dense_record(arm) for arm in self.arms}
+        self.meta.dense = {arm.label: self._dense_record(arm) for arm in self.arms}
         # iteration-level batching (router.batching): the arms whose dense part is at home
-        self.meta["batching"] = {**self.scenario.batching.to_json(), "arms": [
+        self.meta.batching = {**self.scenario.batching.to_json(), "arms": [
             a.label for a in self.arms if self.scenario.batching.on and a.dense == "home"]}
         # the mesh starts (and its links are probed) on the placement that leaves the fewest
         # nodes empty: the probe sends experts' work to every node (EdgeShard's stages leave
@@ -457,21 +436,21 @@ class _Run:
             return None
         if arm.dense == "aggregate":
             return {"aggregate": True}
-        info = self.meta["placements"][_placement_name(arm.placement_key(self.scenario))]
+        info = self.meta.placements[_placement_name(arm.placement_key(self.scenario))]
         return {"pipelines": info["notes"]["pipelines"]}
 
     def _sections(self) -> dict[str, set[str]]:
-        return {sec: set(self.meta.get(sec) or {}) for sec in _PART_SECTIONS}
+        return {sec: set(getattr(self.meta, sec)) for sec in _PART_SECTIONS}
 
     def _finish(self, key: str, stream: PartStream, before: dict[str, set[str]],
                 result: DriveResult, part: dict[str, Any]) -> None:
         """The part's rows and its share of run.json to disk (experiments.parts), then the
         folder's top-level files again."""
-        part["meta"] = {sec: {k: v for k, v in (self.meta.get(sec) or {}).items()
+        part["meta"] = {sec: {k: v for k, v in getattr(self.meta, sec).items()
                               if k not in before[sec]} for sec in _PART_SECTIONS}
         part["links"] = [list(x) for x in result.links]
         self.folder.finish(key, stream, result.tokens, result.requests,
-                           [_jsonable(g) for g in result.routing], _jsonable(part))
+                           [jsonable(g) for g in result.routing], jsonable(part))
         self.links += result.links
         self.write()
 
@@ -506,19 +485,19 @@ class _Run:
             finally:  # what the runtime noticed (Swarm: the app shaper across hosts, deaths)
                 notes = runtime_notes(getattr(mesh, "launcher", None))
                 if notes:
-                    self.meta["runtime_notes"] = notes
+                    self.meta.runtime_notes = tuple(notes)
             lag = (None if self.scenario.clock == "virtual"  # no wall time waited: no lag
                    else await lagging.finish(result.started_perf))
             if lag is not None:
-                self.meta.setdefault("loop_lag", {})[key] = lag
+                self.meta.loop_lag[key] = lag
             if watch.deaths:
-                self.meta.setdefault("node_deaths", {})[key] = [
+                self.meta.node_deaths[key] = [
                     d.to_json(result.started_perf, self.clock) for d in watch.deaths]
                 for d in watch.deaths:
                     self.progress.note(f"{key}: node {d.node} {d.how}; log kept in "
                                        f"{d.log or '(none)'}; it restarts before the next arm")
-            self.meta["load"][key] = [round(load, 2), round(os.getloadavg()[0], 2)]
-            self.meta["faults"][key] = faults
+            self.meta.load[key] = [round(load, 2), round(os.getloadavg()[0], 2)]
+            self.meta.faults[key] = faults
             self._time(key, t)
             if rep:
                 result.tokens = relabel(result.tokens)
@@ -538,7 +517,7 @@ class _Run:
         self.progress.note(f"probing the {len(pairs_of(topo))} node pairs' links")
         t = time.monotonic()
         base = await probe_base(mesh, topo, _row_bytes(self.scenario))  # links at zero first
-        self.meta["fidelity"] = {
+        self.meta.fidelity = {
             "configured": {f"{a}-{b}": configured(topo, a, b) for a, b in pairs_of(topo)},
             "base": base, "combine": combine(mesh.shaper),
             "probe": await probe_mesh(mesh, topo, self.clock, _row_bytes(self.scenario)),
@@ -552,7 +531,7 @@ class _Run:
             return
         await mesh.reset()
         t = time.monotonic()
-        q = self.meta["quality"]
+        q = self.meta.quality
         limit = self.clock.to_wall_s(QUALITY_LIMIT_S)
         if "exact" not in q:
             q["exact"] = await score(mesh.urls, self.homes, self.windows, "exact",
@@ -581,36 +560,36 @@ class _Run:
             load = os.getloadavg()[0]
             result, _ = await _drive_with_faults(mesh, self.scenario, small, label, self.options,
                                                  self.progress, faults=False, stream=stream.add)
-            self.meta["load"][label.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
+            self.meta.load[label.label] = [round(load, 2), round(os.getloadavg()[0], 2)]
             await mesh.use_links(None)
-            self.meta["overhead"] = {
+            self.meta.overhead = {
                 "arm": arm.label, "requests": len(result.requests),
                 "links": "every link 0 ms delay, 0 jitter, 0% loss, 100 Gbit/s"}
             self._time("overhead_s", t)
             result.links, result.routing = [], []  # not the scenario's links; no routing file
-            self._finish(OVERHEAD, stream, before, result, {"overhead": self.meta["overhead"]})
+            self._finish(OVERHEAD, stream, before, result, {"overhead": self.meta.overhead})
             self.progress.end_arm()  # done once on disk, as an arm
         finally:
             stream.close()
 
-    def resume(self, old: Mapping[str, Any]) -> Scenario:
+    def resume(self, old: RunMeta) -> Scenario:
         """Take over a stopped run's parts (checked by experiments.resume first); returns the
         scenario to run on, with the factor the old run calibrated, not a new one."""
         from .resume import check
 
-        check(old, _jsonable(self.meta), self.out)
+        check(old, self.meta, self.out)
         kept = self.resume_from(old)
         self.progress.note(f"resuming {self.out}: {len(kept)} of {len(self.keys)} parts on disk"
                            + (f" ({', '.join(kept)})" if kept else ""))
-        if old.get("calibration") is not None:
-            self.scenario = replace(self.scenario, time_dilation=float(old["time_dilation"]),
+        if old.calibration is not None:
+            self.scenario = replace(self.scenario, time_dilation=old.time_dilation,
                                     auto_dilation=False)
         return self.scenario
 
     async def every_part(self, mesh: Any, orders: Sequence[Sequence[Arm]]) -> None:
         """On a started mesh: the link probe (unless a resumed run has it), every arm in every
         repetition's order, then the overhead run."""
-        if self.options.link_probe and not self.meta.get("fidelity"):
+        if self.options.link_probe and not self.meta.fidelity:
             await self.probe_links(mesh)
         for rep, order in enumerate(orders):
             for arm in order:
@@ -618,28 +597,28 @@ class _Run:
         if self.options.overhead_requests:
             await self.overhead(mesh)
 
-    def resume_from(self, old: Mapping[str, Any]) -> list[str]:
+    def resume_from(self, old: RunMeta) -> list[str]:
         """Take what a stopped run left in the folder: its run.json's probe, calibration and
         start, and every finished part's share of run.json and link samples. Returns the
         keys already done."""
-        for key in ("started", "fidelity", "calibration", "time_dilation", "resumed"):
-            if old.get(key) is not None:
-                self.meta[key] = old[key]
+        m = self.meta
+        m.started, m.time_dilation = old.started or m.started, old.time_dilation
+        m.fidelity = old.fidelity if old.fidelity is not None else m.fidelity
+        m.calibration = old.calibration if old.calibration is not None else m.calibration
         done = [k for k in self.keys if self.folder.done(k)]
         for key in done:
             part = self.folder.part(key)
             for sec, values in (part.get("meta") or {}).items():
                 if sec in _PART_SECTIONS:
-                    self.meta.setdefault(sec, {}).update(values)
+                    getattr(m, sec).update(values)
             self.links += [tuple(x) for x in part.get("links") or ()]
             if key == OVERHEAD:
-                self.meta["overhead"] = part.get("overhead")
-        self.meta.setdefault("resumed", []).append(
-            {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": done,
-             "commit": self.meta["host"].get("commit")})
+                m.overhead = part.get("overhead")
+        m.resumed = (*old.resumed, {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": done,
+                                    "commit": m.host.get("commit")})
         return done
 
-    def _render(self, out: Path) -> dict[str, Any]:
+    def _render(self, out: Path) -> RunMeta:
         from .report import build_report
 
         self.progress.note("writing the report")
@@ -649,15 +628,17 @@ class _Run:
     def write(self) -> None:
         """run.json and the top-level files from the finished parts (experiments.parts);
         `parts` says which are done, which are not, and whether the run is still going."""
-        self.meta.update(clock_meta())
-        if self.meta.get("fidelity"):
-            self.meta["fidelity"]["passive"] = passive(self.links, self.scenario.topology)
+        clock = clock_meta()
+        self.meta.clock, self.meta.virtual_speedup = clock["clock"], clock["virtual_speedup"]
+        self.meta.clock_stats = clock.get("clock_stats", self.meta.clock_stats)
+        if self.meta.fidelity:
+            self.meta.fidelity["passive"] = passive(self.links, self.scenario.topology)
         done = [k for k in self.keys if self.folder.done(k)]
-        state = ("failed" if "error" in self.meta else
+        state = ("failed" if self.meta.error is not None else
                  "finished" if len(done) == len(self.keys) else "running")
-        self.meta["parts"] = {"planned": list(self.keys), "done": done, "state": state,
+        self.meta.parts = {"planned": list(self.keys), "done": done, "state": state,
                               "partial": self.folder.partial()}
-        self.folder.rebuild(self.keys, _jsonable(self.meta))
+        self.folder.rebuild(self.keys, self.meta.to_json())
 
 
 def _check_dense_parts(arms: Sequence[Arm], shaper: str) -> None:
@@ -674,9 +655,9 @@ def _check_dense_parts(arms: Sequence[Arm], shaper: str) -> None:
 async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: MeshFactory,
                          out: Path, options: RunOptions | None = None, *,
                          notes: Sequence[str] = (), plan: WorkloadPlan | None = None,
-                         resume: Mapping[str, Any] | None = None,
-                         command: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Run every arm (see the module docstring); returns run.json's content.
+                         resume: RunMeta | None = None,
+                         command: Mapping[str, Any] | None = None) -> RunMeta:
+    """Run every arm (see the module docstring); returns run.json's record.
 
     Each finished part (an arm in a repetition, the overhead run) is on disk at once
     (experiments.parts). If the run fails half-way, run.json says `error` and which parts are
@@ -696,15 +677,15 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
     with RunProgress(f"moemesh run {scenario.name}: {plan.describe()}",
                      quiet=options.quiet) as progress:
         run = _Run(scenario, arms, options, plan, notes, progress, out)
-        run.meta["run_id"] = run_id
+        run.meta.run_id = run_id
         orders = rep_orders(list(arms), options.repeat)
-        run.meta["repeats"] = {"n": options.repeat,
+        run.meta.repeats = {"n": options.repeat,
                                "orders": [[a.label for a in o] for o in orders]}
         run.keys = [rep_label(a.label, rep) for rep, order in enumerate(orders) for a in order]
         if options.overhead_requests:
             run.keys.append(OVERHEAD)
         if command is not None:
-            run.meta["command"] = dict(command)
+            run.meta.command = dict(command)
         if resume is not None:
             scenario = run.resume(resume)
         run.write()  # run.json from the start: a run killed in its first part says so
@@ -719,12 +700,12 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
                           f"{len(scenario.topology.nodes)} nodes)")
             t0 = time.monotonic()
             async with open_mesh(scenario, first) as mesh:
-                run.meta["runtime"], run.meta["shaper"] = mesh.runtime, mesh.shaper
+                run.meta.runtime, run.meta.shaper = mesh.runtime, mesh.shaper
                 _check_dense_parts(arms, mesh.shaper)
                 run._time("mesh_start_s", t0)
                 await run.every_part(mesh, orders)
         except BaseException as exc:
-            run.meta["error"] = f"{type(exc).__name__}: {exc}"
+            run.meta.error = f"{type(exc).__name__}: {exc}"
             run._time("total_s", t_all)
             run.write()
             finish_out(out, ok=False)

@@ -165,12 +165,13 @@ def _num(x: float) -> float | None:
 def world_done(folder: Path) -> bool:
     """Whether `folder` holds a complete run (summary drawn, no part missing, no error)."""
     from .parts import missing
+    from .runmeta import RunMeta
 
     try:
-        meta = json.loads((folder / "run.json").read_text())
+        meta = RunMeta.read(folder / "run.json")
     except (OSError, ValueError):
         return False
-    return (folder / "summary.json").is_file() and not meta.get("error") and not missing(meta)
+    return (folder / "summary.json").is_file() and not meta.error and not missing(meta)
 
 
 def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_seed: int,

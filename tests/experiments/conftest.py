@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from experiments.rows import RequestRow, TokenRow, write_rows
+from experiments.runmeta import RunMeta
 from netem.spec import LinkSpec
 from orchestrator.scenario import IntRange, Scenario, Workload
 from orchestrator.topology import Node, Topology
@@ -96,6 +97,11 @@ def write_run(folder: Path, arms: list[dict[str, Any]], tokens: list[TokenRow],
         write_rows(folder / "overhead.csv", overhead_rows, TokenRow)
     (folder / "run.json").write_text(json.dumps(data))
     return folder
+
+
+def meta_of(data: dict[str, Any]) -> RunMeta:
+    """A run.json record from just the keys a test is about (scenario "s", no arm else)."""
+    return RunMeta.from_json({"scenario": "s", "arms": [], **data})
 
 
 def arm(label: str, policy: str | None = None, **extra: Any) -> dict[str, Any]:

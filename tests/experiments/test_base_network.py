@@ -30,20 +30,20 @@ def test_base_is_added_to_the_configured_round_trip_in_scenario_time() -> None:
 
 
 def test_the_report_states_the_runtime_and_that_the_delay_is_added() -> None:
-    text = "\n".join(_base_lines(RunMeta("s", (), runtime="swarm", time_dilation=4.0,
-                                          fidelity=fidelity())))
+    text = "\n".join(_base_lines(RunMeta(scenario="s", arms=(), runtime="swarm",
+                                         time_dilation=4.0, fidelity=fidelity())))
     assert "## Base network" in text and "swarm runtime" in text and "**added**" in text
     assert "| a-b | 0.5 | 900 | 0.125 | 8 | 8.12 |" in text
     assert "TimeoutError" in text
-    assert _base_lines(RunMeta("s", ())) == []  # a run without the probe: no section
+    assert _base_lines(RunMeta(scenario="s", arms=())) == []  # a run without the probe: no section
 
 
 def test_under_the_app_shaper_the_base_is_absorbed_not_added() -> None:
     data = {**fidelity(), "combine": combine("app")}
     (ab, _) = base_rows(data, RunClock(4.0))
     assert ab["expected_rtt_ms"] == pytest.approx(8.0)  # max(configured, base / TDF)
-    text = "\n".join(_base_lines(RunMeta("s", (), runtime="docker", time_dilation=4.0,
-                                          fidelity=data)))
+    text = "\n".join(_base_lines(RunMeta(scenario="s", arms=(), runtime="docker",
+                                         time_dilation=4.0, fidelity=data)))
     assert "**absorbed**" in text and "one host only" in text
 
 
@@ -64,7 +64,7 @@ def test_in_virtual_time_there_is_no_base_network_and_no_negative_round_trip() -
     fid = {"configured": {"a-b": {"delay_ms": 4.0}},
            "base": {"a-b": {"delay_ms": -3.2e-07, "rate_mbit": 99999.0}},
            "combine": combine("app")}
-    text = "\n".join(_base_lines(RunMeta("s", (), runtime="local", fidelity=fid,
-                                          extra={"clock": "virtual"})))
+    text = "\n".join(_base_lines(RunMeta(scenario="s", arms=(), runtime="local",
+                                         fidelity=fid, clock="virtual")))
     assert "## Base network" in text and "None in virtual time" in text
     assert "6.4e-07 ms" in text and "| a-b |" not in text

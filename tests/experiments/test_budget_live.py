@@ -64,7 +64,7 @@ def tight_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Scenario, dict,
                                       RunOptions(quality_windows=16, quality_seq=512,
                                                  quiet=True)))
     for arm in arms:
-        assert [(e["action"], e["ok"]) for e in meta["faults"][arm.label]] == [
+        assert [(e["action"], e["ok"]) for e in meta.faults[arm.label]] == [
             ("node-down", True), ("node-up", True)]
     return scenario, meta, out
 
@@ -87,7 +87,7 @@ def test_no_token_exceeds_its_budget_or_fails_but_for_want_of_a_replica(tight_ru
 def test_run_quality_delta_stays_within_the_budget(tight_run) -> None:
     scenario, meta, out = tight_run
     summary = json.loads((out / "summary.json").read_text())
-    qset = identical_set(meta["quality"])
+    qset = identical_set(meta.quality)
     budget = scenario.quality_budget_pct
     for label, p in summary["policies"].items():
         assert p["quality_delta_pct"] is not None, label
@@ -103,7 +103,7 @@ def test_no_token_fails_once_the_node_is_back(tight_run) -> None:
     _, meta, out = tight_run
     late = []
     for r in read_rows(out / "tokens.csv", TokenRow):
-        up = next(e["done_s"] for e in meta["faults"][r.policy] if e["action"] == "node-up")
+        up = next(e["done_s"] for e in meta.faults[r.policy] if e["action"] == "node-up")
         if r.sent_s > up + 0.25 and not r.ok:
             late.append((r.policy, r.request, r.index, r.reason))
     assert late == []

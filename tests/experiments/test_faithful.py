@@ -18,7 +18,7 @@ from experiments.metrics import policy_stats
 from experiments.quality import identical_set
 from experiments.report import build_report
 from experiments.rows import TokenRow
-from tests.experiments.conftest import arm, make_rows, write_run
+from tests.experiments.conftest import arm, make_rows, meta_of, write_run
 
 
 def _split(rows: list[TokenRow], overhead_share: float) -> list[TokenRow]:
@@ -179,18 +179,18 @@ def test_the_flags_follow_the_limits() -> None:
     rows, reqs = make_rows("p", 20.0)
     ok = policy_stats("p", _split(rows, 0.049), reqs)
     over = policy_stats("p", _split(rows, 0.051), reqs)
-    assert assess({}, [ok]) == (True, [])
-    assert not assess({}, [over])[0]
-    lag = {"loop_lag": {"p": {"n1": {"p99_ms": 9.0, "max_ms": 9.0, "over_5ms_frac": 0.01}},
+    assert assess(meta_of({}), [ok]) == (True, [])
+    assert not assess(meta_of({}), [over])[0]
+    lag = meta_of({"loop_lag": {"p": {"n1": {"p99_ms": 9.0, "max_ms": 9.0, "over_5ms_frac": 0.01}},
                         "p#rep1": {"n1": {"p99_ms": 9.0, "max_ms": 30.0,
                                           "over_5ms_frac": 0.011}},
-                        "other": {"n1": {"over_5ms_frac": 0.5}}}}
+                        "other": {"n1": {"over_5ms_frac": 0.5}}}})
     good, reasons = assess(lag, [ok])
     assert not good and len(reasons) == 1 and reasons[0].startswith("p#rep1: n1")
     assert loop_lag_of(lag, "p") == {"p99": 9.0, "max": 30.0, "over_5ms_frac": 0.011,
                                      "node": "n1"}
-    assert loop_lag_of({}, "p") is None
-    assert assess({}, [ok], {"exact": 1})[1][0].startswith("1 scoring token(s) failed")
+    assert loop_lag_of(meta_of({}), "p") is None
+    assert assess(meta_of({}), [ok], {"exact": 1})[1][0].startswith("1 scoring token(s) failed")
 
 
 def test_no_loop_lag_recorded_is_null_not_a_flag(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.metrics import LatencyHist, compare, policy_stats, summary_json
 from experiments.rows import RequestRow, TokenRow, read_rows, write_rows
-from tests.experiments.conftest import make_rows, token
+from tests.experiments.conftest import make_rows, meta_of, token
 
 POLICY_KEYS = {"tokens", "failed_tokens", "rerouted_tokens", "latency_ms", "ttft_ms",
                "throughput_tok_s", "traffic_bytes", "quality_delta_pct", "mix",
@@ -60,8 +60,8 @@ def test_slo_share_counts_requests_whose_mean_token_latency_fits() -> None:
 def test_summary_json_has_exactly_the_design_shape() -> None:
     tokens, requests = make_rows("hetroute", 20.0)
     s = policy_stats("hetroute", tokens, requests, quality_delta_pct=0.5)
-    meta = {"scenario": "x", "runtime": "local", "shaper": "app", "model": "tiny-moe",
-            "seed": 3, "time_dilation": 2}
+    meta = meta_of({"scenario": "x", "runtime": "local", "shaper": "app", "model": "tiny-moe",
+                    "seed": 3, "time_dilation": 2})
     out = summary_json(meta, [s])
     assert set(out) == {"scenario", "runtime", "shaper", "model", "seed", "time_dilation",
                         "clock", "virtual_speedup", "policies", "faithful",

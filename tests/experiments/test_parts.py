@@ -5,14 +5,17 @@ and --resume refuses a different run, naming what differs."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from experiments.parts import OVERHEAD, RunFolder, missing
 from experiments.resume import check, load
 from experiments.rows import RequestRow, TokenRow, read_rows
-from tests.experiments.conftest import token
+from experiments.runmeta import RunMeta
+from tests.experiments.conftest import meta_of, token
 from tests.helpers import moemesh
 
 
@@ -59,31 +62,45 @@ def test_finished_parts_make_the_top_level_files_in_run_order(tmp_path: Path) ->
 def test_a_partial_folder_says_what_is_missing_and_why() -> None:
     parts = {"planned": ["a", "b", "c"], "done": ["a"], "state": "running",
              "partial": {"b": 7}}
-    gone = missing({"parts": parts})
+    gone = missing(meta_of({"parts": parts}))
     assert list(gone) == ["b", "c"]
     assert "stopped before it" in gone["c"] and "--resume" in gone["c"]
     assert "7 token rows streamed" in gone["b"]
-    failed = missing({"parts": {**parts, "state": "failed"}, "error": "FaultError: x"})
+    failed = missing(meta_of({"parts": {**parts, "state": "failed"}, "error": "FaultError: x"}))
     assert "FaultError: x" in failed["c"]
-    assert missing({"scenario": "an older run"}) == {}
+    assert missing(meta_of({"scenario": "an older run"})) == {}
 
 
 def test_resume_refuses_another_commit_scenario_or_arms(tmp_path: Path) -> None:
-    old = {"host": {"commit": "abc1234"}, "scenario_data": {"workload": {"requests": 8}},
-           "arms": [{"label": "a"}], "options": {"repeat": 1}, "trace": None,
-           "parts": {"planned": ["a"], "done": []}}
-    check(old, json.loads(json.dumps(old)), tmp_path)  # the same run: fine
+    data = {"scenario": "s", "host": {"commit": "abc1234"},
+            "scenario_data": {"workload": {"requests": 8}},
+            "arms": [{"label": "a"}], "options": {"repeat": 1}, "trace": None,
+            "parts": {"planned": ["a"], "done": []}}
+    old = RunMeta.from_json(data)
+
+    def new(**changes: Any) -> RunMeta:
+        return RunMeta.from_json({**data, **changes})
+
+    check(old, new(), tmp_path)  # the same run: fine
+    # compared as run.json has them: a tuple the runner holds is the list read back
+    check(replace(old, arms=({"label": "a", "nodes": []},)),
+          replace(old, arms=({"label": "a", "nodes": ()},)), tmp_path)
     with pytest.raises(ValueError, match="commit differs: the run was made at abc1234, "
                                          "this is def5678"):
-        check(old, {**old, "host": {"commit": "def5678"}}, tmp_path)
+        check(old, new(host={"commit": "def5678"}), tmp_path)
     with pytest.raises(ValueError, match=r"scenario differs .* at workload\.requests"):
-        check(old, {**old, "scenario_data": {"workload": {"requests": 7}}}, tmp_path)
+        check(old, new(scenario_data={"workload": {"requests": 7}}), tmp_path)
     with pytest.raises(ValueError, match=r"policies differ from the run's, at arms"):
-        check(old, {**old, "arms": [{"label": "a"}, {"label": "b"}]}, tmp_path)
+        check(old, new(arms=[{"label": "a"}, {"label": "b"}]), tmp_path)
     with pytest.raises(ValueError, match="nothing to resume"):
         load(tmp_path)
     (tmp_path / "run.json").write_text(json.dumps({"scenario": "s", "arms": []}))
     with pytest.raises(ValueError, match="before runs could be resumed"):
+        load(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    assert load(tmp_path) == old  # a resumable run.json: read as the record
+    (tmp_path / "run.json").write_text(json.dumps({**data, "seed": "five"}))
+    with pytest.raises(ValueError, match="field 'seed' must be an integer"):
         load(tmp_path)
 
 
@@ -93,7 +110,8 @@ def test_the_cli_says_what_is_wrong_with_a_resume(tmp_path: Path,
     assert "no run.json there" in capsys.readouterr().err
     assert moemesh("run") == 2
     assert "give a SCENARIO" in capsys.readouterr().err
-    (tmp_path / "run.json").write_text(json.dumps({"scenario_data": {}, "parts": {}}))
+    (tmp_path / "run.json").write_text(json.dumps({"scenario": "s", "arms": [],
+                                                   "scenario_data": {}, "parts": {}}))
     assert moemesh("run", "--resume", str(tmp_path), "--capacity") == 2
     assert "not with --capacity" in capsys.readouterr().err
     assert moemesh("run", "--resume", str(tmp_path), "--out", str(tmp_path / "x")) == 2

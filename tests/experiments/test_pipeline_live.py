@@ -48,7 +48,7 @@ def test_a_pipelined_arm_runs_on_its_stages_and_the_run_says_so(tmp_path: Path) 
     out = tmp_path / "out"
     meta = asyncio.run(run_experiment(scenario, arms, open_live, out,
                                       RunOptions(quality_windows=0, quiet=True)))
-    dense = meta["dense"]
+    dense = meta.dense
     assert dense["hetroute"]["mode"] == "home"
     piped = dense["edgeshard"]
     assert piped["mode"] == "pipeline" and len(piped["pipelines"]) == 2  # redundancy 2.0

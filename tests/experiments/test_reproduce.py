@@ -13,7 +13,7 @@ from experiments.metrics import policy_stats
 from experiments.repro_table import folder_rows, main, markdown
 from experiments.reproduce_load import load_rows, paired_slo, slo_passes
 from experiments.rows import RequestRow, TokenRow
-from tests.experiments.conftest import arm, make_rows, write_run
+from tests.experiments.conftest import arm, make_rows, meta_of, write_run
 
 ARMS = [arm("edgeshard", "greedy", placement="layer-shard"),
         arm("prism", "greedy", placement="prism"), arm("hetroute")]
@@ -215,7 +215,7 @@ def test_edgeshard_is_the_pipelined_arm_and_layer_shard_only_in_older_runs() -> 
              "dense": "pipeline"}
     old = {"label": "layer-shard", "policy": "greedy", "placement": "layer-shard"}
     both = [old, piped]
-    assert find_arm(edgeshard, both, {"arms": both}) == "edgeshard"
-    assert find_arm(edgeshard, [old], {"arms": [old]}) == "layer-shard"
+    assert find_arm(edgeshard, both, meta_of({"arms": both})) == "edgeshard"
+    assert find_arm(edgeshard, [old], meta_of({"arms": [old]})) == "layer-shard"
     at_home = {**piped, "dense": "home"}  # the stages gathered at home are not EdgeShard's
-    assert find_arm(edgeshard, [at_home], {"arms": [at_home]}) is None
+    assert find_arm(edgeshard, [at_home], meta_of({"arms": [at_home]})) is None

@@ -117,10 +117,10 @@ async def test_faults_happen_and_nothing_is_left_behind(tmp_path: Path) -> None:
     meta = await run_experiment(scenario, arms, open_mesh, tmp_path / "out",
                                 RunOptions(quality_windows=0, overhead_requests=0, quiet=True,
                                            repeat=2))
-    assert meta["repeats"] == {"n": 2, "orders": [["hetroute"], ["hetroute"]]}
-    assert "node_deaths" not in meta  # a scheduled node-down is a fault, not a death
+    assert meta.repeats == {"n": 2, "orders": [["hetroute"], ["hetroute"]]}
+    assert not meta.node_deaths  # a scheduled node-down is a fault, not a death
     for key in ("hetroute", "hetroute#rep1"):  # every repetition has the fault timeline
-        events = meta["faults"][key]
+        events = meta.faults[key]
         assert [(e["action"], e["at_s"]) for e in events] == [
             ("link-down", 1.0), ("node-down", 1.5), ("link-up", 3.0), ("node-up", 3.5)]
         assert all(e["ok"] and e["done_s"] >= e["at_s"] for e in events)
@@ -218,12 +218,12 @@ async def test_a_node_killed_hard_mid_arm_is_named_in_the_verdict_with_its_log(
                                 RunOptions(quality_windows=0, overhead_requests=0, quiet=True,
                                            repeat=2, link_probe=False))
     assert killed, "the kill never happened"
-    (death,) = meta["node_deaths"]["hetroute"]
+    (death,) = meta.node_deaths["hetroute"]
     assert death["node"] == "edge3" and death["how"].startswith("exited")
     assert 0 < death["at_s"] < 8.0 and death["log"] == "logs/edge3.log"
     log = (out / "logs" / "edge3.log").read_text()
     assert "edge3" in log and len(log) > 0  # the node's own output, kept
-    assert "hetroute#rep1" not in meta.get("node_deaths", {})  # restarted, and it held
+    assert "hetroute#rep1" not in meta.node_deaths  # restarted, and it held
     summary = json.loads((out / "summary.json").read_text())
     assert summary["faithful"] is False
     assert any("not faithful: node died: edge3" in r for r in summary["unfaithful_reasons"])

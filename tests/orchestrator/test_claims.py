@@ -14,6 +14,7 @@ from experiments.metrics import Comparison
 from experiments.paired import METRICS
 from experiments.prereg import judge_run, prereg_lines
 from experiments.report import p_disagrees
+from experiments.runmeta import RunMeta
 from orchestrator.arms import load_experiment
 from orchestrator.claims import CLAIM_METRICS, Claim, judge
 from orchestrator.scenario import scenario_from_data, scenario_to_data
@@ -89,19 +90,20 @@ def test_the_verdict_follows_the_ci_and_the_minimum_effect() -> None:
 def test_a_run_judges_exactly_its_claims_and_states_its_hash() -> None:
     g, _ = make_rows("greedy", 20.0, seed=1)
     h = [replace(t, policy="hetroute", latency_ms=t.latency_ms * 0.8) for t in g]
-    meta = {"seed": 3, "scenario_sha256": "f" * 64,
+    meta = RunMeta.from_json({"scenario": "s", "arms": [], "seed": 3,
+                              "scenario_sha256": "f" * 64,
             "claims": [{"metric": "mean_latency", "policy": "hetroute", "baseline": "greedy",
                         "direction": "lower"},
                        {"metric": "mean_latency", "policy": "greedy", "baseline": "hetroute",
                         "direction": "lower"},
                        {"metric": "traffic", "policy": "moving", "baseline": "greedy",
-                        "direction": "lower"}]}
+                        "direction": "lower"}]})
     judged = judge_run(meta, {"greedy": g, "hetroute": h})
     assert [j["verdict"] for j in judged] == ["held", "reversed", "n/a (arm not run)"]
     assert judged[0]["change_pct"] == pytest.approx(-20.0)
     text = "\n".join(prereg_lines(meta, {"greedy": g, "hetroute": h}))
     assert "f" * 64 in text and "| hetroute lower than greedy on mean_latency | -20.0% |" in text
-    none = "\n".join(prereg_lines({"seed": 1}, {"greedy": g}))
+    none = "\n".join(prereg_lines(RunMeta(scenario="s", arms=(), seed=1), {"greedy": g}))
     assert "states no claims" in none and "no sha256" in none
 
 
