@@ -48,11 +48,8 @@ BAND = 0.95  # the share of the draws' fits a trace pair's band holds
 
 def trace_of(topology: Topology, src: str, dst: str) -> DeliveryTrace | None:
     """The Mahimahi trace the src → dst link follows, or None (a static or stepped link)."""
-    for link in topology.links:
-        if (link.src, link.dst) == (src, dst):
-            schedule = link.spec.schedule
-            return None if schedule is None else schedule.trace
-    return None
+    schedule = topology.link(src, dst).schedule
+    return None if schedule is None else schedule.trace
 
 
 def traces_of(topology: Topology, a: str, b: str) -> dict[str, Any] | None:
@@ -60,10 +57,10 @@ def traces_of(topology: Topology, a: str, b: str) -> dict[str, Any] | None:
     a way without one), or None when neither way follows a trace."""
     out = {}
     for key, (src, dst) in (("ab", (a, b)), ("ba", (b, a))):
-        trace = trace_of(topology, src, dst)
-        spec = next(link.spec for link in topology.links if (link.src, link.dst) == (src, dst))
+        schedule = topology.link(src, dst).schedule
+        trace = None if schedule is None else schedule.trace
         out[key] = None if trace is None else {
-            "source": spec.schedule.source, "mean_mbit": round(trace.mean_rate_mbit(), 4),
+            "source": schedule.source, "mean_mbit": round(trace.mean_rate_mbit(), 4),
             "period_s": trace.period_ms / 1e3}
     return out if any(out.values()) else None
 
@@ -82,7 +79,7 @@ def leaves_ms(trace: DeliveryTrace, t_ms: float, nbytes: int) -> float:
 
 
 def _way(topology: Topology, src: str, dst: str) -> dict[str, Any]:
-    link = next(lk.spec for lk in topology.links if (lk.src, lk.dst) == (src, dst))
+    link = topology.link(src, dst)
     return {"trace": trace_of(topology, src, dst), "rate_mbit": link.rate_mbit,
             "delay_ms": link.delay_ms, "jitter_ms": link.jitter_ms, "dist": link.jitter_dist,
             "up": topology.node(src).uplink_mbit,
