@@ -45,6 +45,13 @@ under tc the host's own time per message (its CPU turning bytes into packets and
 partly behind the serialisation and is not subtracted: the longer the serialisation beside
 it, the smaller the error.
 
+**Trace links.** A pair whose link follows a Mahimahi trace has no rate of its own: its
+probe (`TRACE_LARGE` large messages) is judged against the traces over the probe's own window,
+each message replayed from its emulated send time where the trace stood then, jitter drawn
+(experiments.tracefid): the expected delay and goodput are the draws' median, and the limits
+apply beyond the middle `tracefid.BAND` of the draws. Its run delay is shown, not judged (a
+token's record does not say when its bytes met the trace).
+
 **What a rate counts.** The app shaper serialises a message's body; tc's HTB counts every
 frame on the wire: the body, the HTTP head (about `HTTP_HEAD_BYTES`) and `FRAME_BYTES` of
 Ethernet, IP and TCP headers per segment of `MSS_BYTES`. Under tc the fits count the bytes the
@@ -73,10 +80,11 @@ from .tracefid import expectation, link_origins, traces_of
 
 __all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "TRACE_NOTE", "base_rows", "combine",
            "link_samples", "pair_rows", "passive", "probe_base", "probe_mesh", "probe_uplinks",
-           "summary_of", "uplink_fit", "uplink_rows", "wire_bytes"]
+           "summary_of", "trace_band", "uplink_fit", "uplink_rows", "wire_bytes"]
 
 SMALL = 20  # one-row messages per pair
 LARGE = 4  # large messages per pair
+TRACE_LARGE = 12  # per pair whose link follows a trace (experiments.tracefid)
 NO_EXPERT = "holds no expert"  # router.probe's refusal when the peer has nothing to answer
 LARGE_MS = 4.0  # scenario ms a large message takes to serialise at the configured rate
 MAX_LARGE_BYTES = 8 * 2**20
@@ -90,11 +98,13 @@ UPLINK_MS = 40.0  # scenario ms one access-link probe message takes at the uplin
 UPLINK_ROUNDS = 5  # alone-then-together rounds per access link, the median rate
 UPLINK_WARMUP = 1  # rounds sent first and not counted (in the lab their lone trips were slow)
 REFILLS = 2.0  # an access-link probe's send waits this many bucket refills first
-TRACE_NOTE = (" A link that follows a Mahimahi trace has no rate of its own: its pair's "
-              "expected delay and goodput ('trace window') are the probe's fit with each of "
-              "its messages timed by the trace from the instant it was handed over (where the "
-              "trace stood then, its loop included), so a link that follows its trace reads ok "
-              "and one that does not, off; its run delay is shown, not judged.")
+TRACE_NOTE = (" A link that follows a Mahimahi trace has no rate of its own. Its pair is "
+              f"probed with {TRACE_LARGE} large messages, and its expected delay and goodput "
+              "('trace window') are the probe's fit with each message timed by the trace from "
+              "the instant it was handed over (where the trace stood then, its loop included): "
+              "the median over draws of the links' jitter, beside the range that holds 95% of "
+              "the draws; the limits apply beyond that range. A link that follows its trace "
+              "reads ok, one that does not, off; its run delay is shown, not judged.")
 FRAME_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 32 (with timestamps) per segment
 HTTP_HEAD_BYTES = 250  # a data-plane request's or answer's HTTP head, about (aiohttp)
 
@@ -219,8 +229,10 @@ async def probe_mesh(mesh: Any, topology: Topology, run_clock: RunClock, row_byt
 
     async def one(session: aiohttp.ClientSession, a: str, b: str) -> None:
         conf = configured(topology, a, b)
-        rows = [1] * SMALL + [_large_rows(min(conf["rate_ab_mbit"], conf["rate_ba_mbit"]),
-                                          row_bytes)] * LARGE
+        large = _large_rows(min(conf["rate_ab_mbit"], conf["rate_ba_mbit"]), row_bytes)
+        # over a trace each large message meets other opportunities as the jitter moves it:
+        # more of them, for a median that moves less
+        rows = [1] * SMALL + [large] * (TRACE_LARGE if "trace" in conf else LARGE)
         timeout_s = run_clock.to_wall_s(30.0)
         async with limit:
             try:
@@ -536,6 +548,13 @@ def _expected(conf: Mapping[str, Any], probe: Mapping[str, Any]) -> dict[str, An
     ser = d_out * 8 / (out_rate * 1e3) + d_in * 8 / (in_rate * 1e3)
     return {"delay_ms": conf["delay_ms"],
             "rate_mbit": 8 * (d_out + d_in) / (ser * 1e3) if ser > 0 else math.nan}
+
+
+def trace_band(row: Mapping[str, Any], key: str) -> str:
+    """A trace pair's expected cell's tail, " (trace window a–b)": the band its jitter alone
+    spreads the fit over; "" for a static pair."""
+    band = row.get(key) if row.get("expected") else None
+    return "" if not band else f" (trace window {band[0]:.4g}–{band[1]:.4g})"
 
 
 def summary_of(fidelity: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -38,6 +38,7 @@ from .fidelity import (
     base_rows,
     pair_rows,
     summary_of,
+    trace_band,
     uplink_rows,
 )
 from .headline import headline_lines
@@ -409,11 +410,11 @@ def _fidelity_lines(meta: RunMeta) -> list[str]:
         probe_err = r.get("probe_error")
         table.append([
             r["pair"], _f(r.get("expected_delay_ms", r["configured_delay_ms"]))
-            + (" (trace window)" if r.get("expected") else ""),
+            + trace_band(r, "delay_band_ms"),
             probe_err or _f(r.get("probe_delay_ms")), _signed(r.get("delay_error_ms")),
             _f(r.get("passive_delay_ms")) + (f" ({r['passive_n']})" if "passive_n" in r else ""),
             _signed(r.get("passive_error_ms")), _f(r.get("configured_rate_mbit"), 4)
-            + (" (trace window)" if r.get("expected") else ""),
+            + trace_band(r, "rate_band_mbit"),
             _f(r.get("probe_rate_mbit"), 4), _signed(r.get("rate_error_pct"), "%", 2),
             "**off**: " + ", ".join(r["off"]) if r["off"] else "ok"])
     lines += _table(["pair", "configured delay ms", "probe delay", "error ms", "run delay (n)",
