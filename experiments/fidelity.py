@@ -45,6 +45,13 @@ under tc the host's own time per message (its CPU turning bytes into packets and
 partly behind the serialisation and is not subtracted: the longer the serialisation beside
 it, the smaller the error.
 
+**Trace links.** A pair whose link follows a Mahimahi trace has no rate of its own: its
+probe (`TRACE_LARGE` large messages) is judged against the traces over the probe's own window,
+each message replayed from its emulated send time where the trace stood then, jitter drawn
+(experiments.tracefid): the expected delay and goodput are the draws' median, and the limits
+apply beyond the middle `tracefid.BAND` of the draws. Its run delay is shown, not judged (a
+token's record does not say when its bytes met the trace).
+
 **What a rate counts.** The app shaper serialises a message's body; tc's HTB counts every
 frame on the wire: the body, the HTTP head (about `HTTP_HEAD_BYTES`) and `FRAME_BYTES` of
 Ethernet, IP and TCP headers per segment of `MSS_BYTES`. Under tc the fits count the bytes the
@@ -69,12 +76,15 @@ from orchestrator.topology import Topology
 from router.probe import MAX_GAP_S
 from services.wire import MAX_ROWS
 
-__all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "base_rows", "combine", "link_samples",
-           "pair_rows", "passive", "probe_base", "probe_mesh", "probe_uplinks", "summary_of",
-           "uplink_fit", "uplink_rows", "wire_bytes"]
+from .tracefid import expectation, link_origins, traces_of
+
+__all__ = ["DELAY_ABS_MS", "DELAY_REL", "RATE_REL", "TRACE_NOTE", "base_rows", "combine",
+           "link_samples", "pair_rows", "passive", "probe_base", "probe_mesh", "probe_uplinks",
+           "summary_of", "trace_band", "uplink_fit", "uplink_rows", "wire_bytes"]
 
 SMALL = 20  # one-row messages per pair
 LARGE = 4  # large messages per pair
+TRACE_LARGE = 12  # per pair whose link follows a trace (experiments.tracefid)
 NO_EXPERT = "holds no expert"  # router.probe's refusal when the peer has nothing to answer
 LARGE_MS = 4.0  # scenario ms a large message takes to serialise at the configured rate
 MAX_LARGE_BYTES = 8 * 2**20
@@ -88,6 +98,13 @@ UPLINK_MS = 40.0  # scenario ms one access-link probe message takes at the uplin
 UPLINK_ROUNDS = 5  # alone-then-together rounds per access link, the median rate
 UPLINK_WARMUP = 1  # rounds sent first and not counted (in the lab their lone trips were slow)
 REFILLS = 2.0  # an access-link probe's send waits this many bucket refills first
+TRACE_NOTE = (" A link that follows a Mahimahi trace has no rate of its own. Its pair is "
+              f"probed with {TRACE_LARGE} large messages, and its expected delay and goodput "
+              "('trace window') are the probe's fit with each message timed by the trace from "
+              "the instant it was handed over (where the trace stood then, its loop included): "
+              "the median over draws of the links' jitter, beside the range that holds 95% of "
+              "the draws; the limits apply beyond that range. A link that follows its trace "
+              "reads ok, one that does not, off; its run delay is shown, not judged.")
 FRAME_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 32 (with timestamps) per segment
 HTTP_HEAD_BYTES = 250  # a data-plane request's or answer's HTTP head, about (aiohttp)
 
@@ -146,10 +163,12 @@ def configured(topology: Topology, a: str, b: str) -> dict[str, float]:
     specs = _specs(topology)
     ab, ba = specs[(a, b)], specs[(b, a)]
     shared = any(topology.node(n).access for n in (a, b))
+    trace = traces_of(topology, a, b)
     return {"delay_ms": (ab.delay_ms + ba.delay_ms) / 2,
             "rate_ab_mbit": _rate(topology, a, b, ab), "rate_ba_mbit": _rate(topology, b, a, ba),
             "jitter_ms": max(ab.jitter_ms, ba.jitter_ms),
-            "loss_pct": max(ab.loss_pct, ba.loss_pct), **({"shared": True} if shared else {})}
+            "loss_pct": max(ab.loss_pct, ba.loss_pct), **({"shared": True} if shared else {}),
+            **({"trace": trace} if trace else {})}
 
 
 def _large_rows(rate_mbit: float, row_bytes: int, ms: float = LARGE_MS) -> int:
@@ -210,8 +229,10 @@ async def probe_mesh(mesh: Any, topology: Topology, run_clock: RunClock, row_byt
 
     async def one(session: aiohttp.ClientSession, a: str, b: str) -> None:
         conf = configured(topology, a, b)
-        rows = [1] * SMALL + [_large_rows(min(conf["rate_ab_mbit"], conf["rate_ba_mbit"]),
-                                          row_bytes)] * LARGE
+        large = _large_rows(min(conf["rate_ab_mbit"], conf["rate_ba_mbit"]), row_bytes)
+        # over a trace each large message meets other opportunities as the jitter moves it:
+        # more of them, for a median that moves less
+        rows = [1] * SMALL + [large] * (TRACE_LARGE if "trace" in conf else LARGE)
         timeout_s = run_clock.to_wall_s(30.0)
         async with limit:
             try:
@@ -228,6 +249,9 @@ async def probe_mesh(mesh: Any, topology: Topology, run_clock: RunClock, row_byt
                         data = await _probe_pair(session, urls[b], token, b, a, rows,
                                                  timeout_s)
                         fit = {**_fit(data["samples"], run_clock, clock, framed), "reversed": True}
+                    if conf.get("trace") and clock == "rtt_ms":
+                        fit["trace"] = await _trace_fit(session, urls, token, topology, data,
+                                                        run_clock)
                 out[f"{a}-{b}"] = fit
             except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError,
                     statistics.StatisticsError) as exc:
@@ -237,6 +261,24 @@ async def probe_mesh(mesh: Any, topology: Topology, run_clock: RunClock, row_byt
         for a, b in pairs_of(topology):
             tg.create_task(one(session, a, b))
     return {k: out[k] for k in sorted(out)}
+
+
+async def _trace_fit(session: aiohttp.ClientSession, urls: Mapping[str, str], token: str,
+                     topology: Topology, data: Mapping[str, Any], run_clock: RunClock
+                     ) -> dict[str, Any]:
+    """What the probe `data` should have read over a pair whose link follows a Mahimahi trace
+    (experiments.tracefid): the fit of its samples as the traces would time them, with each
+    way's rate over the large messages' windows; {"error"} when the shaper does not say where
+    its trace stood (tc follows the trace's rate bins and keeps no origin)."""
+    src, dst = data["home"], data["peer"]
+    pairs = [(src, dst), (dst, src)]
+    try:
+        origins = await link_origins(session, urls, token, pairs)
+        if len(origins) < 2:
+            return {"error": "the shaper keeps no trace origin (tc, or a node before it did)"}
+        return expectation(data["samples"], topology, src, dst, origins, run_clock, _fit)
+    except (aiohttp.ClientError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def uplink_fit(rounds: Sequence[Mapping[str, Any]], run_clock: RunClock, framed: bool = False,
@@ -447,33 +489,72 @@ def pair_rows(fidelity: Mapping[str, Any] | None) -> list[dict[str, Any]]:
             row["probe_error"] = "no fit (large messages no slower than small ones)"
             off.append("no fit")
         elif "error" not in probe:
-            d_out, d_in = probe["d_out"], probe["d_in"]
-            out_rate, in_rate = conf["rate_ab_mbit"], conf["rate_ba_mbit"]
-            if probe.get("reversed"):  # probed from the pair's second node
-                out_rate, in_rate = in_rate, out_rate
-            ser = d_out * 8 / (out_rate * 1e3) + d_in * 8 / (in_rate * 1e3)
-            rate = 8 * (d_out + d_in) / (ser * 1e3) if ser > 0 else math.nan
-            row.update(configured_rate_mbit=rate, probe_delay_ms=probe["delay_ms"],
-                       probe_rate_mbit=probe["rate_mbit"],
-                       delay_error_ms=probe["delay_ms"] - conf["delay_ms"],
-                       rate_error_pct=100 * (probe["rate_mbit"] / rate - 1))
-            if not abs(row["delay_error_ms"]) <= delay_limit_ms(conf["delay_ms"]):
-                off.append("probe delay")
-            if not abs(row["rate_error_pct"]) <= 100 * RATE_REL:
-                off.append("goodput")
+            expected = _expected(conf, probe)
+            if "error" in expected:
+                row["probe_error"] = expected["error"]
+                off.append("no trace window")
+            else:
+                delay, rate = expected["delay_ms"], expected["rate_mbit"]
+                row.update(configured_rate_mbit=rate, probe_delay_ms=probe["delay_ms"],
+                           probe_rate_mbit=probe["rate_mbit"],
+                           delay_error_ms=probe["delay_ms"] - delay,
+                           rate_error_pct=100 * (probe["rate_mbit"] / rate - 1))
+                # a trace pair's expectation is a band (what its jitter and loss alone
+                # spread the fit over); a static pair's one value
+                lo, hi = expected.get("delay_band", (delay, delay))
+                r_lo, r_hi = expected.get("rate_band", (rate, rate))
+                if "trace" in conf:
+                    row.update(expected="trace window", expected_delay_ms=delay,
+                               delay_band_ms=[lo, hi], rate_band_mbit=[r_lo, r_hi],
+                               trace_window_s=expected.get("window_s"))
+                limit = delay_limit_ms(conf["delay_ms"])
+                if not lo - limit <= probe["delay_ms"] <= hi + limit:
+                    off.append("probe delay")
+                if not r_lo * (1 - RATE_REL) <= probe["rate_mbit"] <= r_hi * (1 + RATE_REL):
+                    off.append("goodput")
         else:
             off.append("not probed")
         if seen:
             row.update(passive_delay_ms=seen["delay_ms"], passive_n=seen["n"],
                        passive_error_ms=seen["delay_ms"] - conf["delay_ms"])
             # through a shared access link the run's transfers also waited behind other
-            # tokens' (contention the run had, not a link set wrong): shown, not judged
-            if (not conf.get("shared")
+            # tokens' (contention the run had, not a link set wrong), and over a trace their
+            # serialisation depends on when each was sent, which a token's record does not
+            # say (the static rate's is subtracted): shown, not judged
+            if (not conf.get("shared") and "trace" not in conf
                     and not abs(row["passive_error_ms"]) <= delay_limit_ms(conf["delay_ms"])):
                 off.append("run delay")
         row["off"] = off
         rows.append(row)
     return rows
+
+
+def _expected(conf: Mapping[str, Any], probe: Mapping[str, Any]) -> dict[str, Any]:
+    """What the probe should have read: the configured delay and the rate its bytes see over
+    the round trip at the configured rates, or, for a pair whose link follows a trace, the
+    probe's fit as the trace would have timed its messages (`probe["trace"]`, or {"error"}).
+    """
+    if "trace" in conf:
+        window = probe.get("trace") or {"error": "no trace window (a run before it was kept)"}
+        if "error" not in window and not all(
+                isinstance(window.get(k), int | float) and math.isfinite(window[k])
+                for k in ("delay_ms", "rate_mbit")):
+            return {"error": "no trace window fit (large messages no slower than small ones)"}
+        return dict(window)
+    d_out, d_in = probe["d_out"], probe["d_in"]
+    out_rate, in_rate = conf["rate_ab_mbit"], conf["rate_ba_mbit"]
+    if probe.get("reversed"):  # probed from the pair's second node
+        out_rate, in_rate = in_rate, out_rate
+    ser = d_out * 8 / (out_rate * 1e3) + d_in * 8 / (in_rate * 1e3)
+    return {"delay_ms": conf["delay_ms"],
+            "rate_mbit": 8 * (d_out + d_in) / (ser * 1e3) if ser > 0 else math.nan}
+
+
+def trace_band(row: Mapping[str, Any], key: str) -> str:
+    """A trace pair's expected cell's tail, " (trace window a–b)": the band its jitter alone
+    spreads the fit over; "" for a static pair."""
+    band = row.get(key) if row.get("expected") else None
+    return "" if not band else f" (trace window {band[0]:.4g}–{band[1]:.4g})"
 
 
 def summary_of(fidelity: Mapping[str, Any] | None) -> dict[str, Any] | None:

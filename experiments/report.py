@@ -33,10 +33,12 @@ from .fidelity import (
     LARGE,
     RATE_REL,
     SMALL,
+    TRACE_NOTE,
     UPLINK_PEERS,
     base_rows,
     pair_rows,
     summary_of,
+    trace_band,
     uplink_rows,
 )
 from .headline import headline_lines
@@ -401,15 +403,18 @@ def _fidelity_lines(meta: RunMeta) -> list[str]:
               f"mean of both directions, rate the one the probe's bytes see over the round "
               f"trip. **off**: delay off by "
               f"more than max({DELAY_ABS_MS:g} ms, {100 * DELAY_REL:g}%), goodput by more "
-              f"than {100 * RATE_REL:g}%.", ""]
+              f"than {100 * RATE_REL:g}%." + (TRACE_NOTE if any(
+                  "trace" in c for c in meta.fidelity.get("configured", {}).values()) else ""), ""]
     table = []
     for r in rows:
         probe_err = r.get("probe_error")
         table.append([
-            r["pair"], _f(r["configured_delay_ms"]),
+            r["pair"], _f(r.get("expected_delay_ms", r["configured_delay_ms"]))
+            + trace_band(r, "delay_band_ms"),
             probe_err or _f(r.get("probe_delay_ms")), _signed(r.get("delay_error_ms")),
             _f(r.get("passive_delay_ms")) + (f" ({r['passive_n']})" if "passive_n" in r else ""),
-            _signed(r.get("passive_error_ms")), _f(r.get("configured_rate_mbit"), 4),
+            _signed(r.get("passive_error_ms")), _f(r.get("configured_rate_mbit"), 4)
+            + trace_band(r, "rate_band_mbit"),
             _f(r.get("probe_rate_mbit"), 4), _signed(r.get("rate_error_pct"), "%", 2),
             "**off**: " + ", ".join(r["off"]) if r["off"] else "ok"])
     lines += _table(["pair", "configured delay ms", "probe delay", "error ms", "run delay (n)",

@@ -200,7 +200,10 @@ class AppShaper:
                else {}),
             "links": {
                 peer: {**spec.to_json(), "down": peer in self._down,
-                       **({"not_emulated": ["reorder_pct"]} if spec.reorder_pct else {})}
+                       **({"not_emulated": ["reorder_pct"]} if spec.reorder_pct else {}),
+                       # t = 0 of its schedule (a `now()` value): where a trace stands
+                       **({"origin_s": self._origin[peer]}
+                          if spec.schedule is not None and peer in self._origin else {})}
                 for peer, spec in sorted(self._links.items())
             },
         }

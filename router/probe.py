@@ -131,5 +131,6 @@ async def _sample(svc: Any, peer: str, target: tuple[int, int, str], rows: int, 
     return {"peer": peer, "rows": rows, "bytes_out": res.body_bytes[0],
             "bytes_in": res.body_bytes[1], "rtt_ms": round((back - sent) * 1e3, 6),
             "wall_ms": round((now() - sent) * 1e3, 6),  # the real round trip
+            "sent_s": sent,  # on the run's clock: where a trace link stood (fidelity)
             "queue_ms": t.queue_ms, "load_ms": t.load_ms,
             "compute_ms": t.compute_ms, "late_ms": t.late_ms}
