@@ -38,6 +38,7 @@ are here); what moves is the timeline. The app shaper only, as for a pipeline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -242,6 +243,7 @@ class Aggregator:
         slowest answer's arrival."""
         d = self.dispatcher
         results: dict[str, Any] = {}
+        leaving = asyncio.Lock()  # the rows leave `here` in the plan's order (`_hop`)
 
         async def branch(node: str, batch: Any) -> None:
             group = d.execute.group(layer, x, batch)
@@ -251,7 +253,7 @@ class Aggregator:
             ahead = gather if node not in (self.home, gather) else None
             d.health.on_send(node, now_ms())  # the dispatcher's breakers, as from the home
             try:
-                arrive = await self._hop(here, node, nbytes, ready)
+                arrive = await self._hop(here, node, nbytes, ready, leaving)
                 res = await self.transport.forward_at(node, [group], arrive, self.timeout_s,
                                                       answer_to=ahead)
                 d.execute.check_answer(node, group, res)
@@ -302,17 +304,24 @@ class Aggregator:
     def _downlink(self, node: str) -> bool:
         return self.mesh.nodes[node].prior.downlink_mbit is not None
 
-    async def _hop(self, src: str, dst: str, nbytes: int, at: float) -> float:
+    async def _hop(self, src: str, dst: str, nbytes: int, at: float,
+                   turn: asyncio.Lock | None = None) -> float:
         """When nbytes src sends dst at `at` arrive. Another node books its links as the
         request reaches it: sent at `at`, not before, so that hops of several routers take
         a node's links in the order of their times (in virtual time: the same every run),
-        not in the order the host delivered them."""
+        not in the order the host delivered them. `turn`, held while src's links are booked
+        (not while dst's downlink is: that waits for the first bytes), orders the sends of
+        one layer that leave src at one instant as their branches started: concurrent
+        `POST /v1/hop`s would take src's uplink in the order the host delivered them."""
         if src == dst:
             return at
-        if src != self.home:
-            await sleep_until(at)
-        return await self.transport.hop(src, dst, nbytes, at, self.timeout_s,
-                                        self._downlink(dst))
+        async with turn if turn is not None else contextlib.nullcontext():
+            if src != self.home:
+                await sleep_until(at)
+            first, last = await self.transport.depart(src, dst, nbytes, at, self.timeout_s)
+        if first is None or not self._downlink(dst):  # not shaped: past no downlink either
+            return last
+        return await self.transport.land(dst, nbytes, first, last, self.timeout_s)
 
     def _fail(self, x: Tensor, layer: int, idx: Tensor, where: tuple[str, ...],
               exc: BaseException, recs: list[TokenRecord], clock: Any) -> Tensor:

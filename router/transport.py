@@ -101,16 +101,24 @@ class MeshTransport:
         """When `nbytes` src sends to dst at `at` are there (emulated): src's own shaper, then
         (where dst has a `downlink`) dst's, each in-process on this node and by `POST /v1/hop`
         (`/v1/hop/in`) on another (router.pipeline). The app shaper only."""
-        if src != self.home:
-            first, last = await self.client.hop(self.urls[src], dst, nbytes, at, timeout_s)
-        else:
-            links = self._app_links(src)
-            span = (None if links is None
-                    else await links.schedule_span(dst, nbytes, at=at, timeout_s=timeout_s))
-            first, last = (None, at) if span is None else span
+        first, last = await self.depart(src, dst, nbytes, at, timeout_s)
         if first is None or not downlink:  # not shaped: past no downlink either
             return last
         return await self.land(dst, nbytes, first, last, timeout_s)
+
+    async def depart(self, src: str, dst: str, nbytes: int, at: float, timeout_s: float
+                     ) -> tuple[float | None, float]:
+        """(when the first, when the last of `nbytes` src sends dst at `at` reach dst, its
+        downlink not crossed): booked on src's own shaper, in-process on this node and by
+        `POST /v1/hop` on another; first None where that link is not shaped. Sends that
+        leave one node at one emulated instant take its links in the order they are booked,
+        so a caller with several books them one after the other (router.aggregate)."""
+        if src != self.home:
+            return await self.client.hop(self.urls[src], dst, nbytes, at, timeout_s)
+        links = self._app_links(src)
+        span = (None if links is None
+                else await links.schedule_span(dst, nbytes, at=at, timeout_s=timeout_s))
+        return (None, at) if span is None else span
 
     async def land(self, dst: str, nbytes: int, first: float, last: float,
                    timeout_s: float) -> float:

@@ -13,6 +13,7 @@ with `offload` (the node's control thread) that runs off the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -21,6 +22,7 @@ from typing import Any
 from netem import BACKENDS, BackendUnavailable, LinkSpec, NetemError, Shaper, make_shaper
 from netem.spec import ACCESS_FIELDS, check_access
 
+from .clock import now, on_shared_clock, sleep_until
 from .errors import BadRequest, DoesNotFit, ServiceError
 
 __all__ = ["ARRIVE_SLACK_S", "Links", "parse_links"]
@@ -31,6 +33,10 @@ log = logging.getLogger(__name__)
 # sender's link at overload (capacity ladders), retransmission back-off, a jitter tail. The
 # driver gives up on a token after 10 s, so no answer waited for is further ahead than this.
 ARRIVE_SLACK_S = 60.0
+# On a shared clock, how long after the instant they were asked at the hops of that instant
+# are booked (`Links.book_hop`): past the loop's clock resolution (1 ns), so the clock has
+# moved on and every hop of the instant is in. No emulated time is taken: they book at `at`.
+HOP_TURN_S = 1e-6
 
 
 def parse_links(data: Any) -> tuple[str, dict[str, LinkSpec], dict[str, str], dict[str, float]]:
@@ -84,6 +90,8 @@ class Links:
         self.accepted: dict[str, Any] | None = None
         self.specs: dict[str, LinkSpec] = {}  # as accepted (undilated)
         self.access: dict[str, float] = {}  # as accepted: ACCESS_FIELDS given
+        self._hops: list[tuple[tuple[float, str, int], asyncio.Future]] = []  # `book_hop`
+        self._booking: set[asyncio.Task] = set()
 
     async def put(self, data: Any) -> dict[str, Any]:
         """Apply a PUT /v1/links body; on any error the previous links stay as they were."""
@@ -159,6 +167,43 @@ class Links:
         if self.shaper is None:
             return None
         return await self.shaper.schedule_span(peer, nbytes, at=at, timeout_s=timeout_s)
+
+    async def book_hop(self, peer: str, nbytes: int, at: float
+                       ) -> tuple[float, float] | None:
+        """`schedule_span` for a hop asked of this node (`POST /v1/hop`). On a shared clock
+        the hops asked at one instant are booked once it has passed, in the order of (at,
+        peer, bytes): the requests of two routers whose answers left one batch here reach
+        this node in the host's order, which would decide who takes its uplink first."""
+        if not on_shared_clock():
+            return await self.schedule_span(peer, nbytes, at=at)
+        fut = asyncio.get_running_loop().create_future()
+        self._hops.append(((at, peer, nbytes), fut))
+        if len(self._hops) == 1:
+            self._keep(self._book_hops())
+        return await fut
+
+    async def _book_hops(self) -> None:
+        await sleep_until(now() + HOP_TURN_S)
+        held, self._hops = sorted(self._hops, key=lambda h: h[0]), []
+        for (at, peer, nbytes), fut in held:  # each starts in this order (a down link waits)
+            self._keep(self._book_one(peer, nbytes, at, fut))
+
+    async def _book_one(self, peer: str, nbytes: int, at: float, fut: asyncio.Future) -> None:
+        if fut.done():  # its requester is gone: nothing is sent
+            return
+        try:
+            span = await self.schedule_span(peer, nbytes, at=at)
+        except Exception as exc:  # LinkDownError and the like: the hop's own answer
+            if not fut.done():
+                fut.set_exception(exc)
+            return
+        if not fut.done():
+            fut.set_result(span)
+
+    def _keep(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._booking.add(task)
+        task.add_done_callback(self._booking.discard)
 
     async def receive(self, nbytes: int, first: float, last: float) -> float:
         """When a message from a shaped peer, its bytes arriving from `first` to `last`, is

@@ -193,7 +193,7 @@ async def hop(request: web.Request) -> web.Response:
         raise BadRequest(f"hop.at must be a finite time, got {at!r}")
     _hop_here(node)
     try:
-        span = await node.links.schedule_span(to, nbytes, at=float(at))
+        span = await node.links.book_hop(to, nbytes, float(at))
     except LinkDownError as exc:
         raise Unavailable(str(exc), code="link_down") from None
     if span is None:  # not shaped: there at once, and past no downlink

@@ -6,11 +6,14 @@ h → a → h; aggregating on `a` pays h → a once at layer 0 and a → h once 
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from netem.timing import now
-from router.aggregate import Route
+from router.aggregate import Aggregator, Route
 from router.dispatch import Timeline
 from router.errors import BadRouterInput
 from router.mesh import Mesh
@@ -173,3 +176,31 @@ async def test_a_failing_node_is_shut_out_and_its_twin_serves(stack, router_comp
     assert last.failed is None
     assert all(c.node == "a" for rec in last.records for c in rec.choices)
 
+
+
+async def test_the_rows_of_one_layer_leave_a_node_in_the_plans_order() -> None:
+    """The branches of one layer leave a remote aggregation server at one emulated instant;
+    the host delivers their `POST /v1/hop`s in any order, so `turn` books them on its links
+    one after the other, in the order the branches asked (the same in every run)."""
+    booked: list[str] = []
+
+    class HostOrder:  # the earlier branches' requests reach the node last
+        home = "h"
+
+        async def depart(self, src, dst, nbytes, at, timeout_s):
+            await asyncio.sleep({"b": 0.03, "c": 0.02, "d": 0.01}[dst])
+            booked.append(dst)
+            return None, at
+
+    dispatcher = SimpleNamespace(mesh=None, transport=HostOrder(), home="h",
+                                 settings=SimpleNamespace(wire_dtype="f32", token_ms=1e3),
+                                 shape=SimpleNamespace(d_model=32))
+    agg = Aggregator(dispatcher, None, 0)
+    at = now()
+
+    async def layer(turn: asyncio.Lock | None) -> list[float]:
+        booked.clear()
+        return await asyncio.gather(*(agg._hop("a", n, 128, at, turn) for n in "bcd"))
+
+    assert await layer(None) == [at] * 3 and booked == ["d", "c", "b"]  # the hazard
+    assert await layer(asyncio.Lock()) == [at] * 3 and booked == ["b", "c", "d"]
