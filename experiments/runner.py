@@ -34,7 +34,7 @@ import numpy as np
 
 from moe.vocab import is_number
 from orchestrator.arms import Arm
-from orchestrator.faults import FaultTimeline
+from orchestrator.faults import FaultRecord, FaultTimeline
 from orchestrator.runclock import RunClock
 from orchestrator.scenario import Scenario, scenario_to_data
 from orchestrator.supervisor import runtime_notes, supervise
@@ -201,18 +201,9 @@ async def _drive_with_faults(mesh: MeshTarget, scenario: Scenario, plan: Workloa
                 fault_task.cancel()
     except BaseExceptionGroup as group:  # a fault that failed (FaultError), a refused request
         raise first_error(group) from None
-    return result, [r.to_json() for r in timeline.records] + _not_applied(
-        events[len(timeline.records):], rc.to_scenario_s(result.wall_s))
-
-
-def _not_applied(events: Sequence[Any], end_s: float) -> list[dict[str, Any]]:
-    """The events the workload ended before (a closed loop's end is known only when it
-    comes), recorded as such: a fault the scenario states never vanishes from the report."""
-    return [{"at_s": e.at_s, "started_s": None, "done_s": None, "wall_time": None,
-             "action": e.action, "target": list(e.target), "description": e.describe(),
-             "ok": False, "applied": False,
-             "error": f"not applied: the workload ended first, at {end_s:.2f} s", "detail": {}}
-            for e in events]
+    end_s = rc.to_scenario_s(result.wall_s)
+    return result, [r.to_json() for r in [*timeline.records, *(
+        FaultRecord.not_applied(e, end_s) for e in events[len(timeline.records):])]]
 
 
 def quality_windows(count: int, seq: int) -> list[list[int]]:

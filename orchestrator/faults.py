@@ -261,26 +261,39 @@ class FaultTarget(Protocol):
 
 @dataclass(frozen=True)
 class FaultRecord:
-    """One applied event. Times are scenario seconds from the timeline's start: `at_s` when it
-    was due, `started_s` when applying began, `done_s` when every call had returned."""
+    """One event of the timeline. Times are scenario seconds from the timeline's start: `at_s`
+    when it was due, `started_s` when applying began, `done_s` when every call had returned;
+    all three but `at_s` None for an event the workload ended before (`not_applied`)."""
 
     at_s: float
-    started_s: float
-    done_s: float
-    wall_time: float  # time.time() at done_s, to line up with other logs
+    started_s: float | None
+    done_s: float | None
+    wall_time: float | None  # time.time() at done_s, to line up with other logs
     action: str
     target: tuple[str, ...]
     description: str
     ok: bool
     error: str = ""
     detail: Mapping[str, Any] = field(default_factory=dict)
+    applied: bool = True
+
+    @classmethod
+    def not_applied(cls, event: Fault, end_s: float) -> FaultRecord:
+        """An event the workload ended before (a closed loop's end is known only when it
+        comes): kept, so that a fault the scenario states never vanishes from the report."""
+        return cls(event.at_s, None, None, None, event.action, event.target, event.describe(),
+                   ok=False, applied=False,
+                   error=f"not applied: the workload ended first, at {end_s:.2f} s")
 
     def to_json(self) -> dict[str, Any]:
-        return {"at_s": self.at_s, "started_s": round(self.started_s, 6),
-                "done_s": round(self.done_s, 6), "wall_time": self.wall_time,
-                "action": self.action, "target": list(self.target),
-                "description": self.description, "ok": self.ok, "error": self.error,
-                "detail": dict(self.detail)}
+        def at(t: float | None) -> float | None:
+            return None if t is None else round(t, 6)
+
+        out = {"at_s": self.at_s, "started_s": at(self.started_s), "done_s": at(self.done_s),
+               "wall_time": self.wall_time, "action": self.action, "target": list(self.target),
+               "description": self.description, "ok": self.ok, "error": self.error,
+               "detail": dict(self.detail)}
+        return out if self.applied else {**out, "applied": False}
 
 
 class FaultError(RuntimeError):
