@@ -60,16 +60,22 @@ Once = Sequence[float] | None
 def evaluate(fixed: Sequence[float], picks: Sequence[Option], once: Once = None
              ) -> tuple[float, float, float]:
     """(objective J, latency L, penalty Q) of one complete pick."""
+    acc, pen, add = _tally(picks)
+    lat = max([fixed[n] + a for n, a in acc.items()])
+    if once is not None:
+        add += sum([once[n] for n in acc])
+    return lat + add, lat, pen
+
+
+def _tally(picks: Sequence[Option]) -> tuple[dict[int, float], float, float]:
+    """Per node the ms the picks add to its branch, their penalty and their other cost."""
     acc: dict[int, float] = {}
     add = pen = 0.0
     for n, var, penalty, extra, _, _ in picks:
         acc[n] = acc.get(n, 0.0) + var
         pen += penalty
         add += extra
-    lat = max([fixed[n] + a for n, a in acc.items()])
-    if once is not None:
-        add += sum([once[n] for n in acc])
-    return lat + add, lat, pen
+    return acc, pen, add
 
 
 def exhaustive(
@@ -88,12 +94,7 @@ def _exhaustive_any(fixed: Sequence[float], opts: Sequence[Sequence[Option]], li
     best: Picks | None = None
     best_j = float("inf")
     for combo in product(*opts):
-        acc: dict[int, float] = {}
-        add = pen = 0.0
-        for n, var, penalty, extra, _, _ in combo:
-            acc[n] = acc.get(n, 0.0) + var
-            pen += penalty
-            add += extra
+        acc, pen, add = _tally(combo)
         if pen > limit:
             continue
         # lists, not generators, in the hot loops: the same values summed in the same order,
