@@ -232,25 +232,47 @@ class NetemLeaf:
                 f"{self.handle} netem {delay} {loss}{reorder} limit {self.limit}")
 
 
+class _U32Filter:
+    """A u32 filter matching one IPv4 address: its pyroute2 key and its tc line."""
+
+    action: Action
+    iface: str
+    prio: int
+    parent: str
+    _FIELD = ""  # the dataclass field holding the matched address
+    _OFFSET = 0  # where that address sits in the IP header: 16 destination, 12 source
+
+    @property
+    def key(self) -> str:
+        """pyroute2's u32 key for the matched address."""
+        return _ip_key(getattr(self, self._FIELD), self._OFFSET)
+
+    def _action(self) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        if self.action == "del":
+            return f"tc filter del dev {self.iface} parent {self.parent} prio {self.prio} u32"
+        return (f"tc filter {self.action} dev {self.iface} parent {self.parent} protocol ip "
+                f"prio {self.prio} u32 match ip {self._FIELD} {getattr(self, self._FIELD)}/32 "
+                f"{self._action()}")
+
+
 @dataclass(frozen=True)
-class U32Dst:
+class U32Dst(_U32Filter):
+    """What goes to one peer (ip dst) classified into that peer's htb class."""
+
     action: Action
     iface: str
     prio: int
     dst: str = ""
     flowid: str = ""
     parent: str = ROOT
+    _FIELD = "dst"
+    _OFFSET = 16
 
-    @property
-    def key(self) -> str:
-        """pyroute2's u32 key: the IPv4 destination at byte offset 16 of the IP header."""
-        return _ip_key(self.dst, 16)
-
-    def describe(self) -> str:
-        if self.action == "del":
-            return f"tc filter del dev {self.iface} parent {self.parent} prio {self.prio} u32"
-        return (f"tc filter {self.action} dev {self.iface} parent {self.parent} protocol ip "
-                f"prio {self.prio} u32 match ip dst {self.dst}/32 flowid {self.flowid}")
+    def _action(self) -> str:
+        return f"flowid {self.flowid}"
 
 
 def _ip_key(address: str, offset: int) -> str:
@@ -287,7 +309,7 @@ class IngressQdisc:
 
 
 @dataclass(frozen=True)
-class U32Redirect:
+class U32Redirect(_U32Filter):
     """What arrives from one peer (ip src) redirected to the downlink's device."""
 
     action: Action
@@ -296,18 +318,11 @@ class U32Redirect:
     src: str = ""
     to: str = IFB
     parent: str = INGRESS
+    _FIELD = "src"
+    _OFFSET = 12
 
-    @property
-    def key(self) -> str:
-        """pyroute2's u32 key: the IPv4 source at byte offset 12 of the IP header."""
-        return _ip_key(self.src, 12)
-
-    def describe(self) -> str:
-        if self.action == "del":
-            return f"tc filter del dev {self.iface} parent {self.parent} prio {self.prio} u32"
-        return (f"tc filter {self.action} dev {self.iface} parent {self.parent} protocol ip "
-                f"prio {self.prio} u32 match ip src {self.src}/32 action mirred egress "
-                f"redirect dev {self.to}")
+    def _action(self) -> str:
+        return f"action mirred egress redirect dev {self.to}"
 
 
 TcOp = HtbRoot | HtbClass | NetemLeaf | U32Dst | IfbDevice | IngressQdisc | U32Redirect
