@@ -38,7 +38,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from netem.spec import LinkSpec
 from netem.virtual import current as clock_authority
@@ -176,32 +176,30 @@ class DockerRuntime(EngineRuntime):
 
     async def kill(self, name: str) -> None:
         """node-down: SIGKILL the node's container (it stays, stopped, for `revive`)."""
-        node = self._node(name)
-        container = await self._container(node)
-        authority = clock_authority()
-        if authority is not None:
-            authority.expect_exit(name)
-        try:
-            await container.kill(signal="SIGKILL")
-        except Exception as exc:
-            if status_of(exc) != 409:  # 409: not running already
-                raise RuntimeFailure(f"node {name}: kill failed: {exc}") from None
+        await self._signal(name, "kill", 409)  # 409: not running already
 
     async def revive(self, name: str) -> Endpoint:
         """node-up: start the node's container again and wait until it listens."""
+        node, container = await self._signal(name, "start", 304)  # 304: running already
+        node.address = await self._address(container)
+        await self._ready(node)
+        return self.endpoints()[name]
+
+    async def _signal(self, name: str, what: Literal["kill", "start"], done_status: int
+                      ) -> tuple[_Node, Any]:
+        """Kill or start the node's container, telling the virtual clock first that the node
+        leaves or comes back; the engine's `done_status` (already so) is not an error."""
         node = self._node(name)
         container = await self._container(node)
         authority = clock_authority()
         if authority is not None:
-            authority.expect(name)
+            (authority.expect_exit if what == "kill" else authority.expect)(name)
         try:
-            await container.start()
+            await (container.kill(signal="SIGKILL") if what == "kill" else container.start())
         except Exception as exc:
-            if status_of(exc) != 304:  # 304: running already
-                raise RuntimeFailure(f"node {name}: start failed: {exc}") from None
-        node.address = await self._address(container)
-        await self._ready(node)
-        return self.endpoints()[name]
+            if status_of(exc) != done_status:
+                raise RuntimeFailure(f"node {name}: {what} failed: {exc}") from None
+        return node, container
 
     async def running(self, name: str) -> bool:
         info = await (await self._container(self._node(name))).show()
