@@ -62,9 +62,7 @@ class Estimates:
         try:
             return self.nodes[name]
         except KeyError:
-            raise BadRouterInput(
-                f"no estimate for node {name!r}; known: {', '.join(sorted(self.nodes))}"
-            ) from None
+            raise BadRouterInput.unknown("node", name, self.nodes) from None
 
     def unscaled(self) -> Estimates:
         """The same beliefs with every scale 1: what the estimators compare measurements to."""

@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = ["BadRouterInput", "NoFeasiblePlan", "PeerBug", "RouterError", "TokenFailed"]
 
 
@@ -26,6 +28,11 @@ class RouterError(Exception):
 
 class BadRouterInput(RouterError, ValueError):
     """Input the caller can fix; the message names the bad value."""
+
+    @classmethod
+    def unknown(cls, what: str, name: str, known: Iterable[str]) -> BadRouterInput:
+        """A name looked up where it is not: the message lists the names that are."""
+        return cls(f"unknown {what} {name!r}; known: {', '.join(sorted(known))}")
 
 
 class NoFeasiblePlan(RouterError):

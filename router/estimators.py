@@ -196,9 +196,7 @@ class Estimators:
         try:
             return self._nodes[name]
         except KeyError:
-            raise BadRouterInput(
-                f"unknown node {name!r}; known: {', '.join(sorted(self._nodes))}"
-            ) from None
+            raise BadRouterInput.unknown("node", name, self._nodes) from None
 
     def _learn(self, term: str, measured: float, predicted: float) -> None:
         if predicted < MIN_SAMPLE_MS[term]:
