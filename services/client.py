@@ -21,23 +21,11 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from . import wire
 from .clock import now, sleep_until
 from .errors import NodeRefused, NodeTimeout, NodeUnreachable
 from .h1 import H1Pool
-from .wire import (
-    ARRIVE_HEADER,
-    CONTENT_TYPE,
-    FIRST_HEADER,
-    FORWARD_PATH,
-    HOP_IN_PATH,
-    HOP_PATH,
-    SELF_HEADER,
-    ForwardResponse,
-    Group,
-    pack_request,
-    unpack_error,
-    unpack_response,
-)
+from .wire import ForwardResponse, Group, pack_request, unpack_error, unpack_response
 
 __all__ = ["ClientSettings", "NodeClient"]
 
@@ -110,10 +98,10 @@ class NodeClient:
                     ) -> tuple[bytes, str, float | None, float | None]:
         """(body, content type, emulated arrival of the answer's last and first bytes, or
         None). With `peer`, the request leaves on the emulated link at `ready` (default now)
-        and says when it arrives (`ARRIVE_HEADER`, `FIRST_HEADER`); the answer is released
-        here when its own headers say, through this node's downlink when it has one, unless
-        `receive` is False: the answer was shaped toward another node (router.aggregate),
-        whose downlink is its own to book, and it is handed back at once.
+        and says when it arrives (`wire.ARRIVE_HEADER`, `wire.FIRST_HEADER`); the answer is
+        released here when its own headers say, through this node's downlink when it has one,
+        unless `receive` is False: the answer was shaped toward another node
+        (router.aggregate), whose downlink is its own to book, and it is handed back at once.
         `data_plane`: a POST through `services.h1` rather than aiohttp."""
         try:
             async with asyncio.timeout(limit_s):
@@ -121,21 +109,21 @@ class NodeClient:
                     span = await self.links.schedule_span(peer, len(body), at=ready,
                                                           timeout_s=limit_s)
                     if span is not None:
-                        headers = {**(headers or {}), ARRIVE_HEADER: repr(span[1]),
-                                   FIRST_HEADER: repr(span[0])}
+                        headers = {**(headers or {}), wire.ARRIVE_HEADER: repr(span[1]),
+                                   wire.FIRST_HEADER: repr(span[0])}
                 if data_plane and method == "POST" and body is not None:
                     status, got, data = await self._data_plane().post(url, path, body,
                                                                       headers or {})
                     content_type = got.get("content-type", "").partition(";")[0].strip().lower()
-                    arrival = got.get(ARRIVE_HEADER.lower())
-                    first = got.get(FIRST_HEADER.lower())
+                    arrival = got.get(wire.ARRIVE_HEADER.lower())
+                    first = got.get(wire.FIRST_HEADER.lower())
                 else:
                     async with self._open().request(method, url + path, data=body,
                                                     headers=headers) as resp:
                         data = await resp.read()
                         status, content_type = resp.status, resp.content_type
-                        arrival = resp.headers.get(ARRIVE_HEADER)
-                        first = resp.headers.get(FIRST_HEADER)
+                        arrival = resp.headers.get(wire.ARRIVE_HEADER)
+                        first = resp.headers.get(wire.FIRST_HEADER)
                 if status >= 400:
                     code, detail = unpack_error(data, content_type)
                     raise NodeRefused(url, status, code, detail)
@@ -169,17 +157,17 @@ class NodeClient:
         node instead, by the answering node as it leaves (router.aggregate); `arrived` and
         `first` say when it is there, its downlink not yet crossed when that is not this node."""
         body = pack_request(groups, req, parts)
-        headers = {"Content-Type": CONTENT_TYPE}
+        headers = {"Content-Type": wire.CONTENT_TYPE}
         if arrive is not None:
-            headers[ARRIVE_HEADER] = repr(arrive)
+            headers[wire.ARRIVE_HEADER] = repr(arrive)
             peer = None
             if answer_to is not None:
-                headers[SELF_HEADER] = answer_to
+                headers[wire.SELF_HEADER] = answer_to
         elif self.settings.name:
-            headers[SELF_HEADER] = self.settings.name
+            headers[wire.SELF_HEADER] = self.settings.name
         mine = answer_to is None or answer_to == self.settings.name
         data, _, back, lead = await self._call(
-            "POST", url, FORWARD_PATH, body=body, headers=headers, peer=peer, ready=ready,
+            "POST", url, wire.FORWARD_PATH, body=body, headers=headers, peer=peer, ready=ready,
             limit_s=timeout_s or self.settings.forward_s, data_plane=True, receive=mine)
         try:
             if back is None:  # not shaped: here now; toward another node, the caller's time
@@ -196,7 +184,7 @@ class NodeClient:
         at `at` arrive there), through that node's own shaper (`POST /v1/hop`;
         router.pipeline); first None where that link is not shaped. The call itself is not
         shaped: it asks, it carries nothing."""
-        got = await self._hop_call(url, HOP_PATH, {"to": to, "bytes": int(nbytes), "at": at},
+        got = await self._hop_call(url, wire.HOP_PATH, {"to": to, "bytes": int(nbytes), "at": at},
                                    timeout_s)
         try:
             first = got.get("first")
@@ -208,7 +196,7 @@ class NodeClient:
                      timeout_s: float | None = None) -> float:
         """When a hop's `nbytes`, arriving from `first` to `last`, are through the downlink
         of the node at url (`POST /v1/hop/in`; router.pipeline)."""
-        got = await self._hop_call(url, HOP_IN_PATH,
+        got = await self._hop_call(url, wire.HOP_IN_PATH,
                                    {"bytes": int(nbytes), "first": first, "last": last},
                                    timeout_s)
         try:

@@ -40,10 +40,18 @@ __all__ = [
 
 
 class ServiceError(Exception):
-    """An error the node answers with; `status` and `code` go on the wire, the message too."""
+    """An error the node answers with; `status` and `code` go on the wire, the message too.
+    A subclass names its own in its class line: `class X(ServiceError, status=.., code=..)`."""
 
     status = 500
     code = "internal"
+
+    def __init_subclass__(cls, status: int = 0, code: str = "", **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if status:
+            cls.status = status
+        if code:
+            cls.code = code
 
     def __init__(self, detail: str, code: str | None = None) -> None:
         super().__init__(detail)
@@ -55,36 +63,28 @@ class ServiceError(Exception):
         return {"error": self.code, "detail": self.detail}
 
 
-class BadRequest(ServiceError, ValueError):
-    status = 400
-    code = "malformed"
+class BadRequest(ServiceError, ValueError, status=400, code="malformed"):
+    """The request's body or query is malformed: the detail names the field and the value."""
 
 
-class Unauthorized(ServiceError):
-    status = 401
-    code = "unauthorized"
+class Unauthorized(ServiceError, status=401, code="unauthorized"):
+    """A control-plane call without the right token."""
 
 
-class NotPlaced(ServiceError, LookupError):
-    status = 404
-    code = "not_placed"
+class NotPlaced(ServiceError, LookupError, status=404, code="not_placed"):
+    """The expert or variant asked for is not on this node."""
 
 
-class DoesNotFit(ServiceError, ValueError):
-    status = 409
-    code = "does_not_fit"
+class DoesNotFit(ServiceError, ValueError, status=409, code="does_not_fit"):
+    """A placement larger than the node's memory."""
 
 
-class TooLarge(ServiceError):
-    status = 413
-    code = "too_large"
+class TooLarge(ServiceError, status=413, code="too_large"):
+    """A body over the node's size limit."""
 
 
-class Unavailable(ServiceError):
+class Unavailable(ServiceError, status=503, code="overloaded"):
     """503: `code` says why (overloaded, shutting_down, injected_fault)."""
-
-    status = 503
-    code = "overloaded"
 
 
 class NodeError(Exception):
