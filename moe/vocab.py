@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -102,6 +102,18 @@ def clip(value: Any, limit: int = CLIP_CHARS) -> str:
     (a YAML alias bomb's, a file's), and building it costs O(limit), not O(the value)."""
     text = _Bounded(limit).repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def check_one_of(field: str, value: Any, choices: Collection[str],
+                 error: type[Exception] = ValueError) -> None:
+    """Raise `error` when `value` is not one of `choices`: the message names the field, every
+    allowed value and (clipped) the value given. The one wording of a vocabulary error."""
+    try:
+        known = value in choices
+    except TypeError:  # an unhashable value asked of a set or a dict
+        known = False
+    if not known:
+        raise error(f"{field}: must be one of {', '.join(choices)}, got {clip(value)}")
 
 
 class PlacementEntry(NamedTuple):

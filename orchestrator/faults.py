@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from moe.vocab import clip, is_number
+from moe.vocab import check_one_of, clip, is_number
 from netem import timing
 from netem.parse import parse_delay_ms, parse_loss_pct, parse_rate_mbit
 from netem.spec import LinkSpec
@@ -114,9 +114,7 @@ class Fault:
     oneway: bool = False
 
     def __post_init__(self) -> None:
-        if self.action not in FAULT_ACTIONS:
-            raise ValueError(f"action: must be one of {', '.join(FAULT_ACTIONS)}, "
-                             f"got {clip(self.action)}")
+        check_one_of("action", self.action, FAULT_ACTIONS)
         object.__setattr__(self, "target", tuple(self.target))
         arity = FAULT_ACTIONS[self.action]
         if len(self.target) != arity or not all(isinstance(t, str) for t in self.target):

@@ -56,7 +56,7 @@ from moe import DEFAULT_MODEL, MoEError
 from moe import profiles as model_profiles
 from moe.config import ModelConfig
 from moe.registry import builtin_models, model_dir
-from moe.vocab import FULL_PRECISION, VARIANTS, clip, is_number
+from moe.vocab import FULL_PRECISION, VARIANTS, check_one_of, clip, is_number
 from orchestrator.arrival_trace import ArrivalTrace, read_arrival_trace
 from orchestrator.claims import Claim, read_claims
 from orchestrator.faults import (  # the one copy of these validators
@@ -134,8 +134,7 @@ class ModelChoice:
     mode: str = "real"
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {clip(self.mode)}")
+        check_one_of("mode", self.mode, MODES)
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name: must be a model name, got {describe(self.name)}")
         if self.mode == "modeled" and self.name not in model_profiles.names():
@@ -161,9 +160,7 @@ class PlacementSpec:
     seed: int | None = None  # None: the workload's seed
 
     def __post_init__(self) -> None:
-        if self.policy not in PLACEMENT_POLICIES:
-            raise ValueError(f"policy: must be one of {', '.join(PLACEMENT_POLICIES)}, "
-                             f"got {clip(self.policy)}")
+        check_one_of("policy", self.policy, PLACEMENT_POLICIES)
         _finite(self.redundancy, "redundancy", ge=1.0)
         if self.redundancy > MAX_REDUNDANCY:
             raise ValueError(f"redundancy: must be <= {MAX_REDUNDANCY:g}, got "
@@ -256,9 +253,7 @@ class Workload:
     token_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.arrival not in ARRIVALS:
-            raise ValueError(f"arrival: must be one of {', '.join(ARRIVALS)}, "
-                             f"got {clip(self.arrival)}")
+        check_one_of("arrival", self.arrival, ARRIVALS)
         if self.arrival == "trace":
             self._check_trace()
         for name, default in TRACE_DEFAULTS.items():
@@ -426,17 +421,12 @@ class Scenario:
                              f"{describe(self.auto_dilation)}")
         if not is_number(self.repeat, integer=True) or self.repeat < 1:
             raise ValueError(f"repeat: must be a whole number >= 1, got {describe(self.repeat)}")
-        if self.runtime not in RUNTIMES:
-            raise ValueError(f"runtime: must be one of {', '.join(RUNTIMES)}, "
-                             f"got {clip(self.runtime)}")
-        if self.shaper not in SHAPERS:
-            raise ValueError(f"shaper: must be one of {', '.join(SHAPERS)}, "
-                             f"got {clip(self.shaper)}")
+        check_one_of("runtime", self.runtime, RUNTIMES)
+        check_one_of("shaper", self.shaper, SHAPERS)
         if self.runtime == "local" and self.shaper == "tc":
             raise ValueError("shaper: tc needs the netns or docker runtime (local nodes share "
                              "127.0.0.1: use shaper app or auto)")
-        if self.clock not in CLOCKS:
-            raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {clip(self.clock)}")
+        check_one_of("clock", self.clock, CLOCKS)
         if self.clock == "virtual" and (why := self.virtual_blocker(here=False)):
             raise ValueError(f"clock: virtual cannot run here: {why}")
         names = self.topology.names

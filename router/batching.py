@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from moe.vocab import is_number
+from moe.vocab import check_one_of, clip, is_number
 from netem.timing import now, sleep_until
 
 from .errors import BadRouterInput
@@ -71,15 +71,13 @@ class Batching:
     prefill_chunk: int = 0
 
     def __post_init__(self) -> None:
-        if self.mode not in BATCHING_MODES:
-            raise BadRouterInput(f"batching.mode: must be one of {', '.join(BATCHING_MODES)}, "
-                                 f"got {_short(self.mode)}")
+        check_one_of("batching.mode", self.mode, BATCHING_MODES, BadRouterInput)
         if not is_number(self.max_rows, integer=True) or self.max_rows < 1:
             raise BadRouterInput(f"batching.max_rows: must be an integer >= 1, "
-                                 f"got {_short(self.max_rows)}")
+                                 f"got {clip(self.max_rows)}")
         if not is_number(self.prefill_chunk, integer=True) or self.prefill_chunk != 0:
             raise BadRouterInput(f"batching.prefill_chunk: only 0 (whole prompts) is supported, "
-                                 f"chunked prefill is not built; got {_short(self.prefill_chunk)}")
+                                 f"chunked prefill is not built; got {clip(self.prefill_chunk)}")
 
     @property
     def on(self) -> bool:
@@ -93,7 +91,7 @@ class Batching:
             return cls()
         if not isinstance(data, Mapping):
             raise BadRouterInput(f"batching: must be a mapping {{mode, max_rows, prefill_chunk}}, "
-                                 f"got {_short(data)}")
+                                 f"got {clip(data)}")
         unknown = sorted(set(data) - {"mode", "max_rows", "prefill_chunk"})
         if unknown:
             raise BadRouterInput(f"batching: unknown field(s) {', '.join(map(str, unknown))}; "
@@ -108,11 +106,6 @@ class Batching:
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "max_rows": self.max_rows,
                 "prefill_chunk": self.prefill_chunk}
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass(eq=False)
