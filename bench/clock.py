@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .commands import add_target
+from .commands import standalone
 
-__all__ = ["main", "register", "run_bench"]
+__all__ = ["add_arguments", "command", "main", "run_bench"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,17 +195,16 @@ def main(procs: int = 4, sleeps: int = 500, requests: int = 400, as_json: bool =
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`moemesh bench clock` (called by `bench.commands.register`)."""
-    add_target(sub, "clock", arguments=_arguments,
-               handler=lambda a: main(a.procs, a.sleeps, a.requests, a.json),
-               help="virtual time: the cost of one clock round and events per second",
-               description="Child processes on one virtual clock: the wall cost of a clock round,"
-                           " HTTP requests and clock events per second, against a bare loop "
-                           "iteration.")
+def command(args: argparse.Namespace) -> int:
+    """virtual time: the cost of one clock round and events per second
+
+    Child processes on one virtual clock: the wall cost of a clock round, HTTP requests and
+    clock events per second, against a bare loop iteration.
+    """
+    return main(args.procs, args.sleeps, args.requests, args.json)
 
 
-def _arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--procs", type=int, default=4, help="timer processes (default 4)")
     parser.add_argument("--sleeps", type=int, default=500,
@@ -217,7 +216,4 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         sys.exit(_run_child(sys.argv[2:]))
-    cli = argparse.ArgumentParser(prog="python -m bench.clock")
-    _arguments(cli)
-    ns = cli.parse_args()
-    sys.exit(main(ns.procs, ns.sleeps, ns.requests, ns.json))
+    sys.exit(standalone("bench.clock", command, add_arguments))

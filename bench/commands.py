@@ -12,6 +12,8 @@ import json
 import sys
 from collections.abc import Callable
 
+from orchestrator.cli import add_command
+
 __all__ = ["add_target", "bench_subparsers", "register"]
 
 
@@ -27,23 +29,28 @@ def bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAct
     raise RuntimeError("the bench parser has no subcommands")  # pragma: no cover
 
 
-def add_target(sub: argparse._SubParsersAction, name: str, *, help: str, description: str,
-               arguments: Callable[[argparse.ArgumentParser], None],
-               handler: Callable[[argparse.Namespace], int]) -> None:
-    """One `moemesh bench NAME` target: its flags (`arguments`, shared with the module's own
-    `python -m bench.NAME`) and what runs it."""
-    parser = bench_subparsers(sub).add_parser(name, help=help, description=description)
+def add_target(sub: argparse._SubParsersAction, name: str,
+               handler: Callable[[argparse.Namespace], int],
+               arguments: Callable[[argparse.ArgumentParser], None]) -> None:
+    """One `moemesh bench NAME` target: what runs it (its docstring is the target's help, as
+    `orchestrator.cli.add_command` reads it) and its flags (`arguments`, shared with the
+    module's own `python -m bench.NAME`)."""
+    arguments(add_command(bench_subparsers(sub), name, handler))
+
+
+def standalone(module: str, handler: Callable[[argparse.Namespace], int],
+               arguments: Callable[[argparse.ArgumentParser], None]) -> int:
+    """A target run as `python -m bench.NAME`: the same flags and handler as
+    `moemesh bench NAME`."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
     arguments(parser)
-    parser.set_defaults(handler=handler)
+    return handler(parser.parse_args())
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Every `moemesh bench` target, and `lab bench-links` where the `lab` group exists."""
-    from .clock import register as register_clock
-    from .engine import register as register_engine
+    from . import clock, engine, restart, scale
     from .links import add_arguments
-    from .restart import register as register_restart
-    from .scale import register as register_scale
 
     group = bench_subparsers(sub)
     node = group.add_parser(
@@ -72,10 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     links = group.add_parser("links", help="app-backend fidelity grid on this host (loopback)")
     add_arguments(links)
     links.set_defaults(handler=_host_links)
-    register_engine(sub)
-    register_restart(sub)
-    register_clock(sub)
-    register_scale(sub)
+    add_target(sub, "engine", engine.command, arguments=engine.add_arguments)
+    add_target(sub, "restart", restart.command, arguments=restart.add_arguments)
+    add_target(sub, "clock", clock.command, arguments=clock.add_arguments)
+    add_target(sub, "scale", scale.main, arguments=scale.add_arguments)
 
     lab = sub.choices.get("lab")
     if lab is not None:

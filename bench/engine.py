@@ -48,9 +48,7 @@ from typing import Any
 
 from moe.vocab import FULL_PRECISION, PlacementEntry
 
-from .commands import add_target
-
-__all__ = ["TARGETS", "main", "register", "run_bench", "summarize"]
+__all__ = ["TARGETS", "add_arguments", "command", "main", "run_bench", "summarize"]
 
 PROMPT = "def fibonacci(n):\n    "
 TARGETS = {"mesh_local_vs_inprocess": 1.5, "remote_hop_vs_echo": 1.5}
@@ -298,7 +296,7 @@ def main(as_json: bool = False, rounds: int = 5, tokens: int = 48, generations: 
     return 0
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help='print one JSON document: {"inprocess_ms", "mesh_local_ms", '
                    '"mesh_remote_ms", "echo_ms", "ratios", "stats", ...}')
@@ -310,24 +308,19 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="hetroute", help="routing policy (hetroute)")
 
 
-def _run(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace) -> int:
+    """decode step in process, through a one- and a two-node mesh, echo floor
+
+    One tiny-moe decode token: model.forward in this process, the same generation through POST
+    /v1/generate of a one-node mesh (every expert local) and of a two-node mesh with zero-delay
+    links (every expert on the other node), and the round trip of a plain aiohttp echo; with
+    ratios.
+    """
     return main(args.json, args.rounds, args.tokens, args.generations, args.echoes, args.policy)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """`moemesh bench engine` (called by `bench.commands.register`)."""
-    add_target(sub, "engine", arguments=_add_arguments,
-               handler=_run,
-               help="decode step in process, through a one- and a two-node mesh, echo floor",
-               description="One tiny-moe decode token: model.forward in this process, the same "
-                           "generation through POST /v1/generate of a one-node mesh (every expert"
-                           " local) and of a two-node mesh with zero-delay links (every expert on"
-                           " the other node), and the round trip of a plain aiohttp echo; with "
-                           "ratios.")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_arguments(parser)
-    sys.exit(_run(parser.parse_args()))
+    add_arguments(parser)
+    sys.exit(command(parser.parse_args()))

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .commands import add_target
+from .commands import standalone
 
-__all__ = ["main", "register", "run_bench"]
+__all__ = ["add_arguments", "command", "main", "run_bench"]
 
 TARGET_S = 1.0
 _TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
@@ -107,24 +107,20 @@ def main(restarts: int = 5, as_json: bool = False) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`moemesh bench restart` (called by `bench.commands.register`)."""
-    add_target(sub, "restart", arguments=_arguments,
-               handler=lambda args: main(args.restarts, args.json),
-               help="node restart time in the local runtime: exec vs the fork server",
-               description="Kill and revive a real tiny-moe node of the local runtime N times, "
-                           "once with nodes exec'd and once forked from the template; restart "
-                           "time and CPU, ratio.")
+def command(args: argparse.Namespace) -> int:
+    """node restart time in the local runtime: exec vs the fork server
+
+    Kill and revive a real tiny-moe node of the local runtime N times, once with nodes exec'd
+    and once forked from the template; restart time and CPU, ratio.
+    """
+    return main(args.restarts, args.json)
 
 
-def _arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--restarts", type=int, default=5,
                         help="kill/revive cycles per mode (default 5)")
 
 
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="python -m bench.restart")
-    _arguments(cli)
-    ns = cli.parse_args()
-    sys.exit(main(ns.restarts, ns.json))
+    sys.exit(standalone("bench.restart", command, add_arguments))

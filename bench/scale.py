@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .commands import add_target
+from .commands import standalone
 
-__all__ = ["main", "register", "run_point", "scenario_data"]
+__all__ = ["add_arguments", "main", "run_point", "scenario_data"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 31
@@ -251,7 +251,7 @@ def _duration(text: str) -> float:
     return value
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the points as a JSON list")
     p.add_argument("--nodes", type=_ints, default=list(DEFAULT_NODES),
                    help="node counts, e.g. 5,10,20,40 (the default)")
@@ -268,6 +268,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    """the emulator's cost over node counts and loads, with and without batching
+
+    Runs a random mesh per node count (virtual clock, hetroute) and prints emulated seconds per
+    wall second, host CPU ms per token, clock advances per token, PSS per node and the model's
+    in-process step as the floor.
+    """
     if not args.per_node_rps > 0:
         raise ValueError(f"--per-node-rps must be > 0, got {args.per_node_rps}")
     nodes = list(args.nodes) + ([LARGE_NODES] if args.large else [])
@@ -276,18 +282,5 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`moemesh bench scale` (called by `bench.commands.register`)."""
-    add_target(sub, "scale", arguments=_arguments,
-               handler=main,
-               help="the emulator's cost over node counts and loads, with and without batching",
-               description="Runs a random mesh per node count (virtual clock, hetroute) and "
-                           "prints emulated seconds per wall second, host CPU ms per token, clock"
-                           " advances per token, PSS per node and the model's in-process step as "
-                           "the floor.")
-
-
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser(prog="python -m bench.scale")
-    _arguments(cli)
-    sys.exit(main(cli.parse_args()))
+    sys.exit(standalone("bench.scale", main, add_arguments))

@@ -9,19 +9,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from orchestrator.cli import add_command
+
 from .commands import _duration
 
 __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "chaos", help="run a scenario's mesh under random faults and check that no token "
-        "that could be served is lost",
-        description="Start the scenario's mesh, run its policies' workload from the home "
-        "nodes while a seeded random timeline cuts and degrades links, kills, revives and "
-        "slows nodes (never every full-precision replica of an expert at once), check every "
-        "token, and look for leftovers. Exit 1 when an invariant broke.")
+    p = add_command(sub, "chaos", _chaos)
     p.add_argument("scenario", type=Path,
                    help="scenario YAML, e.g. experiments/scenarios/quickstart.yaml")
     p.add_argument("--duration", type=_duration, default=120.0, metavar="TIME",
@@ -43,7 +39,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="time dilation, e.g. 4 (default: the scenario's factor, 1 if auto)")
     p.add_argument("--runtime", choices=["local", "netns", "docker"],
                    help="override the scenario's runtime, e.g. local")
-    p.set_defaults(handler=_chaos)
 
 
 def _names(text: str | None, flag: str, known: list[str]) -> list[str] | None:
@@ -57,6 +52,14 @@ def _names(text: str | None, flag: str, known: list[str]) -> list[str] | None:
 
 
 def _chaos(args: argparse.Namespace) -> int:
+    """run a scenario's mesh under random faults and check that no token that could be served is
+    lost
+
+    Start the scenario's mesh, run its policies' workload from the home nodes while a seeded
+    random timeline cuts and degrades links, kills, revives and slows nodes (never every
+    full-precision replica of an expert at once), check every token, and look for leftovers.
+    Exit 1 when an invariant broke.
+    """
     from dataclasses import replace
 
     from orchestrator.arms import load_experiment

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moe.vocab import is_number
+from orchestrator.cli import add_command
 
 from .clock import clock_for_overrides, resolve_clock, run_clocked
 
@@ -110,12 +111,7 @@ def _tdf(text: str) -> str | float:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    run = sub.add_parser(
-        "run", help="run a scenario: every policy on the same seeded workload, then a report",
-        description="Start the scenario's mesh, run each router policy on the same seeded "
-        "workload (queues and caches reset in between), score quality, measure the "
-        "emulator's overhead, stop the mesh, and write tokens.csv, requests.csv, run.json, "
-        "summary.json, report.md and plots into --out.")
+    run = add_command(sub, "run", _run)
     _add_run_flags(run, both=True, resumable=True)
     run.add_argument("--resume", type=Path, metavar="DIR",
                      help="finish a stopped run in DIR, e.g. results/quickstart: only the "
@@ -137,7 +133,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--slo-target", type=float, default=0.9, metavar="SHARE",
                      help="with --capacity: the share of requests within the SLO a load must "
                           "reach, e.g. 0.9")
-    run.set_defaults(handler=_run)
 
     rep = sub.add_parser("report", help="redraw a run's summary, report and plots from its "
                          "raw records (no rerun)")
@@ -295,6 +290,12 @@ def warn_unfaithful(folder: Path, command: str = "moemesh run") -> bool:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """run a scenario: every policy on the same seeded workload, then a report
+
+    Start the scenario's mesh, run each router policy on the same seeded workload (queues and
+    caches reset in between), score quality, measure the emulator's overhead, stop the mesh, and
+    write tokens.csv, requests.csv, run.json, summary.json, report.md and plots into --out.
+    """
     from .live import open_live
     from .runner import run_experiment
 

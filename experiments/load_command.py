@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli import add_command
 from orchestrator.runclock import RunClock
 
 from .commands import add_shorten_flags, chosen_arms
@@ -32,13 +33,7 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "load", help="send a scenario's workload to the mesh `moemesh up` keeps (one policy, "
-        "live progress, results folder)",
-        description="Drive the running mesh's home nodes with the scenario's seeded users for "
-        "one policy, as `moemesh run` does for each arm, without starting, resetting or "
-        "stopping anything; inject faults meanwhile with `moemesh fault`. Writes "
-        "tokens.csv, requests.csv and summary.json into --out.")
+    p = add_command(sub, "load", _load)
     p.add_argument("scenario", type=Path, help="scenario YAML whose workload to send (its "
                    "nodes must be the mesh's), e.g. experiments/scenarios/quickstart.yaml")
     p.add_argument("--mesh-dir", type=Path, default=None,
@@ -54,7 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replace an earlier run in --out (a folder moemesh did not make is "
                         "always refused)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.set_defaults(handler=_load)
 
 
 def _arm_for_mesh(scenario: Any, arms: tuple, label: str | None, state: dict[str, Any]) -> Any:
@@ -77,6 +71,14 @@ def _arm_for_mesh(scenario: Any, arms: tuple, label: str | None, state: dict[str
 
 
 def _load(args: argparse.Namespace) -> int:
+    """send a scenario's workload to the mesh `moemesh up` keeps (one policy, live progress,
+    results folder)
+
+    Drive the running mesh's home nodes with the scenario's seeded users for one policy, as
+    `moemesh run` does for each arm, without starting, resetting or stopping anything; inject
+    faults meanwhile with `moemesh fault`. Writes tokens.csv, requests.csv and summary.json into
+    --out.
+    """
     from orchestrator.arms import load_experiment
     from orchestrator.mesh_commands import ready_state
 

@@ -21,21 +21,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli import add_command
+
 from .commands import _add_run_flags, _options, _prepare
 
 __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "study", help="run a scenario over generated topologies and workload seeds; pool each "
-        "comparison across the worlds",
-        description="Draw N topologies with the scenario's own generator and M workload seeds "
-        "(from --study-seed), run the scenario in every pair, compare each policy with its "
-        "baseline inside each world (paired by request), and report per comparison the "
-        "median change, the share of worlds where it holds, a hierarchical 95% CI (worlds, "
-        "then requests) and a forest plot; the scenario's pre-registered claims are judged "
-        "on it. Writes study.json, study.md and forest_*.png/.svg into --out.")
+    p = add_command(sub, "study", _study)
     _add_run_flags(p)
     p.set_defaults(quality_windows=0)
     p.add_argument("--topologies", type=int, default=8, metavar="N",
@@ -64,7 +58,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: in virtual time as many as the host has cores and memory "
                         "for, about 4 GiB a world; on the wall clock 1, which it must stay: "
                         "worlds running side by side would distort each other's latencies)")
-    p.set_defaults(handler=_study)
 
 
 def _positive(text: str) -> int:
@@ -146,6 +139,16 @@ class WorldRunner:
 
 
 def _study(args: argparse.Namespace) -> int:
+    """run a scenario over generated topologies and workload seeds; pool each comparison across the
+    worlds
+
+    Draw N topologies with the scenario's own generator and M workload seeds (from
+    --study-seed), run the scenario in every pair, compare each policy with its baseline inside
+    each world (paired by request), and report per comparison the median change, the share of
+    worlds where it holds, a hierarchical 95% CI (worlds, then requests) and a forest plot; the
+    scenario's pre-registered claims are judged on it. Writes study.json, study.md and
+    forest_*.png/.svg into --out.
+    """
     from orchestrator.arms import load_experiment
 
     from .outdir import claim_out, finish_out

@@ -36,6 +36,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.cli import add_command
 from orchestrator.markers import MANIFEST, marker, owner_alive, recorded, remove_recorded
 from orchestrator.runtimes.processes import process_alive, process_start_ticks
 
@@ -243,20 +244,21 @@ def remove(leftovers: list[Leftover], kept: list[str] | None = None) -> list[str
 # -- the command --------------------------------------------------------------------------------
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "clean", help="find and remove what runs killed hard left behind (by marker and id)",
-        description="Lists, then removes, what runs that were killed hard (SIGKILL, OOM) left: "
-        "processes, netns namespaces, veths, bridges, iptables rules, containers, networks and "
-        "temporary folders, found by moemesh's markers and ids only. What merely looks like "
-        "moemesh's is listed and left alone.")
+    p = add_command(sub, "clean", _clean)
     p.add_argument("--dry-run", action="store_true", help="list only, remove nothing")
     p.add_argument("--json", action="store_true",
                    help='print {"leftovers": [{kind, name, run_id, why}], "kept": [str], '
                         '"errors": [str]}')
-    p.set_defaults(handler=_clean)
 
 
 def _clean(args: argparse.Namespace) -> int:
+    """find and remove what runs killed hard left behind (by marker and id)
+
+    Lists, then removes, what runs that were killed hard (SIGKILL, OOM) left: processes, netns
+    namespaces, veths, bridges, iptables rules, containers, networks and temporary folders,
+    found by moemesh's markers and ids only. What merely looks like moemesh's is listed and left
+    alone.
+    """
     found = find()
     errors = [] if args.dry_run else remove(found.leftovers, found.kept)
     if args.json:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # Packages whose commands.py adds subcommands, in the order `moemesh --help` lists them.
 COMMAND_MODULES = (
@@ -35,6 +36,22 @@ COMMAND_MODULES = (
 
 class BadInput(Exception):
     """Raised by a handler for input the user can fix; printed and mapped to exit code 2."""
+
+
+def add_command(sub: argparse._SubParsersAction, name: str,
+                handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """`moemesh NAME`, run by `handler`, whose docstring is the command's text: its first
+    paragraph the one-line help in `moemesh --help`, the rest the description in
+    `moemesh NAME --help`. The words that say what a command does live with the code that
+    does it."""
+    doc = inspect.cleandoc(handler.__doc__ or "")
+    if not doc:
+        raise TypeError(f"{handler.__qualname__}: a command's handler needs a docstring")
+    first, _, rest = doc.partition("\n\n")
+    parser = sub.add_parser(name, help=" ".join(first.split()),
+                            description=" ".join(rest.split()) or None)
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:

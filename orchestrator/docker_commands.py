@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.arms import load_scenario
+from orchestrator.cli import add_command
 from orchestrator.compose import (
     CLOCKS,
     DEFAULT_IMAGE,
@@ -34,12 +35,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "compose", help="print a Docker Compose file for a scenario or topology",
-        description="Print a compose file (valid for `docker compose` and `docker-compose -f`) "
-        "with one service per node of FILE's topology and, for a scenario, a controller that "
-        "runs it against them and writes its report to --results.",
-    )
+    p = add_command(sub, "compose", _compose)
     p.add_argument("file", type=Path, help="scenario or topology YAML, e.g. "
                    "experiments/scenarios/quickstart.yaml")
     p.add_argument("-o", "--output", type=Path, help="write here instead of stdout "
@@ -63,7 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pin", action="append", default=[], metavar="NODE=HOST",
                    help="Swarm: run NODE only on hosts labelled moemesh.host=HOST (docker node "
                    "update --label-add moemesh.host=HOST NAME); repeat per node")
-    p.set_defaults(handler=_compose)
 
 
 def _pins(given: list[str]) -> dict[str, str]:
@@ -82,6 +77,12 @@ def _relative(target: Path, base: Path) -> str:
 
 
 def _compose(args: argparse.Namespace) -> int:
+    """print a Docker Compose file for a scenario or topology
+
+    Print a compose file (valid for `docker compose` and `docker-compose -f`) with one service
+    per node of FILE's topology and, for a scenario, a controller that runs it against them and
+    writes its report to --results.
+    """
     path: Path = args.file
     if not path.is_file():
         raise ValueError(f"{path}: no such file (give a scenario or topology YAML)")

@@ -29,6 +29,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.cli import add_command
+
 __all__ = ["Check", "Feature", "checks", "feature", "features", "forget", "register"]
 
 BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
@@ -265,19 +267,19 @@ def checks() -> list[Check]:
 # -- the command --------------------------------------------------------------------------------
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "doctor", help="check this machine for moemesh's optional parts and say how to get them",
-        description="Checks root and NET_ADMIN, the kernel's sch_netem, ip and iptables (netns "
-        "runtime), the Docker engine and the moemesh image, Compose v2 and v1, and the kernel "
-        "lab's prerequisites; prints what works, what does not and the command that fixes it, "
-        "and what runs killed hard left behind (`moemesh clean`). It changes nothing and "
-        "exits 0.")
+    p = add_command(sub, "doctor", _doctor)
     p.add_argument("--json", action="store_true", help="print JSON: {checks: [...], "
                    "features: {...}}")
-    p.set_defaults(handler=_doctor)
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    """check this machine for moemesh's optional parts and say how to get them
+
+    Checks root and NET_ADMIN, the kernel's sch_netem, ip and iptables (netns runtime), the
+    Docker engine and the moemesh image, Compose v2 and v1, and the kernel lab's prerequisites;
+    prints what works, what does not and the command that fixes it, and what runs killed hard
+    left behind (`moemesh clean`). It changes nothing and exits 0.
+    """
     from orchestrator.clean import find
 
     parts, feats = checks(), features()

@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli import add_command
 from orchestrator.lifetime import to_the_end
 
 __all__ = ["SOCKET_FILE", "STATE_FILE", "live_scenario", "make_runtime", "read_state", "register",
@@ -263,10 +264,7 @@ def _detach(folder: Path) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "meshd", help="the supervisor of a mesh that `moemesh up` starts (not run by hand)",
-        description="Own a mesh between `moemesh up` and `moemesh down`: start it, answer "
-        "the CLI on DIR/control.sock, stop it on SIGTERM, SIGINT or a down request.")
+    parser = add_command(sub, "meshd", _supervise)
     parser.add_argument("--dir", type=Path, required=True, help="the mesh's state folder")
     parser.add_argument("--scenario", type=Path, required=True, help="scenario YAML")
     from orchestrator.scenario import RUNTIMES, SHAPERS
@@ -278,10 +276,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--detach", action="store_true",
                         help="fork, print the supervisor's pid and return at once; the "
                         "supervisor runs in a session of its own, its output in DIR/meshd.log")
-    parser.set_defaults(handler=_supervise)
 
 
 def _supervise(args: argparse.Namespace) -> int:
+    """the supervisor of a mesh that `moemesh up` starts (not run by hand)
+
+    Own a mesh between `moemesh up` and `moemesh down`: start it, answer the CLI on
+    DIR/control.sock, stop it on SIGTERM, SIGINT or a down request.
+    """
     folder = args.dir
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if args.detach:

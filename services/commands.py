@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import argparse
 
+from orchestrator.cli import add_command
+
 from .settings import NodeSettings, add_flags
 
 __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    node = sub.add_parser(
-        "node", help="run one edge node (what a container runs)",
-        description="Serve this node's experts to the mesh until SIGTERM/SIGINT. Flags not "
-        "given come from MOEMESH_* environment variables (each flag's help names its own); "
-        "the control-plane token comes from MOEMESH_TOKEN only.",
-    )
+    node = add_command(sub, "node", _node)
     add_flags(node)
-    node.set_defaults(handler=_node)
 
 
 def _node(args: argparse.Namespace) -> int:
+    """run one edge node (what a container runs)
+
+    Serve this node's experts to the mesh until SIGTERM/SIGINT. Flags not given come from
+    MOEMESH_* environment variables (each flag's help names its own); the control-plane token
+    comes from MOEMESH_TOKEN only.
+    """
     from .serve import serve
 
     return serve(NodeSettings.from_sources(vars(args)))

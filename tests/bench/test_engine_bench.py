@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from bench.engine import TARGETS, main, register, summarize
+from bench.commands import register
+from bench.engine import TARGETS, main, summarize
 
 FIGURES = ("inprocess_ms", "mesh_local_ms", "mesh_remote_ms", "echo_ms")
 

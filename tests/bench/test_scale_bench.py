@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.scale import _arguments, main, scenario_data
+from bench.scale import add_arguments, main, scenario_data
 from orchestrator.scenario import scenario_from_data
 from orchestrator.yamlio import Loc
 
@@ -27,7 +27,7 @@ def test_a_small_grid_prints_points_of_the_agreed_shape(capsys: pytest.CaptureFi
     import argparse
 
     parser = argparse.ArgumentParser()
-    _arguments(parser)
+    add_arguments(parser)
     assert main(parser.parse_args(["--json", "--nodes", "3", "--duration", "2s",
                                    "--batching", "iteration"])) == 0
     points = json.loads(capsys.readouterr().out)
