@@ -20,13 +20,12 @@ dest=${MOEMESH_WHEELS_DIR:-docker/wheels}
 pyver=${MOEMESH_WHEELS_PYTHON:-3.11}
 arch=${MOEMESH_WHEELS_ARCH:-$(uname -m)}
 clean=0
-for arg in "$@"; do
-    case $arg in
-        --clean) clean=1 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-        *) echo "fetch-wheels: unknown argument '$arg' (use --clean or --help)" >&2; exit 2 ;;
-    esac
-done
+case "$*" in  # one flag at most
+    "") ;;
+    --clean) clean=1 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "fetch-wheels: unknown arguments '$*' (use --clean or --help)" >&2; exit 2 ;;
+esac
 
 py=$(command -v python3 || true)
 [ -n "$py" ] || { echo "fetch-wheels: python3 not found on the host" >&2; exit 1; }
