@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -256,19 +258,51 @@ def _timed(run_one: Callable[[World, Path], None], world: World, folder: Path) -
 def _run_pooled(todo: Sequence[World], out: Path, run_one: Callable[[World, Path], None],
                 jobs: int, finished: Callable[[World, float], None]) -> None:
     """The worlds in `jobs` worker processes (spawned: a fresh interpreter, no inherited
-    threads or clock); the first failure cancels what has not started and is raised."""
+    threads or clock); the first failure cancels what has not started and is raised. An
+    interrupt (Ctrl-C, SIGTERM) stops it all: no further world starts, and each worker gets one
+    SIGINT, so the world it runs stops its mesh as `moemesh run` does on Ctrl-C."""
     import multiprocessing
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
-    with ProcessPoolExecutor(max_workers=jobs,
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        running = {pool.submit(_timed, run_one, w, out / "worlds" / w.name): w for w in todo}
-        while running:
-            done, _ = wait(running, return_when=FIRST_EXCEPTION)
-            for fut in done:
-                world = running.pop(fut)
-                if fut.exception() is not None:
-                    for other in running:
-                        other.cancel()
-                    raise fut.exception()
-                finished(world, fut.result())
+    spawn = multiprocessing.get_context("spawn")
+    stop = spawn.Event()
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=spawn, initializer=_worker_start,
+                             initargs=(stop,)) as pool:
+        running = {pool.submit(_pooled_world, run_one, w, out / "worlds" / w.name): w
+                   for w in todo}
+        try:
+            while running:
+                done, _ = wait(running, return_when=FIRST_EXCEPTION)
+                for fut in done:
+                    world = running.pop(fut)
+                    if fut.exception() is not None:
+                        raise fut.exception()
+                    finished(world, fut.result())
+        except BaseException as exc:
+            stop.set()
+            for other in running:
+                other.cancel()
+            if isinstance(exc, KeyboardInterrupt):
+                # no public handle on the workers in 3.11 (Executor.terminate_workers is 3.14's)
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    if proc.is_alive():
+                        os.kill(proc.pid, signal.SIGINT)
+            raise
+
+
+_stop: Any = None  # in a worker: the study's "start no further world" event
+
+
+def _worker_start(stop: Any) -> None:
+    """A worker's own process group: a Ctrl-C at the terminal reaches only the study, which
+    passes one SIGINT on (a second one could cut a mesh's clean-up short)."""
+    global _stop
+    os.setpgrp()
+    _stop = stop
+
+
+def _pooled_world(run_one: Callable[[World, Path], None], world: World, folder: Path
+                  ) -> float | None:
+    if _stop is not None and _stop.is_set():
+        return None  # the study was interrupted while this world waited in the queue
+    return _timed(run_one, world, folder)

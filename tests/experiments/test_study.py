@@ -183,15 +183,12 @@ def test_worlds_share_the_host_in_virtual_time_and_never_on_the_wall_clock(monke
 
 
 @pytest.mark.slow
-def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -> None:
-    """Two 4-node worlds of a tiny scenario, 3 requests each; then --resume reruns nothing."""
-    import json
-
+def _tiny_study(tmp_path, requests: int = 3):
+    """A tiny scenario of 4-node worlds (tiny-moe, virtual time, app shaper)."""
     from experiments.scaling import tiny_scaled
     from orchestrator.randomtopo import random_topology
     from orchestrator.topology import topology_to_data
     from orchestrator.yamlio import dump_yaml
-    from tests.helpers import moemesh_process
 
     # scaled for tiny-moe (as paper10-tiny.yaml): unscaled, every node holds every expert
     topo = tiny_scaled(random_topology(4, 3), name="random-4n-seed3")
@@ -199,12 +196,22 @@ def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -
             "model": "tiny-moe", "runtime": "local", "shaper": "app", "clock": "virtual",
             "placement": {"policy": "hetroute", "redundancy": 2.0},
             "policies": ["greedy", "hetroute"],
-            "workload": {"rate_rps": 2, "requests": 3, "gen_tokens": 4,
+            "workload": {"rate_rps": 2, "requests": requests, "gen_tokens": 4,
                          "prompt_tokens": [8, 16], "seed": 1},
             "claims": [{"metric": "traffic", "policy": "hetroute", "baseline": "greedy",
                         "direction": "lower"}]}
     path = tmp_path / "tiny-study.yaml"
     path.write_text(dump_yaml(scen, "a study test"))
+    return path
+
+
+def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -> None:
+    """Two 4-node worlds of a tiny scenario, 3 requests each; then --resume reruns nothing."""
+    import json
+
+    from tests.helpers import moemesh_process
+
+    path = _tiny_study(tmp_path)
     out = tmp_path / "study"
     args = ["study", str(path), "--topologies", "2", "--seeds", "1", "--out", str(out),
             "--quiet"]
@@ -245,3 +252,41 @@ def _tokens(folder) -> list[list[str]]:
         rows = list(csv.reader(fh))
     drop = rows[0].index("dense_host_ms")
     return [r[:drop] + r[drop + 1:] for r in rows]
+
+
+def test_an_interrupted_study_starts_no_further_world_and_leaves_no_process(tmp_path) -> None:
+    """SIGTERM to a study running worlds side by side: every worker's world stops its mesh
+    and no queued world starts (before the fix the pool ran every queued world to its end)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import alive, env, processes_with
+
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "orchestrator.cli", "study", str(_tiny_study(tmp_path, 40)),
+           "--topologies", "4", "--seeds", "1", "--jobs", "2", "--out", str(out), "--quiet"]
+    with subprocess.Popen(cmd, cwd=ROOT, env=env(), text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        try:
+            deadline = time.monotonic() + 120
+            while len(processes_with("orchestrator.cli node", mine=True)) < 8:
+                assert proc.poll() is None and time.monotonic() < deadline, "no worlds ran"
+                time.sleep(0.2)
+            time.sleep(1.0)
+            ours = processes_with("orchestrator", mine=True)
+            started = sorted(p.name for p in (out / "worlds").iterdir())
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=90)
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert sorted(p.name for p in (out / "worlds").iterdir()) == started  # none began after
+    deadline = time.monotonic() + 15
+    while (left := [p for p in ours if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"left running: {left}"
+    assert os.path.isdir(out)
+

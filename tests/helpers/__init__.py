@@ -96,6 +96,14 @@ def processes_with(marker: str, *, mine: bool = False) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Running and not a zombie (read from /proc, never through the code under test)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_gone(marker: str, timeout_s: float = 15.0) -> list[int]:
     """Wait until no process carries `marker`; the ones still there at the deadline."""
     deadline = time.monotonic() + timeout_s

@@ -8,7 +8,6 @@ no namespace or interface of ours is left; these tests also check processes.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -20,21 +19,13 @@ import pytest
 
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure
 from orchestrator.runtimes.netns import NetnsRuntime
-from tests.helpers import env, wait_until
+from tests.helpers import alive, env, wait_until
 
 SERVER = str(Path(__file__).with_name("aiohttp_node.py"))
 
 
 def aiohttp_node(name: str) -> NodeLaunch:
     return NodeLaunch(name, (sys.executable, SERVER, "{name}", "{port}"), port=8080)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
 
 
 @pytest.mark.netns
@@ -60,7 +51,7 @@ async def test_three_nodes_serve_and_reach_each_other(kernel: SimpleNamespace) -
         namespaces = rt.namespaces
     assert not set(namespaces) & kernel.netns_list()
     assert not kernel.links_named(f"mmb{rt.id}") and not kernel.links_named(f"mmv{rt.id}")
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
 
 
 @pytest.mark.netns
@@ -111,7 +102,7 @@ async def test_cancelling_start_cleans_up_like_ctrl_c(kernel: SimpleNamespace) -
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 30)
     assert not rt.namespaces and f"mm-{rt.id}-slow" not in kernel.netns_list()
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 @pytest.mark.netns
