@@ -2,8 +2,9 @@
 
 Each package that offers commands has a `commands.py` with `register(subparsers)`; handlers
 take the parsed args and return an exit code. A command with more to say than a line is added
-with `add_command`, which reads its help and description from the handler's docstring. Exit codes (docs/contracts.md): 0 ok, 2 bad input (the
-message names the problem), 1 failure. Library code raises; only this module decides codes.
+with `add_command`, which reads its help and description from the handler's docstring.
+Exit codes (docs/contracts.md): 0 ok, 2 bad input (the message names the problem), 1 failure.
+Library code raises; only this module decides codes.
 """
 
 from __future__ import annotations
