@@ -17,7 +17,9 @@ world, paired by request (experiments.paired: the same bootstrap the report uses
   and its interval below.
 
 Comparisons: the pairs of the scenario's pre-registered claims (orchestrator.claims) when it
-states any, else each arm against `baseline` (the first arm by default); each on
+states any, else each arm against `baseline` (the first arm by default); a `baseline` named
+beside claims adds each other arm against it (a claim's pair read backwards is not added
+again), exploratory: judged by nobody; each on
 `STUDY_METRICS` (plus a claim's own metric). A claim is judged on the hierarchical CI by the
 report's rule (`orchestrator.claims.judge`): it holds only where it holds across worlds.
 Results: `study.json` (worlds, seeds, per-world effects, pooled figures) and `study.md`
@@ -68,13 +70,13 @@ class Row:
 def rows_for(claims: Sequence[Claim], labels: Sequence[str], baseline: str | None = None
              ) -> list[Row]:
     """The study's comparisons (module docstring)."""
-    if claims:
-        pairs = list(dict.fromkeys((c.policy, c.baseline) for c in claims))
-    else:
+    pairs = list(dict.fromkeys((c.policy, c.baseline) for c in claims))
+    if baseline is not None or not claims:
         base = baseline or labels[0]
         if base not in labels:
             raise ValueError(f"--baseline: no arm {base!r} (arms: {', '.join(labels)})")
-        pairs = [(p, base) for p in labels if p != base]
+        pairs += [(p, base) for p in labels
+                  if p != base and (p, base) not in pairs and (base, p) not in pairs]
     out = []
     for policy, base in pairs:
         mine = {c.metric: c for c in claims if (c.policy, c.baseline) == (policy, base)}

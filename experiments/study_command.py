@@ -39,8 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--study-seed", type=int, default=1, metavar="S",
                    help="seed the topology and workload seeds are drawn from, e.g. 1")
     p.add_argument("--baseline", metavar="LABEL",
-                   help="the arm every other is compared with when the scenario states no "
-                        "claims, e.g. greedy (default: the first arm)")
+                   help="the arm every other is compared with, e.g. greedy (default: the "
+                        "first arm when the scenario states no claims; beside claims, these "
+                        "rows are added, exploratory)")
     p.add_argument("--link-probe", action="store_true",
                    help="probe every pair's link in each world (default: not; ~10 s a world)")
     p.add_argument("--out", type=Path, metavar="DIR",

@@ -119,6 +119,11 @@ def test_rows_follow_the_claims_or_else_every_arm_against_the_baseline() -> None
     assert {r.baseline for r in rows_for([], ["g", "h"], "h")} == {"h"}
     with pytest.raises(ValueError, match=r"--baseline: no arm 'x'"):
         rows_for([], ["g", "h"], "x")
+    # a baseline named beside claims adds every other arm against it, the claims' rows first
+    # (g against h is the claim's pair read backwards: not again)
+    both = rows_for(claims, ["g", "h", "m"], "h")
+    assert list(dict.fromkeys((r.policy, r.baseline) for r in both)) == [("h", "g"), ("m", "h")]
+    assert [r.claim is not None for r in both].count(True) == 2
 
 
 def test_worlds_are_drawn_from_the_study_seed_and_the_scenarios_generator() -> None:
