@@ -232,13 +232,14 @@ class NetemLeaf:
                 f"{self.handle} netem {delay} {loss}{reorder} limit {self.limit}")
 
 
+@dataclass(frozen=True)
 class _U32Filter:
-    """A u32 filter matching one IPv4 address: its pyroute2 key and its tc line."""
+    """A u32 filter matching one IPv4 address: its pyroute2 key and its tc line. A subclass
+    adds the address field `_FIELD` names and `parent`, each with its own default."""
 
     action: Action
     iface: str
     prio: int
-    parent: str
     _FIELD = ""  # the dataclass field holding the matched address
     _OFFSET = 0  # where that address sits in the IP header: 16 destination, 12 source
 
@@ -262,9 +263,6 @@ class _U32Filter:
 class U32Dst(_U32Filter):
     """What goes to one peer (ip dst) classified into that peer's htb class."""
 
-    action: Action
-    iface: str
-    prio: int
     dst: str = ""
     flowid: str = ""
     parent: str = ROOT
@@ -312,9 +310,6 @@ class IngressQdisc:
 class U32Redirect(_U32Filter):
     """What arrives from one peer (ip src) redirected to the downlink's device."""
 
-    action: Action
-    iface: str
-    prio: int
     src: str = ""
     to: str = IFB
     parent: str = INGRESS
