@@ -259,6 +259,7 @@ def _tokens(folder) -> list[list[str]]:
     return [r[:drop] + r[drop + 1:] for r in rows]
 
 
+@pytest.mark.slow
 def test_an_interrupted_study_starts_no_further_world_and_leaves_no_process(tmp_path) -> None:
     """SIGTERM to a study running worlds side by side: every worker's world stops its mesh
     and no queued world starts (before the fix the pool ran every queued world to its end)."""
