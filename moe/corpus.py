@@ -1,19 +1,29 @@
-"""Offline text for the byte-level model: the running Python's standard library sources.
+"""Offline text for the byte-level model: Python's standard library sources.
 
 Every machine with Python has this text, so nobody needs a download. Files are split by a
 hash of their name (stable across runs and machines): `heldout` is never trained on and scores
 quality, `calib` feeds gate statistics and quantization costs, `train` is the rest.
+
+`train` and `calib` are read from the running Python's library (they only make the shipped
+weights and statistics). `heldout` is what a run's prompts and quality windows are cut from,
+so it ships with the package (`moe/text/heldout.py.gz`, the split of CPython 3.11.7, sha256
+`HELDOUT_SHA256`): another Python's library (a container's 3.11.2, say) would hand a run other
+prompts, and the same scenario other tokens on another machine or runtime.
 """
 
 from __future__ import annotations
 
+import gzip
 import sysconfig
 import zlib
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 SPLITS = ("train", "calib", "heldout")
+HELDOUT_FILE = Path(__file__).resolve().parent / "text" / "heldout.py.gz"
+HELDOUT_SHA256 = "b6f726d5ab5fc2fbfadd3410f4d4060662ec1aa177733a37be8356bd13f32803"
 
 
 def stdlib_dir() -> Path:
@@ -38,7 +48,11 @@ def corpus_files(split: str, root: Path | None = None) -> list[Path]:
 
 
 def corpus_bytes(split: str, limit: int | None = None, root: Path | None = None) -> bytes:
-    """The split's text as one byte string (files joined in name order), cut to `limit` bytes."""
+    """The split's text as one byte string (files joined in name order), cut to `limit` bytes;
+    `heldout` is the shipped one unless `root` names a library to read."""
+    if split == "heldout" and root is None:
+        text = shipped_heldout()
+        return text[:limit] if limit is not None else text
     parts: list[bytes] = []
     size = 0
     for path in corpus_files(split, root):
@@ -51,6 +65,12 @@ def corpus_bytes(split: str, limit: int | None = None, root: Path | None = None)
     if not text:
         raise FileNotFoundError(f"no Python sources found for split {split!r} under {root}")
     return text[:limit] if limit is not None else text
+
+
+@lru_cache(maxsize=1)
+def shipped_heldout() -> bytes:
+    """The held-out split as shipped (module docstring)."""
+    return gzip.decompress(HELDOUT_FILE.read_bytes())
 
 
 def as_tokens(text: bytes) -> torch.Tensor:
