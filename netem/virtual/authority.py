@@ -41,7 +41,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,6 +206,7 @@ class Authority:
         self._conns: dict[tuple[_Endpoint, _Endpoint], _Conn] = {}
         self._dead_keys: set[tuple] = set()
         self._unbalanced = 0
+        self._holds: list[str] = []  # why the controller holds the clock still (`held`)
         self._progress = time.monotonic()
         self._stall_said = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -316,6 +317,21 @@ class Authority:
             for part in self._parts.values():
                 if part.name == sock_name:
                     part.idle = False
+
+    @contextlib.contextmanager
+    def held(self, why: str) -> Iterator[None]:
+        """The clock stays where it is for the body. For work of the controller outside the
+        mesh that must land at this instant (a container engine's kill or start): its answer
+        comes over a socket the clock does not count, so the idle controller would otherwise
+        let the clock run on meanwhile, by however much the engine took."""
+        with self._lock:
+            self._holds.append(why)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds.remove(why)
+            self._poke()
 
     # -- the thread -----------------------------------------------------------------------
     def _poke(self) -> None:
@@ -446,7 +462,7 @@ class Authority:
         self._progress = time.monotonic()
 
     def _advance(self) -> None:
-        if self._expected or self._unbalanced or not self._parts:
+        if self._expected or self._unbalanced or self._holds or not self._parts:
             return
         deadline = math.inf
         for part in self._parts.values():
@@ -479,6 +495,7 @@ class Authority:
         now = time.monotonic()
         why = [f"node {n} was started {now - t:.0f} s ago and never joined the clock"
                for n, t in self._expected.items()]
+        why += [f"the controller holds it: {w}" for w in self._holds]
         why += [f"{p.name or f'pid {p.pid}'} has been busy for {now - p.since:.0f} s"
                 for p in self._parts.values() if not p.idle]
         if self._unbalanced:

@@ -204,6 +204,26 @@ def test_an_announced_exit_is_not_a_death_and_an_awaited_node_holds_the_clock() 
         authority.close()
 
 
+def test_a_hold_keeps_the_clock_still_and_a_stall_names_it() -> None:
+    """The controller waiting on a container engine (a socket the clock does not count) holds
+    the clock, so a node-down lands at the instant it was due, not when the engine answered."""
+    said: list[str] = []
+    authority = Authority(stall_s=0.5)
+    authority.on_stall = said.append
+    try:
+        a = _Fake(authority, "a")
+        start = authority.go_virtual()
+        with authority.held("node-down edge10: the engine kills its container"):
+            a.idle(start + 1.0)
+            assert not a.woken(0.3) and authority.clock.now() == start
+            assert _wait(lambda: bool(said), 4.0)
+            assert "holds it: node-down edge10" in said[0]
+        assert a.woken()  # released: the timer is due at once
+        assert authority.clock.now() == start + 1.0
+    finally:
+        authority.close()
+
+
 def test_a_node_that_never_joins_is_named_when_the_clock_stalls() -> None:
     said: list[str] = []
     authority = Authority(stall_s=0.5)
