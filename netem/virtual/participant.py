@@ -13,7 +13,8 @@ which tells the authority when it has nothing left to do.
   it closed, named by its address pair (both ends of a loopback or veth connection name it
   alike) and the monotonic time it was made (an address pair carries one connection after
   another), so the authority knows when a message is still in flight;
-- work handed to threads (`run_in_executor`) keeps the process busy until it is back.
+- work handed to threads (`run_in_executor`) keeps the process busy until it is back, and so
+  do bytes it has yet to write (a socket whose send buffer was full, a connect in progress).
 
 Until `Agent.register` the loop runs on the shared clock without reporting (a node still
 starting up); in real-time mode it is an ordinary loop on that clock.
@@ -223,11 +224,39 @@ class ClockSelector(selectors.EpollSelector):
     def __init__(self, agent: Agent) -> None:
         super().__init__()
         self._agent = agent
+        self._writers: set[int] = set()  # fds with bytes left to write (see `register`)
         self.loop: VirtualLoop | None = None
         agent._on_register = self._attach  # type: ignore[method-assign]
 
     def _attach(self, chan: socket.socket) -> None:
         super().register(chan, selectors.EVENT_READ, _CHANNEL)
+
+    # asyncio registers a writer for a socket whose send buffer is full (what it could not
+    # hand the kernel waits in the transport) and for a connect in progress: bytes this
+    # process will still send. The peer's reading frees the buffer and no counted byte says
+    # so, so until every writer is gone this process is busy (a clock advanced meanwhile ran
+    # the timeouts of answers that were half sent: across a bridge the kernel takes a large
+    # message in many pieces, on loopback at once).
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = super().register(fileobj, events, data)
+        self._note(key.fd, events)
+        return key
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = super().modify(fileobj, events, data)
+        self._note(key.fd, events)
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        key = super().unregister(fileobj)
+        self._writers.discard(key.fd)
+        return key
+
+    def _note(self, fd: int, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._writers.add(fd)
+        else:
+            self._writers.discard(fd)
 
     def _poll(self, timeout: float | None) -> tuple[list, bool]:
         """(the loop's events, whether the authority wrote)."""
@@ -249,8 +278,8 @@ class ClockSelector(selectors.EpollSelector):
 
     def select(self, timeout: float | None = None) -> list:
         a = self._agent
-        if a.chan is None or a.threads or (timeout is not None and timeout <= 0) or (
-                not a.clock.virtual):
+        if a.chan is None or a.threads or self._writers or (
+                timeout is not None and timeout <= 0) or not a.clock.virtual:
             return self._poll(timeout)[0]
         events, _ = self._poll(0)
         if events:
