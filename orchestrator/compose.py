@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.runtimes.docker import HOST_COMMAND, HOST_ROLE
 from orchestrator.scenario import Scenario
 from orchestrator.topology import Node, Topology
 from services.device import builtin_profiles
@@ -161,6 +162,13 @@ def _node_template(opts: ComposeOptions) -> dict[str, Any]:
     return template
 
 
+def host_service(node: str) -> str:
+    """The service that holds a node's network namespace in a virtual-time file: killing the
+    node leaves its address, so peers are refused at once, as on the local runtime
+    (orchestrator.runtimes.docker HOST_ROLE)."""
+    return f"{node}-host"
+
+
 def _pinned(template: Mapping[str, Any], host: str) -> dict[str, Any]:
     """The node's own `deploy:` with a placement constraint (a merge key copies whole values,
     so a pinned node repeats the template's deploy keys)."""
@@ -189,9 +197,23 @@ def compose_data(topology: Topology, scenario: Scenario | None = None,
         template["environment"][CLOCK_DIR_ENV] = CLOCK_MOUNT
         template["volumes"] = [f"{CLOCK_VOLUME}:{CLOCK_MOUNT}"]
     services: dict[str, Any] = {}
+    if virtual:  # each node in its host's network (HOST_ROLE): a killed node is refused
+        del template["networks"]
+        taken = sorted({host_service(n) for n in topology.names} & {*topology.names, CONTROLLER})
+        if taken:
+            raise ValueError(f"service name(s) {', '.join(taken)} are taken by the nodes' hosts "
+                             "(NAME-host): rename the node")
     for node in topology.nodes:
+        if virtual:
+            services[host_service(node.name)] = {
+                "image": opts.image, "user": "root", "command": list(HOST_COMMAND),
+                "labels": {HOST_ROLE[0]: HOST_ROLE[1]},
+                "networks": {opts.network: {"aliases": [node.name]}},
+                "restart": "no", "deploy": {"restart_policy": dict(_NO_RESTART)}}
         services[node.name] = {"<<": template,
                                "command": node_command(node, scenario, virtual=virtual)}
+        if virtual:
+            services[node.name]["network_mode"] = f"service:{host_service(node.name)}"
         if node.name in opts.pins:
             services[node.name]["deploy"] = _pinned(template, opts.pins[node.name])
     if opts.scenario_file is not None:
@@ -280,6 +302,9 @@ def compose_text(topology: Topology, scenario: Scenario | None = None,
         if virtual:
             head += ["# Clock: virtual (the controller's clock reaches the nodes through the "
                      f"`{CLOCK_VOLUME}` volume; one host).",
+                     "# Each node runs in the network of its NAME-host service, which outlives "
+                     "it: a killed", "# node's address refuses connections, as a crashed "
+                     "server's host does.",
                      "# Swarm (nodes on several hosts): make the file with `moemesh compose "
                      "--clock realtime`."]
         else:

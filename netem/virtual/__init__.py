@@ -34,8 +34,8 @@ from .authority import Authority, current
 from .participant import CLOCK_DIR_ENV, CLOCK_ENV, Agent, VirtualLoop, agent_from_env
 
 __all__ = ["CLOCK_DIR_ENV", "CLOCK_ENV", "Agent", "Authority", "ClockStalled", "VirtualLoop",
-           "agent_from_env", "current", "current_agent", "run_on_clock", "set_current_agent",
-           "virtual_phase"]
+           "agent_from_env", "clock_held", "current", "current_agent", "run_on_clock",
+           "set_current_agent", "virtual_phase"]
 
 T = TypeVar("T")
 STALL_ENV = "MOEMESH_CLOCK_STALL_S"  # wall seconds without progress before a run fails (60)
@@ -107,6 +107,13 @@ def run_on_clock(main: Coroutine[Any, Any, T], *, virtual: bool,
             os.environ.pop(CLOCK_ENV, None)
         else:
             os.environ[CLOCK_ENV] = saved
+
+
+def clock_held(why: str) -> contextlib.AbstractContextManager[None]:
+    """`Authority.held` of this process's authority (a runtime's kill or start lands at the
+    instant it is due, however long the process or engine takes); nothing without one."""
+    authority = current()
+    return contextlib.nullcontext() if authority is None else authority.held(why)
 
 
 def _say_death(node: str) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from netem.spec import LinkSpec
+from netem.virtual import clock_held
 from netem.virtual import current as clock_authority
 from orchestrator.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import (
@@ -64,6 +65,26 @@ _COMPOSE_NETWORK = "com.docker.compose.network"
 # After a create cancelled in flight: sweep every 0.25 s until 4 sweeps in a row find nothing
 # (at most 8 s), since the daemon may finish the create after the first sweep.
 _SETTLE_ROUNDS, _SETTLE_QUIET, _SETTLE_S = 32, 4, 0.25
+
+
+# A node's host: a container that only holds the network namespace (its address) the node's
+# container joins. Killing the node then leaves its address in place, so peers that connect to
+# it are refused at once, as on the local runtime, where the host's kernel refuses a dead
+# process's port; without it the address vanishes with the container and every connect hangs
+# until its timeout (a crashed machine, not a crashed server). Python, not `sleep`: it ends on
+# SIGTERM at once.
+HOST_ROLE = ("io.moemesh.role", "host")
+HOST_COMMAND = ["python", "-c", "import signal, sys; signal.signal(signal.SIGTERM, "
+                "lambda *_: sys.exit(0)); signal.pause()"]
+
+
+async def networks_of(docker: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """A container's networks (`NetworkSettings.Networks`), those of its host when it shares
+    one's network namespace (`NetworkMode: container:ID`, compose's `service:NAME`)."""
+    mode = str(info.get("HostConfig", {}).get("NetworkMode") or "")
+    if mode.startswith("container:"):
+        info = await docker.containers.container(mode.partition(":")[2]).show()
+    return info["NetworkSettings"]["Networks"] or {}
 
 
 @dataclass
@@ -176,13 +197,15 @@ class DockerRuntime(EngineRuntime):
 
     async def kill(self, name: str) -> None:
         """node-down: SIGKILL the node's container (it stays, stopped, for `revive`)."""
-        await self._signal(name, "kill", 409)  # 409: not running already
+        with clock_held(f"node-down {name}: the engine kills its container"):
+            await self._signal(name, "kill", 409)  # 409: not running already
 
     async def revive(self, name: str) -> Endpoint:
         """node-up: start the node's container again and wait until it listens."""
-        node, container = await self._signal(name, "start", 304)  # 304: running already
-        node.address = await self._address(container)
-        await self._ready(node)
+        with clock_held(f"node-up {name}: the engine starts its container"):
+            node, container = await self._signal(name, "start", 304)  # 304: running already
+            node.address = await self._address(container)
+        await self._ready(node)  # virtual time waits for the node to join (Authority.expect)
         return self.endpoints()[name]
 
     async def _signal(self, name: str, what: Literal["kill", "start"], done_status: int
@@ -252,6 +275,8 @@ class DockerRuntime(EngineRuntime):
         if authority is not None and not self.attach:
             for name in self._nodes:  # removed on purpose: no death on the clock
                 authority.expect_exit(name)
+        if docker is not None and self.attach:
+            await self._end_hosts(docker)
         if docker is not None:
             # A create cancelled in flight (Ctrl-C) still makes its container in the daemon,
             # possibly after this sweep: then sweep again until a pass finds nothing new.
@@ -277,6 +302,18 @@ class DockerRuntime(EngineRuntime):
         self._started = False
         if errors:
             raise RuntimeFailure(f"docker runtime {self.id}: clean-up failed: {'; '.join(errors)}")
+
+    async def _end_hosts(self, docker: Any) -> None:
+        """Attached to a compose project: its nodes end with the run's clock, so their hosts
+        (HOST_ROLE) end with the run too, and the next `up` starts both again."""
+        for node in self._nodes.values():
+            with contextlib.suppress(Exception):  # gone already: nothing to end
+                info = await docker.containers.container(node.container_id).show()
+                mode = str(info["HostConfig"].get("NetworkMode") or "")
+                if mode.startswith("container:"):
+                    host = docker.containers.container(mode.partition(":")[2])
+                    if (await host.show())["Config"]["Labels"].get(HOST_ROLE[0]) == HOST_ROLE[1]:
+                        await host.kill(signal="SIGTERM")
 
     async def _sweep(self, docker: Any) -> None:
         """Add what carries this run's label (nothing else does) to what `stop` removes."""
@@ -329,24 +366,25 @@ class DockerRuntime(EngineRuntime):
                 env.update(authority.env())
             if self.token:
                 env["MOEMESH_TOKEN"] = self.token
-            config = {
+            host = await self._create_one(docker, {
+                "Image": self.image, "Cmd": HOST_COMMAND, "User": "root",
+                "Hostname": launch.name,
+                "Labels": {**labels, "io.moemesh.node": launch.name, HOST_ROLE[0]: HOST_ROLE[1]},
+                "HostConfig": {"NetworkMode": self._network_name},
+                "NetworkingConfig": {"EndpointsConfig": {
+                    self._network_name: {"Aliases": [launch.name]}}},
+            }, f"moemesh-{self.id}-{launch.name}-host")
+            await docker.containers.container(host).start()
+            node = await self._create_one(docker, {
                 "Image": self.image,
                 "Cmd": _python_argv(launch.command(launch.name, launch.port)),
                 "Env": [f"{k}={v}" for k, v in env.items()],
                 "User": "root",
-                "Hostname": launch.name,
                 "Labels": {**labels, "io.moemesh.node": launch.name},
-                "HostConfig": {"NetworkMode": self._network_name, "Binds": binds,
+                "HostConfig": {"NetworkMode": f"container:{host}", "Binds": binds,
                                "CapAdd": ["NET_ADMIN"] if self.net_admin else []},
-                "NetworkingConfig": {"EndpointsConfig": {
-                    self._network_name: {"Aliases": [launch.name]}}},
-            }
-            self._creating = True  # until the id comes back (see stop)
-            container = await docker.containers.create(
-                config, name=f"moemesh-{self.id}-{launch.name}")
-            self._creating = False
-            self._created.append(container.id)
-            self._nodes[launch.name] = _Node(launch, container.id, launch.port)
+            }, f"moemesh-{self.id}-{launch.name}")
+            self._nodes[launch.name] = _Node(launch, node, launch.port)
         for node in self._nodes.values():
             container = docker.containers.container(node.container_id)
             if authority is not None:
@@ -358,6 +396,18 @@ class DockerRuntime(EngineRuntime):
                     authority.forget(node.launch.name)
                 raise
             node.address = await self._address(container)
+
+    async def _create_one(self, docker: Any, config: dict[str, Any], name: str) -> str:
+        """Create a container and remember it for `stop`; its id. A node's container goes
+        before its host's in what `stop` removes (the host holds the node's network)."""
+        self._creating = True  # until the id comes back (see stop)
+        container = await docker.containers.create(config, name=name)
+        self._creating = False
+        at = len(self._created)
+        if HOST_ROLE[0] not in config["Labels"] and self._created:
+            at -= 1  # before its host, made just now
+        self._created.insert(at, container.id)
+        return str(container.id)
 
     # -- attach mode ---------------------------------------------------------------------
     async def _attach(self, docker: Any, nodes: Sequence[NodeLaunch]) -> None:
@@ -411,9 +461,9 @@ class DockerRuntime(EngineRuntime):
         return (await self._engine()).containers.container(node.container_id)
 
     async def _address(self, container: Any, info: dict[str, Any] | None = None) -> str:
-        """The container's IPv4 address on the mesh network."""
+        """The container's IPv4 address on the mesh network (its host's: `networks_of`)."""
         info = info or await container.show()
-        networks: dict[str, Any] = info["NetworkSettings"]["Networks"] or {}
+        networks = await networks_of(await self._engine(), info)
         if self._network_name is not None:  # start mode: ours
             chosen = networks.get(self._network_name)
         else:  # attach: compose's network `self.network`, else the container's only one
@@ -431,7 +481,8 @@ class DockerRuntime(EngineRuntime):
         container = await self._container(node)
 
         async def gone() -> str | None:
-            info = await container.show()
+            with clock_held(f"node {node.launch.name}: the engine says if its container runs"):
+                info = await container.show()
             return None if info["State"]["Running"] else info["State"]["Status"]
 
         loop = asyncio.get_running_loop()

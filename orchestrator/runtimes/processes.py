@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from netem.probe import has_capability
+from netem.virtual import clock_held
 from netem.virtual import current as clock_authority
 from orchestrator.lifetime import together
 from orchestrator.runtimes.base import (
@@ -185,7 +186,8 @@ class ProcessRuntime(Runtime):
         """node-down: SIGKILL the node's process group (a crash); `revive` starts it again."""
         node = self._node(name)
         _clock_exit(name)
-        await end_process(node.proc, grace_s=0.0)
+        with clock_held(f"node-down {name}: its process is reaped"):
+            await end_process(node.proc, grace_s=0.0)
 
     async def revive(self, name: str) -> Endpoint:
         """node-up: start the node again where it was and wait until it listens."""

@@ -55,12 +55,17 @@ def test_every_node_is_a_service_with_net_admin_health_and_the_token_file() -> N
     opts = ComposeOptions(scenario_dir="./sc", scenario_file="s.yaml")
     data = resolved(compose_text(topo("edge1", "edge2", "edge3"), opts=opts))
     services = data["services"]
-    assert list(services) == ["edge1", "edge2", "edge3", CONTROLLER]
+    assert list(services) == ["edge1-host", "edge1", "edge2-host", "edge2", "edge3-host",
+                              "edge3", CONTROLLER]
     for name in ("edge1", "edge2", "edge3"):
         s = services[name]
         assert s["cap_add"] == ["NET_ADMIN"] and s["user"] == "root"
         assert s["env_file"] == ["moemesh.env"]
-        assert s["networks"] == ["mesh"]
+        # in its host's network, which outlives it: a killed node's address refuses at once
+        assert s["network_mode"] == f"service:{name}-host" and "networks" not in s
+        host = services[f"{name}-host"]
+        assert host["networks"] == {"mesh": {"aliases": [name]}}
+        assert host["labels"] == {"io.moemesh.role": "host"} and "healthcheck" not in host
         assert s["healthcheck"]["test"][-1] == "/opt/moemesh/healthcheck.py"
         assert s["environment"]["MOEMESH_HOST"] == "0.0.0.0"
         assert s["command"][:4] == ["moemesh", "node", "--name", name]
@@ -85,6 +90,9 @@ def test_realtime_file_has_no_clock_volume_and_dilates_the_nodes() -> None:
     data = resolved(compose_text(scenario.topology, scenario, opts))
     assert "volumes" not in data
     assert "MOEMESH_CLOCK_DIR" not in data["services"]["edge1"]["environment"]
+    # no hosts (Swarm has no network_mode): a killed node's address goes with it
+    assert "edge1-host" not in data["services"]
+    assert data["services"]["edge1"]["networks"] == ["mesh"]
     assert data["services"]["edge1"]["command"][-2:] == ["--time-dilation", "2"]
     assert "--clock realtime" in data["services"][CONTROLLER]["command"][-1]
     with pytest.raises(ValueError, match="clock 'wall': one of virtual, realtime"):
@@ -103,6 +111,12 @@ def test_swarm_reads_what_compose_reads_elsewhere() -> None:
     ctl = services[CONTROLLER]
     assert ctl["deploy"]["placement"]["constraints"] == ["node.role == manager"]
     assert ctl["environment"]["MOEMESH_SWARM_SERVICE"] == "{{.Service.Name}}"
+
+
+def test_a_node_named_like_another_nodes_host_is_refused() -> None:
+    opts = ComposeOptions(scenario_dir="./sc", scenario_file="s.yaml")
+    with pytest.raises(ValueError, match="edge1-host are taken by the nodes' hosts"):
+        compose_text(topo("edge1", "edge1-host"), opts=opts)
 
 
 def test_a_pinned_node_gets_a_host_label_constraint_and_keeps_the_rest() -> None:
@@ -171,7 +185,7 @@ def test_compose_yaml_is_what_the_generator_makes_of_mesh10() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.replace("FILE", "compose.yaml") == (ROOT / "compose.yaml").read_text()
     services = resolved(done.stdout)["services"]
-    assert len(services) == 11 and CONTROLLER in services
+    assert len(services) == 21 and CONTROLLER in services  # ten nodes, their hosts
 
 
 def test_cli_writes_paths_relative_to_the_output_folder(tmp_path: Path) -> None:

@@ -48,4 +48,7 @@ def test_local_and_docker_give_the_same_tokens(image: str, tmp_path: Path) -> No
     assert len(docker) > 20
     assert {r["status"] for r in docker} == {"ok"}
     assert any(r["reroutes"] not in ("", "0") for r in docker)  # the cut link was met
+    faults = json.loads((tmp_path / "docker" / "run.json").read_text())["faults"]["hetroute"]
+    assert [(f["action"], f["ok"]) for f in faults] == [  # the crash happened mid-run
+        ("link-down", True), ("link-up", True), ("node-down", True), ("node-up", True)]
     assert docker == local

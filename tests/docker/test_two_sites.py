@@ -80,7 +80,8 @@ def two_site_file(text: str, image: str) -> dict[str, Any]:
         other = next(p for n, (p, _) in SITES.items() if n != net)
         for name in nodes:
             svc = data["services"][name]
-            svc["networks"] = [net]
+            # the node's network is its host's (virtual-time files: a NAME-host service)
+            data["services"].get(f"{name}-host", svc)["networks"] = {net: {"aliases": [name]}}
             # the only way to the other site: this site's side of the join
             svc["entrypoint"] = ["sh", "-c", f'ip route add {other}.0/24 via {prefix}.254 '
                                  '&& exec "$$@"', "sh"]
