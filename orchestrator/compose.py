@@ -1,4 +1,5 @@
-"""A Docker Compose file for any topology: one service per edge node, plus the controller.
+"""A Docker Compose file for any topology: one service per edge node, plus the controller
+(and, in virtual time, one `NAME-host` service per node holding its network: `host_service`).
 
 `compose_text(topology, ...)` writes the file that `moemesh compose SCENARIO > FILE` prints and
 that `compose.yaml` (the default ten-node mesh) is made from. One file for three engines, unchanged:
