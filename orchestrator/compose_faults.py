@@ -195,16 +195,18 @@ async def apply_fault(project: str, token: str, fault: Fault) -> str:
     docker = await open_engine()
     try:
         nodes = await find_nodes(docker, project)
-        async with NodeClient(ClientSettings(token=token)) as client:
-            steps = [fault] + ([fault.undo()] if fault.for_s else [])
-            for i, step in enumerate(steps):
-                if i:
-                    assert fault.for_s is not None
-                    print(f"{fault.describe()}: done; reverting in {fault.for_s:g} s",
-                          flush=True)
-                    await asyncio.sleep(fault.for_s)
-                    nodes = await find_nodes(docker, project)
-                assert step is not None
+        steps = [fault] + ([fault.undo()] if fault.for_s else [])
+        for i, step in enumerate(steps):
+            if i:
+                assert fault.for_s is not None
+                print(f"{fault.describe()}: done; reverting in {fault.for_s:g} s", flush=True)
+                await asyncio.sleep(fault.for_s)
+                nodes = await find_nodes(docker, project)
+            assert step is not None
+            # A client per step, closed before the wait: a connection this process (off the
+            # mesh's virtual clock) keeps open to a node holds that clock still, and the
+            # fault would span no virtual time at all (netem.virtual.authority).
+            async with NodeClient(ClientSettings(token=token)) as client:
                 if step.is_link:
                     await _link_fault(client, nodes, project, step)
                 else:
@@ -215,22 +217,33 @@ async def apply_fault(project: str, token: str, fault: Fault) -> str:
         await docker.close()
 
 
+STATUS_S = 5.0  # a node whose server has not answered `status` by then is unreachable
+
+
 async def mesh_status(project: str, token: str) -> dict[str, Any]:
-    """Nodes (state, url, queue) and every link that is not as its node accepted it first."""
+    """Nodes (state, url, queue) and every link that is not as its node accepted it first. A
+    node whose container runs but whose server does not answer (starting, being killed) is
+    `unreachable`, with the reason: the others are still reported."""
     from services.client import ClientSettings, NodeClient
+    from services.errors import NodeRefused, NodeTimeout, NodeUnreachable
 
     docker = await open_engine()
     try:
         nodes = await find_nodes(docker, project)
         out: dict[str, Any] = {"project": project, "nodes": {}, "links": []}
         saved = _load_saved(project)
-        async with NodeClient(ClientSettings(token=token)) as client:
+        async with NodeClient(ClientSettings(token=token, control_s=STATUS_S)) as client:
             for name in sorted(nodes):
                 node = nodes[name]
                 entry: dict[str, Any] = {"state": "up" if node.running else "down",
                                          "url": node.url}
                 if node.running:
-                    stats = await client.stats(node.url)
+                    try:
+                        stats = await client.stats(node.url)
+                    except (NodeRefused, NodeTimeout, NodeUnreachable) as exc:
+                        entry.update(state="unreachable", reason=str(exc))
+                        out["nodes"][name] = entry
+                        continue
                     links = (stats["links"].get("accepted") or {}).get("links", {})
                     for peer, spec in sorted(links.items()):
                         if f"{name} {peer}" in saved:

@@ -381,7 +381,8 @@ def _compose_status(project: str, token: str, as_json: bool) -> int:
     print(f"compose mesh {project}: {len(status['nodes'])} nodes")
     for name, node in status["nodes"].items():
         jobs = f"  {node['jobs']} jobs" if node.get("jobs") is not None else ""
-        print(f"  {name:12s} {node['state']:5s} {node['url']}{jobs}")
+        why = f"  ({node['reason']})" if node.get("reason") else ""
+        print(f"  {name:12s} {node['state']:5s} {node['url']}{jobs}{why}")
     if not status["links"]:
         print("links: none faulted from here")
     for link in status["links"]:

@@ -84,6 +84,16 @@ async def test_fault_cli_cuts_and_restores_a_link_of_a_compose_mesh(image: str,
             assert "reverted after 2 s" in out
             assert await loss(rt, token, "edge1", "edge2") == 0.0
 
+            # a node whose container runs but whose server does not answer is named as such,
+            # and the others are still reported
+            docker_cli("kill", "-s", "STOP", f"{project}-edge2-1")
+            try:
+                status = finish(cli(tmp_path, "status", "--project", project))
+            finally:
+                docker_cli("kill", "-s", "CONT", f"{project}-edge2-1")
+            assert "edge2        unreachable" in status and "no answer within 5 s" in status
+            assert "edge1        up" in status
+
             finish(cli(tmp_path, "fault", "node-down", "edge2", "--project", project))
             assert not await rt.running("edge2")
             finish(cli(tmp_path, "fault", "node-up", "edge2", "--project", project))
