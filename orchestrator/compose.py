@@ -205,16 +205,17 @@ def compose_data(topology: Topology, scenario: Scenario | None = None,
             raise ValueError(f"service name(s) {', '.join(taken)} are taken by the nodes' hosts "
                              "(NAME-host): rename the node")
     for node in topology.nodes:
+        service: dict[str, Any] = {"<<": template,
+                                   "command": node_command(node, scenario, virtual=virtual)}
         if virtual:
-            services[host_service(node.name)] = {
+            host = host_service(node.name)
+            services[host] = {
                 "image": opts.image, "user": "root", "command": list(HOST_COMMAND),
                 "labels": {HOST_ROLE[0]: HOST_ROLE[1]},
                 "networks": {opts.network: {"aliases": [node.name]}},
                 "restart": "no", "deploy": {"restart_policy": dict(_NO_RESTART)}}
-        services[node.name] = {"<<": template,
-                               "command": node_command(node, scenario, virtual=virtual)}
-        if virtual:
-            services[node.name]["network_mode"] = f"service:{host_service(node.name)}"
+            service["network_mode"] = f"service:{host}"
+        services[node.name] = service
         if node.name in opts.pins:
             services[node.name]["deploy"] = _pinned(template, opts.pins[node.name])
     if opts.scenario_file is not None:

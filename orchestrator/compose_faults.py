@@ -25,7 +25,7 @@ from typing import Any
 from netem.spec import LinkSpec
 from orchestrator.faults import Fault
 from orchestrator.runtimes.base import RuntimeFailure, wait_listening
-from orchestrator.runtimes.docker import HOST_ROLE, networks_of, open_engine, status_of
+from orchestrator.runtimes.docker import HOST_ROLE, first_address, open_engine, status_of
 
 __all__ = ["ComposeNode", "apply_fault", "default_project", "find_nodes", "mesh_status",
            "read_token", "saved_links_path"]
@@ -88,8 +88,7 @@ async def find_nodes(docker: Any, project: str) -> dict[str, ComposeNode]:
         if not service or service == CONTROLLER or labels.get(HOST_ROLE[0]) == HOST_ROLE[1]:
             continue
         env = dict(e.split("=", 1) for e in info["Config"].get("Env") or [] if "=" in e)
-        nets = await networks_of(docker, info)
-        address = next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), "")
+        address = await first_address(docker, info)
         nodes[service] = ComposeNode(service, container, bool(info["State"]["Running"]),
                                      address, int(env.get("MOEMESH_PORT", "8000")))
     if not nodes:
@@ -179,8 +178,7 @@ async def _node_fault(client: Any, nodes: dict[str, ComposeNode], fault: Fault) 
         except Exception as exc:
             if status_of(exc) != 304:
                 raise RuntimeFailure(f"node {name}: start failed: {exc}") from None
-        nets = await networks_of(node.container.docker, await node.container.show())
-        node.address = next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), "")
+        node.address = await first_address(node.container.docker, await node.container.show())
         node.running = True
         await wait_listening(node.address, node.port, timeout_s=180.0)
     else:  # node-slow

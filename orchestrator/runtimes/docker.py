@@ -78,13 +78,25 @@ HOST_COMMAND = ["python", "-c", "import signal, sys; signal.signal(signal.SIGTER
                 "lambda *_: sys.exit(0)); signal.pause()"]
 
 
-async def networks_of(docker: Any, info: dict[str, Any]) -> dict[str, Any]:
-    """A container's networks (`NetworkSettings.Networks`), those of its host when it shares
-    one's network namespace (`NetworkMode: container:ID`, compose's `service:NAME`)."""
+def host_of(info: dict[str, Any]) -> str | None:
+    """The id of the container whose network namespace this one shares (`NetworkMode:
+    container:ID`, what compose's `service:NAME` becomes), or None."""
     mode = str(info.get("HostConfig", {}).get("NetworkMode") or "")
-    if mode.startswith("container:"):
-        info = await docker.containers.container(mode.partition(":")[2]).show()
+    return mode.partition(":")[2] if mode.startswith("container:") else None
+
+
+async def networks_of(docker: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """A container's networks (`NetworkSettings.Networks`), its host's when it has one."""
+    host = host_of(info)
+    if host is not None:
+        info = await docker.containers.container(host).show()
     return info["NetworkSettings"]["Networks"] or {}
+
+
+async def first_address(docker: Any, info: dict[str, Any]) -> str:
+    """A container's first IPv4 address on any network ("" when it has none)."""
+    nets = await networks_of(docker, info)
+    return next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), "")
 
 
 @dataclass
@@ -309,9 +321,9 @@ class DockerRuntime(EngineRuntime):
         for node in self._nodes.values():
             with contextlib.suppress(Exception):  # gone already: nothing to end
                 info = await docker.containers.container(node.container_id).show()
-                mode = str(info["HostConfig"].get("NetworkMode") or "")
-                if mode.startswith("container:"):
-                    host = docker.containers.container(mode.partition(":")[2])
+                host_id = host_of(info)
+                if host_id is not None:
+                    host = docker.containers.container(host_id)
                     if (await host.show())["Config"]["Labels"].get(HOST_ROLE[0]) == HOST_ROLE[1]:
                         await host.kill(signal="SIGTERM")
 
