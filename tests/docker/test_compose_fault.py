@@ -1,14 +1,17 @@
 """`moemesh fault ... --project NAME` and `moemesh status --project NAME` against a compose
 mesh (no supervisor): the link is cut on the nodes' control planes and put back after --for,
 a node's container is killed and started again; the token comes from the project's env file.
+And the same cut into a compose run that is on: its tokens reroute.
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,51 @@ async def test_fault_cli_cuts_and_restores_a_link_of_a_compose_mesh(image: str,
     assert leftovers(f"com.docker.compose.project={project}") == {
         "containers": "", "networks": "", "volumes": ""}
     assert docker_cli("ps", "-aq", "--filter", f"label=com.docker.compose.project={project}") == ""
+
+
+CUT3 = ROOT / "tests" / "docker" / "scenarios" / "cut3.yaml"
+
+
+def controller_log(project: str, file: Path) -> str:
+    return compose("v2", project, file, "logs", "--no-color", "controller")
+
+
+def test_a_cut_from_the_cli_reroutes_a_running_compose_run(image: str, tmp_path: Path) -> None:
+    """The README's `moemesh fault link-down ... --for 5s --project` while the controller's
+    run is on: the tokens that crossed the cut pair rerouted, none was lost, the run finished.
+    In virtual time the cut lands at whatever time the run has reached (docs/docker.md), so
+    the test asserts where reroutes happen, not when."""
+    require_compose("v2")
+    (tmp_path / "cut3.yaml").write_text(CUT3.read_text())
+    (tmp_path / "moemesh.env").write_text(f"MOEMESH_TOKEN={secrets.token_hex(8)}\n")
+    (tmp_path / "results").mkdir()
+    finish(cli(tmp_path, "compose", "cut3.yaml", "-o", "compose.yaml", "--image", image,
+               "--no-build"))
+    file = tmp_path / "compose.yaml"
+    project = f"mmcut{secrets.token_hex(3)}"
+    try:
+        compose("v2", project, file, "up", "-d")
+        deadline = time.monotonic() + 400.0  # the nodes' start on a loaded 2-core host
+        while "requests 0/" not in controller_log(project, file):  # the arm has begun
+            assert time.monotonic() < deadline, controller_log(project, file)[-2000:]
+            time.sleep(0.5)
+        fault = cli(tmp_path, "fault", "link-down", "edge1", "edge2", "--for", "5s",
+                    "--project", project)
+        time.sleep(3.0)
+        status = finish(cli(tmp_path, "status", "--project", project))
+        assert "link edge1→edge2 down" in status and "link edge2→edge1 down" in status
+        assert "reverted after 5 s" in finish(fault)
+        while "moemesh run: cut3 done" not in (log := controller_log(project, file)):
+            assert time.monotonic() < deadline and "exited with code" not in log, log[-2000:]
+            time.sleep(1.0)
+    finally:
+        compose("v2", project, file, "down", "-v", "--remove-orphans", "-t", "5")
+    (report,) = (tmp_path / "results").iterdir()
+    with open(report / "tokens.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) > 2000 and {r["status"] for r in rows} == {"ok"}  # nothing lost
+    rerouted = [r for r in rows if int(r["reroutes"] or 0) > 0]
+    assert rerouted, "no token met the cut"
+    assert {r["home"] for r in rerouted} <= {"edge1", "edge2"}  # only the cut pair's
+    assert leftovers(f"com.docker.compose.project={project}") == {
+        "containers": "", "networks": "", "volumes": ""}
