@@ -349,10 +349,10 @@ class Engine:
             t = max(t, weights / self.home_mem_bytes_per_s)
         return t
 
-    def runner(self, policy: Policy) -> LayerRunner:
+    def runner(self, policy: Policy, seed: int = 0) -> LayerRunner:
         """Where a request's layers run (router.runners), chosen once when it starts: its
         moving aggregation servers (not for `exact`, which runs in-process), its pipeline's
-        stages or the home."""
+        stages or the home. `seed` (the request's) names it on its pipeline's hops."""
         stages = self.pipeline.choose() if self.pipeline is not None else None
         if self.aggregator is not None and not policy.in_process:
             return AggregateRunner(self.aggregator, Route(self.dispatcher.home,
@@ -360,7 +360,8 @@ class Engine:
         if stages is None:
             return HomeRunner(self.dispatcher, self.dense_s)
         assert self.pipeline is not None
-        return PipelineRunner(self.pipeline, stages, self.dispatcher.home, self.shape.layers - 1)
+        return PipelineRunner(self.pipeline, stages, self.dispatcher.home, self.shape.layers - 1,
+                              order=f"{self.dispatcher.home}/{seed}")
 
     async def _group(self, steps: Steps, recs: list[TokenRecord], policy: Policy,
                      clock: Timeline, deadline_ms: float, runner: LayerRunner,
@@ -468,7 +469,7 @@ class Engine:
         tap = RoutingTap() if routing else None
         if self.batcher is not None and self.pipeline is None and self.aggregator is None:
             return await self.batcher.generate(self, steps, max_tokens, policy, budget, tap)
-        runner = self.runner(policy)
+        runner = self.runner(policy, seed)
         for i in range(max_tokens):
             recs = [TokenRecord(i, budget) for _ in range(steps.rows)]
             nxt = await self._group(steps, recs, policy, clock, now_ms() + settings.token_ms,

@@ -89,22 +89,24 @@ class Pipeline:
         return min(self.mesh.pipelines, key=lambda p: (cost(p), p))
 
     async def hop(self, src: str, dst: str, rows: int, recs: list[TokenRecord],
-                  at: float) -> float:
+                  at: float, order: str = "") -> float:
         """The rows from src to dst leaving at `at`; when they arrive (emulated). Each row's
-        bytes count as its token's traffic."""
+        bytes count as its token's traffic. `order`: the request's name (`PipelineRunner`):
+        two requests' rows leaving one stage at one instant take its uplink in that order."""
         if src == dst:
             return at
         nbytes = rows * self.row_bytes
         arrive = await self.transport.hop(src, dst, nbytes, at, self.timeout_s,
-                                          self.mesh.nodes[dst].prior.downlink_mbit is not None)
+                                          self.mesh.nodes[dst].prior.downlink_mbit is not None,
+                                          order)
         for rec in recs:
             if rec.layers:
                 rec.layers[-1].bytes_out += self.row_bytes
         return arrive
 
     async def run_layer(self, layer: int, stage: str, where: str, x: Tensor, idx: Tensor,
-                        w: Tensor, recs: list[TokenRecord], clock: Any, context: int
-                        ) -> tuple[Tensor, float]:
+                        w: Tensor, recs: list[TokenRecord], clock: Any, context: int,
+                        order: str = "") -> tuple[Tensor, float]:
         """Layer `layer` of the group on `stage`, its rows now at `where` on the clock; the
         MoE output and the dense part's emulated seconds. A failure fails every row with the
         stage named (EdgeShard keeps no other copy of the layer on this pipeline)."""
@@ -113,7 +115,7 @@ class Pipeline:
         for rec in recs:
             rec.layers.append(LayerRecord(layer, nodes=(stage,)))
         try:
-            arrive = await self.hop(where, stage, rows, recs, clock.at)
+            arrive = await self.hop(where, stage, rows, recs, clock.at, order)
             dense = self.dense_flops(rows, context) / self.mesh.nodes[stage].prior.flops_per_s
             ready = arrive + dense
             work, cpu = self._work(layer, stage, idx, w)

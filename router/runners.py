@@ -90,18 +90,19 @@ class PipelineRunner:
     failed stage fails the whole group."""
 
     def __init__(self, pipeline: Pipeline, stages: tuple[str, ...], home: str,
-                 last_layer: int) -> None:
+                 last_layer: int, order: str = "") -> None:
         self.pipeline = pipeline
         self.stages = stages
         self.home = home
         self.last_layer = last_layer
+        self.order = order  # the request's name on its hops (Pipeline.hop)
 
     async def run_layer(self, layer: int, x: Tensor, idx: Tensor, w: Tensor,
                         recs: list[TokenRecord], policy: Policy, deadline_ms: float,
                         clock: Timeline, rows: int, context: int) -> tuple[Tensor, float]:
         where = self.stages[layer - 1] if layer else self.home  # where the previous one ran
         return await self.pipeline.run_layer(layer, self.stages[layer], where, x, idx, w,
-                                             recs, clock, context)
+                                             recs, clock, context, self.order)
 
     def stops(self, recs: list[TokenRecord]) -> bool:
         return recs[-1].done
@@ -111,7 +112,8 @@ class PipelineRunner:
             return
         where = self.stages[self.last_layer]
         try:
-            clock.at = await self.pipeline.hop(where, self.home, rows, recs, clock.at)
+            clock.at = await self.pipeline.hop(where, self.home, rows, recs, clock.at,
+                                               self.order)
         except RETRYABLE as exc:
             for rec in recs:
                 rec.fail_unreachable(Failure(self.last_layer, -1, (where,), (),

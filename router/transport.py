@@ -97,24 +97,25 @@ class MeshTransport:
         return 0.0 if links is None else links.uplink_backlog_s() * 1e3
 
     async def hop(self, src: str, dst: str, nbytes: int, at: float, timeout_s: float,
-                  downlink: bool = True) -> float:
+                  downlink: bool = True, order: str = "") -> float:
         """When `nbytes` src sends to dst at `at` are there (emulated): src's own shaper, then
         (where dst has a `downlink`) dst's, each in-process on this node and by `POST /v1/hop`
-        (`/v1/hop/in`) on another (router.pipeline). The app shaper only."""
-        first, last = await self.depart(src, dst, nbytes, at, timeout_s)
+        (`/v1/hop/in`) on another (router.pipeline). The app shaper only. `order`: the
+        request's name, which orders hops alike on src (`depart`)."""
+        first, last = await self.depart(src, dst, nbytes, at, timeout_s, order)
         if first is None or not downlink:  # not shaped: past no downlink either
             return last
         return await self.land(dst, nbytes, first, last, timeout_s)
 
-    async def depart(self, src: str, dst: str, nbytes: int, at: float, timeout_s: float
-                     ) -> tuple[float | None, float]:
+    async def depart(self, src: str, dst: str, nbytes: int, at: float, timeout_s: float,
+                     order: str = "") -> tuple[float | None, float]:
         """(when the first, when the last of `nbytes` src sends dst at `at` reach dst, its
         downlink not crossed): booked on src's own shaper, in-process on this node and by
         `POST /v1/hop` on another; first None where that link is not shaped. Sends that
         leave one node at one emulated instant take its links in the order they are booked,
         so a caller with several books them one after the other (router.aggregate)."""
         if src != self.home:
-            return await self.client.hop(self.urls[src], dst, nbytes, at, timeout_s)
+            return await self.client.hop(self.urls[src], dst, nbytes, at, timeout_s, order)
         links = self._app_links(src)
         span = (None if links is None
                 else await links.schedule_span(dst, nbytes, at=at, timeout_s=timeout_s))

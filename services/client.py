@@ -179,13 +179,16 @@ class NodeClient:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
 
     async def hop(self, url: str, to: str, nbytes: int, at: float,
-                  timeout_s: float | None = None) -> tuple[float | None, float]:
+                  timeout_s: float | None = None, order: str = "") -> tuple[float | None, float]:
         """(when the first, when the last of `nbytes` the node at url sends to its peer `to`
         at `at` arrive there), through that node's own shaper (`POST /v1/hop`;
         router.pipeline); first None where that link is not shaped. The call itself is not
-        shaped: it asks, it carries nothing."""
-        got = await self._hop_call(url, wire.HOP_PATH, {"to": to, "bytes": int(nbytes), "at": at},
-                                   timeout_s)
+        shaped: it asks, it carries nothing. `order`: this requester's name for the request,
+        which orders hops otherwise alike on a virtual clock (docs/contracts.md)."""
+        payload: dict[str, Any] = {"to": to, "bytes": int(nbytes), "at": at}
+        if order:
+            payload["order"] = order
+        got = await self._hop_call(url, wire.HOP_PATH, payload, timeout_s)
         try:
             first = got.get("first")
             return (None if first is None else float(first)), float(got["arrive"])

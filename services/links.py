@@ -90,7 +90,7 @@ class Links:
         self.accepted: dict[str, Any] | None = None
         self.specs: dict[str, LinkSpec] = {}  # as accepted (undilated)
         self.access: dict[str, float] = {}  # as accepted: ACCESS_FIELDS given
-        self._hops: list[tuple[tuple[float, str, int], asyncio.Future]] = []  # `book_hop`
+        self._hops: list[tuple[tuple[float, str, int, str], asyncio.Future]] = []  # `book_hop`
         self._booking: set[asyncio.Task] = set()
 
     async def put(self, data: Any) -> dict[str, Any]:
@@ -168,16 +168,18 @@ class Links:
             return None
         return await self.shaper.schedule_span(peer, nbytes, at=at, timeout_s=timeout_s)
 
-    async def book_hop(self, peer: str, nbytes: int, at: float
+    async def book_hop(self, peer: str, nbytes: int, at: float, order: str = ""
                        ) -> tuple[float, float] | None:
         """`schedule_span` for a hop asked of this node (`POST /v1/hop`). On a shared clock
         the hops asked at one instant are booked once it has passed, in the order of (at,
-        peer, bytes): the requests of two routers whose answers left one batch here reach
-        this node in the host's order, which would decide who takes its uplink first."""
+        peer, bytes, order): the requests of two routers whose answers left one batch here
+        reach this node in the host's order, which would decide who takes its uplink first;
+        `order` (the requester's name for its request) tells apart two hops alike in the
+        rest, e.g. two requests' rows from one stage to the next."""
         if not on_shared_clock():
             return await self.schedule_span(peer, nbytes, at=at)
         fut = asyncio.get_running_loop().create_future()
-        self._hops.append(((at, peer, nbytes), fut))
+        self._hops.append(((at, peer, nbytes, order), fut))
         if len(self._hops) == 1:
             self._keep(self._book_hops())
         return await fut
@@ -185,7 +187,7 @@ class Links:
     async def _book_hops(self) -> None:
         await sleep_until(now() + HOP_TURN_S)
         held, self._hops = sorted(self._hops, key=lambda h: h[0]), []
-        for (at, peer, nbytes), fut in held:  # each starts in this order (a down link waits)
+        for (at, peer, nbytes, _), fut in held:  # each starts in this order (a down link waits)
             self._keep(self._book_one(peer, nbytes, at, fut))
 
     async def _book_one(self, peer: str, nbytes: int, at: float, fut: asyncio.Future) -> None:

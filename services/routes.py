@@ -54,6 +54,7 @@ __all__ = ["FORWARD_PATH", "NODE_KEY", "SELF_HEADER", "add_routes", "ascii_heade
 log = logging.getLogger(__name__)
 
 NODE_KEY: web.AppKey[Node] = web.AppKey("node")
+MAX_HOP_ORDER = 200  # characters of a hop's `order` key (a requester's name for its request)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -173,7 +174,8 @@ async def forward(request: web.Request) -> web.Response:
 
 
 async def hop(request: web.Request) -> web.Response:
-    """`{"to": PEER, "bytes": N, "at": T}` -> `{"arrive": T', "first": T0}`: when the last and
+    """`{"to": PEER, "bytes": N, "at": T[, "order": KEY]}` -> `{"arrive": T', "first": T0}`:
+    when the last and
     the first of N bytes this node sends to PEER at T (emulated, `netem.timing` clock) arrive
     there, through this node's shaper as any message it sends: its uplink and the pair's FIFO
     are taken, so hops contend with the node's other traffic (PEER's downlink is booked on
@@ -182,10 +184,14 @@ async def hop(request: web.Request) -> web.Response:
     arrival, so a hop there is a 409 that says so."""
     node = request.app[NODE_KEY]
     data = await _json_body(request, node)
-    if not isinstance(data, dict) or set(data) != {"to", "bytes", "at"}:
-        raise BadRequest('a hop is {"to": peer name, "bytes": int, "at": emulated time}, got '
-                         f"{str(data)[:80]}")
-    to, nbytes, at = data["to"], data["bytes"], data["at"]
+    if not isinstance(data, dict) or not {"to", "bytes", "at"} <= set(data) <= {
+            "to", "bytes", "at", "order"}:
+        raise BadRequest('a hop is {"to": peer name, "bytes": int, "at": emulated time, '
+                         f'optionally "order": str}}, got {str(data)[:80]}')
+    to, nbytes, at, order = data["to"], data["bytes"], data["at"], data.get("order", "")
+    if not isinstance(order, str) or len(order) > MAX_HOP_ORDER:
+        raise BadRequest(f"hop.order must be a string of at most {MAX_HOP_ORDER} characters, "
+                         f"got {str(order)[:80]!r}")
     if not isinstance(to, str) or not to:
         raise BadRequest(f"hop.to must be a peer name, got {to!r}")
     nbytes = _hop_bytes(nbytes, "hop.bytes")
@@ -193,7 +199,7 @@ async def hop(request: web.Request) -> web.Response:
         raise BadRequest(f"hop.at must be a finite time, got {at!r}")
     _hop_here(node)
     try:
-        span = await node.links.book_hop(to, nbytes, float(at))
+        span = await node.links.book_hop(to, nbytes, float(at), order)
     except LinkDownError as exc:
         raise Unavailable(str(exc), code="link_down") from None
     if span is None:  # not shaped: there at once, and past no downlink

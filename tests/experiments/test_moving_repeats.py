@@ -9,7 +9,9 @@ decides when each arrives; booked in the order the host delivered the concurrent
   plan's order);
 - EdgeShard's pipeline: two requests' answers leave one batch on a stage, and both rows hop
   on from it (a token 1.024 ms late, one 512-byte row on the uplink; the node books the hops
-  of one instant in one order, services.links.Links.book_hop)."""
+  of one instant in one order, services.links.Links.book_hop). At 12 s two requests' rows
+  left one stage for the same next stage at one instant, alike in time, peer and bytes: their
+  order came from the host until each hop named its request (`order`, HOME/SEED)."""
 
 from __future__ import annotations
 
@@ -25,11 +27,11 @@ FG_ACCESS = ROOT / "experiments" / "scenarios" / "fg-access.yaml"
 HOST_ONLY = {"dense_host_ms"}  # the host's own time, measured beside the timeline
 
 
-def _twice(tmp_path: Path, scenario: Path, arm: str) -> list[Path]:
+def _twice(tmp_path: Path, scenario: Path, arm: str, duration: str = "6s") -> list[Path]:
     outs = []
     for i in range(2):
         out = tmp_path / f"run{i}"
-        done = moemesh_process("run", str(scenario), "--duration", "6s", "--quality-windows",
+        done = moemesh_process("run", str(scenario), "--duration", duration, "--quality-windows",
                                "0", "--policies", arm, "--quiet", "--out", str(out))
         assert done.returncode == 0, done.stdout + done.stderr
         outs.append(out)
@@ -69,7 +71,7 @@ def test_a_pipeline_behind_uplinks_repeats_to_the_bit(tmp_path: Path) -> None:
         (text[:start] + "\npolicies:\n  - {label: edgeshard, policy: greedy, placement: "
          "edgeshard, dense: pipeline}\n" + text[end:text.index("\nclaims:")]).replace(
             "topologies/", str(FG_ACCESS.parent / "topologies") + "/"))
-    outs = _twice(tmp_path, scenario, "edgeshard")
+    outs = _twice(tmp_path, scenario, "edgeshard", "12s")
     _same(outs)
     run = json.loads((outs[0] / "run.json").read_text())
     assert run["dense"]["edgeshard"]["mode"] == "pipeline"

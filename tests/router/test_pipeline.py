@@ -130,8 +130,15 @@ async def test_hop_answers_the_senders_link_time_and_refuses_bad_input(stack, ro
         got = await resp.json()
     assert got["arrive"] - at == pytest.approx(0.007 + 0.001, abs=2e-4)  # 7 ms + 1 Mbit/Gbit
     assert got["first"] - at == pytest.approx(0.007, abs=2e-4)  # the first bytes: the delay
+    async with aiohttp_client_session.post(url, json={"to": "b", "bytes": 125_000, "at": at,
+                                                      "order": "h/7"}) as resp:
+        assert resp.status == 200  # a request's name beside it: the same kind of answer
+        assert (await resp.json())["arrive"] > got["arrive"]  # behind the first on the link
     for bad in ({"to": "b", "bytes": -1, "at": at}, {"to": "b"}, [1, 2],
-                {"to": "b", "bytes": 1, "at": "soon"}):
+                {"to": "b", "bytes": 1, "at": "soon"},
+                {"to": "b", "bytes": 1, "at": at, "order": 7},
+                {"to": "b", "bytes": 1, "at": at, "order": "x" * 201},
+                {"to": "b", "bytes": 1, "at": at, "then": 1}):
         async with aiohttp_client_session.post(url, json=bad) as resp:
             assert resp.status == 400, bad
             assert "hop" in (await resp.json())["detail"]

@@ -34,3 +34,18 @@ async def test_hops_of_one_instant_are_booked_in_one_order(monkeypatch: pytest.M
     monkeypatch.setattr(services.links, "on_shared_clock", lambda: True)
     for asked in ("cba", "bac", "abc"):
         assert await _ask(await _links(), asked) == {"a": 15.0, "b": 25.0, "c": 35.0}
+
+
+async def test_hops_alike_but_for_their_request_are_booked_in_the_requests_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two requests' rows leaving one pipeline stage for the next at one instant: the same
+    peer, bytes and time, told apart by the requester's `order` key only (before, the host's
+    order decided whose row waited an uplink turn)."""
+    monkeypatch.setattr(services.links, "on_shared_clock", lambda: True)
+    for asked in ("xy", "yx"):
+        links = await _links()
+        at = now()
+        spans = await asyncio.gather(*(links.book_hop("a", 1250, at, f"home/{k}")
+                                       for k in asked))
+        got = {k: round((span[1] - at) * 1e3, 6) for k, span in zip(asked, spans, strict=True)}
+        assert got == {"x": 15.0, "y": 25.0}
