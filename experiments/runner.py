@@ -419,6 +419,20 @@ class _Run:
                                      self.dense_of(arm))
             self.current = want
 
+    async def _links_set_elsewhere(self, mesh: MeshTarget, key: str) -> None:
+        """A runtime note when someone else set a node's links while the arm ran (a
+        `moemesh fault --project` by hand into a compose run lands at whatever time the run
+        has reached): the arm's tokens then follow no timeline the scenario says, and the
+        next run gives other ones (docs/docker.md)."""
+        check = getattr(mesh, "links_set_elsewhere", None)
+        nodes = await check() if check is not None else []
+        if nodes:
+            self.meta.runtime_notes = (*self.meta.runtime_notes, (
+                f"{key}: links set from outside the run on {', '.join(nodes)} while it ran "
+                "(moemesh fault by hand?): its tokens follow no timeline of the scenario's "
+                "and do not repeat"))
+            self.progress.note(self.meta.runtime_notes[-1])
+
     def dense_of(self, arm: Arm) -> dict[str, Any] | None:
         """PUT /v1/mesh's `dense` for the arm: its placement's pipelines (`dense: pipeline`,
         orchestrator.placement.edgeshard), HetRoute's moving aggregation (`dense: aggregate`),
@@ -476,7 +490,8 @@ class _Run:
             finally:  # what the runtime noticed (Swarm: the app shaper across hosts, deaths)
                 notes = runtime_notes(getattr(mesh, "launcher", None))
                 if notes:
-                    self.meta.runtime_notes = tuple(notes)
+                    self.meta.runtime_notes = tuple(dict.fromkeys([*self.meta.runtime_notes,
+                                                                   *notes]))
             lag = (None if self.scenario.clock == "virtual"  # no wall time waited: no lag
                    else await lagging.finish(result.started_perf))
             if lag is not None:
@@ -489,6 +504,7 @@ class _Run:
                                        f"{d.log or '(none)'}; it restarts before the next arm")
             self.meta.load[key] = [round(load, 2), round(os.getloadavg()[0], 2)]
             self.meta.faults[key] = faults
+            await self._links_set_elsewhere(mesh, key)
             self._time(key, t)
             if rep:
                 result.tokens = relabel(result.tokens)

@@ -58,6 +58,11 @@ class MeshTarget(Protocol):
         records no loop lag."""
         ...
 
+    async def links_set_elsewhere(self) -> Sequence[str]:
+        """The nodes whose links someone other than this target set since it last did
+        (`moemesh fault` by hand). Optional: a target without it notes nothing."""
+        ...
+
 
 def zero_links(topology: Topology) -> dict[tuple[str, str], LinkSpec]:
     """Every one-way link with no delay, no jitter, no loss and a rate far above loopback's:

@@ -149,6 +149,7 @@ class LiveMesh:
         self.slow: dict[str, float] = {}
         self.endpoints: dict[str, Endpoint] = {}
         self.backends: dict[str, str] = {}
+        self.link_puts: dict[str, int] = {}  # node → its link-set count after our last set
         self.router_mounted: bool | None = None
         self._client: NodeClient | None = None
 
@@ -234,6 +235,7 @@ class LiveMesh:
         answer = await self.client.put_links(
             self.endpoints[name].url, body, self.shaper_asked,
             self.scenario.topology.node(name).access)
+        self.link_puts[name] = int(answer.get("puts") or 0)
         self.backends[name] = ((answer.get("applied") or {}).get("backend")
                                or (answer.get("accepted") or {}).get("backend",
                                                                      self.shaper_asked))
@@ -419,6 +421,21 @@ class LiveMesh:
                 return name, {"error": str(exc)}
 
         return dict(await together(*(one(n) for n in self.endpoints)))
+
+    async def links_set_elsewhere(self) -> list[str]:
+        """The nodes up whose links someone else set since this mesh last did (`moemesh
+        fault --project` by hand into a compose run): the run's timeline is not the
+        scenario's alone. A node that does not answer is not judged."""
+        async def one(name: str) -> bool:
+            try:
+                stats = await self.client.stats(self.endpoints[name].url)
+            except (NodeRefused, NodeTimeout, NodeUnreachable):
+                return False
+            return int(stats.get("links", {}).get("puts") or 0) > self.link_puts[name]
+
+        names = sorted(n for n in self.link_puts if n not in self.down and n in self.endpoints)
+        found = await together(*(one(n) for n in names))
+        return [n for n, set_elsewhere in zip(names, found, strict=True) if set_elsewhere]
 
     # -- status -----------------------------------------------------------------------------
     async def status(self) -> dict[str, Any]:

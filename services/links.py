@@ -92,6 +92,9 @@ class Links:
         self.access: dict[str, float] = {}  # as accepted: ACCESS_FIELDS given
         self._hops: list[tuple[tuple[float, str, int, str], asyncio.Future]] = []  # `book_hop`
         self._booking: set[asyncio.Task] = set()
+        # link sets accepted since the node started: whoever set them (a run's controller,
+        # `moemesh fault` by hand) can tell whether someone else did meanwhile
+        self.puts = 0
 
     async def put(self, data: Any) -> dict[str, Any]:
         """Apply a PUT /v1/links body; on any error the previous links stay as they were."""
@@ -117,6 +120,7 @@ class Links:
             for p, s in specs.items()
         }, **access}
         self.access = access
+        self.puts += 1
         return self.snapshot()
 
     async def _make(self, backend: str) -> Shaper:
@@ -152,7 +156,7 @@ class Links:
 
     def snapshot(self) -> dict[str, Any]:
         applied = self.shaper.snapshot() if self.shaper is not None else None
-        return {"accepted": self.accepted, "applied": applied}
+        return {"accepted": self.accepted, "applied": applied, "puts": self.puts}
 
     async def transmit(self, peer: str, nbytes: int, timeout_s: float | None = None) -> None:
         """Wait as sending nbytes to peer would (app backend); at once otherwise."""

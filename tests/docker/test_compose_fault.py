@@ -7,6 +7,7 @@ And the same cut into a compose run that is on: its tokens reroute.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import secrets
 import subprocess
@@ -156,5 +157,8 @@ def test_a_cut_from_the_cli_reroutes_a_running_compose_run(image: str, tmp_path:
     rerouted = [r for r in rows if int(r["reroutes"] or 0) > 0]
     assert rerouted, "no token met the cut"
     assert {r["home"] for r in rerouted} <= {"edge1", "edge2"}  # only the cut pair's
+    notes = json.loads((report / "run.json").read_text())["runtime_notes"]
+    assert any("links set from outside the run on edge1, edge2" in n for n in notes), notes
+    assert "links set from outside the run" in (report / "report.md").read_text()
     assert leftovers(f"com.docker.compose.project={project}") == {
         "containers": "", "networks": "", "volumes": ""}

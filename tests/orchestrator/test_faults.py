@@ -215,6 +215,14 @@ async def test_faults_on_a_live_local_mesh(tmp_path: Path) -> None:
 
             await mesh.reset()
             assert (await mesh.status())["links"] == []
+            # the mesh's own faults and resets are its own; a link set put by someone else
+            # (moemesh fault --project by hand) is told apart
+            assert await mesh.links_set_elsewhere() == []
+            accepted = (await client.stats(urls["b"]))["links"]["accepted"]
+            await client.put_links(urls["b"], accepted["links"], accepted["backend"])
+            assert await mesh.links_set_elsewhere() == ["b"]
+            await mesh.reset()
+            assert await mesh.links_set_elsewhere() == []
             assert (await client.stats(urls["b"]))["faults"]["slow"] == 1.0
             a_links = (await client.stats(urls["a"]))["links"]["applied"]["links"]
             assert a_links["b"]["delay_ms"] == 1.0 and a_links["c"]["loss_pct"] == 0.0
