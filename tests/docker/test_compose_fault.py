@@ -120,6 +120,7 @@ def controller_log(project: str, file: Path) -> str:
     return compose("v2", project, file, "logs", "--no-color", "controller")
 
 
+@pytest.mark.slow  # a two-minute compose run end to end
 def test_a_cut_from_the_cli_reroutes_a_running_compose_run(image: str, tmp_path: Path) -> None:
     """The README's `moemesh fault link-down ... --for 5s --project` while the controller's
     run is on: the tokens that crossed the cut pair rerouted, none was lost, the run finished.
