@@ -117,10 +117,12 @@ async def test_links_are_validated_applied_and_shape_answers(
     with pytest.raises(NodeRefused) as info:
         await client.put_links(node.url, {"n2": {"delay_ms": -1}}, backend="app")
     assert info.value.status == 400 and "link to n2: delay_ms" in info.value.detail
-    assert (await client.stats(node.url))["links"] == {"accepted": None, "applied": None}
+    # a refused set is not counted: `puts` counts the link sets the node accepted
+    assert (await client.stats(node.url))["links"] == {"accepted": None, "applied": None,
+                                                       "puts": 0}
     out = await client.put_links(node.url, {"n2": {"delay_ms": 40.0, "rate_mbit": 100.0}},
                                  backend="app")
-    assert out["applied"]["backend"] == "app"
+    assert out["applied"]["backend"] == "app" and out["puts"] == 1
     assert out["applied"]["links"]["n2"]["delay_ms"] == 40.0
     body = pack_request([expert_group(0, 0, torch.randn(1, node.shape.d_model))])
     async with aiohttp.ClientSession() as s:
