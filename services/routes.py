@@ -175,13 +175,14 @@ async def forward(request: web.Request) -> web.Response:
 
 async def hop(request: web.Request) -> web.Response:
     """`{"to": PEER, "bytes": N, "at": T[, "order": KEY]}` -> `{"arrive": T', "first": T0}`:
-    when the last and
-    the first of N bytes this node sends to PEER at T (emulated, `netem.timing` clock) arrive
-    there, through this node's shaper as any message it sends: its uplink and the pair's FIFO
-    are taken, so hops contend with the node's other traffic (PEER's downlink is booked on
-    PEER, `hop_in`). The bytes themselves are not copied (the home computed them): only their
-    time on the link. The app shaper only: tc delays bytes in the kernel and computes no
-    arrival, so a hop there is a 409 that says so."""
+    when the last and the first of N bytes this node sends to PEER at T (emulated,
+    `netem.timing` clock) arrive there (KEY: the requester's name for its request, which
+    orders hops alike in the rest, `Links.book_hop`), through this node's shaper as any
+    message it sends: its uplink and the pair's FIFO are taken, so hops contend with the
+    node's other traffic (PEER's downlink is booked on PEER, `hop_in`). The bytes themselves
+    are not copied (the home computed them): only their time on the link. The app shaper
+    only: tc delays bytes in the kernel and computes no arrival, so a hop there is a 409 that
+    says so."""
     node = request.app[NODE_KEY]
     data = await _json_body(request, node)
     if not isinstance(data, dict) or not {"to", "bytes", "at"} <= set(data) <= {
