@@ -138,11 +138,7 @@ class RouterService:
         prof = self.node.settings.profile
         tdf = self.node.settings.time_dilation
         flops = prof.gpu_tflops * 1e12 / tdf
-        dispatcher = self.dispatcher
-        if self.batcher is None:  # as before batching, bit for bit
-            return Engine(dispatcher, self.node.shape, flops, self.model)
-        mem = prof.mem_gbps * 1e9 / tdf if prof.mem_gbps else None
-        return Engine(dispatcher, self.node.shape, flops, self.model, self.batcher, mem)
+        return Engine(self.dispatcher, self.node.shape, flops, self.model, self.batcher)
 
     def status(self) -> dict:
         """GET /v1/router: the dispatcher's counters and state, and the batcher's steps."""

@@ -10,9 +10,9 @@ for a layer leave in their own request per destination, on the request's own tim
   whole prompts (oldest first) while the step's rows stay within `max_rows` (a lone prompt
   longer than that runs alone): chunked prefill is not built, a prompt joins whole;
 - each layer runs the dense part of every request of the step (each request's own `Steps`,
-  so per-request KV caches and trace positions stay as they are), priced as the node runs
-  it: one step over all rows, the roofline max(Σ FLOPs / FLOP/s, the layer's dense weights
-  read once / memory bandwidth) (`Engine.step_dense_s`); then ONE `Dispatcher.run_layer`
+  so per-request KV caches and trace positions stay as they are), priced as one step over
+  all rows: their FLOPs summed (`Engine.step_dense_s`, the pricing of a request stepped
+  alone, so one request costs the same batched or not); then ONE `Dispatcher.run_layer`
   for all the step's rows, so the rows for one destination leave as one message, planned
   together (the policy sees the batch the earlier rows already make there);
 - each token keeps its own TokenRecord: its latency is its step's end minus its request's

@@ -304,17 +304,15 @@ class Engine:
     node's emulated throughput in real time (its profile's FLOP/s divided by the time
     dilation), `model` the weights (None: modeled compute, trace-driven). `batcher`: the
     home's iteration-level batching (router.batching), used where the dense part runs at
-    home; `home_mem_bytes_per_s` (None: FLOPs only) prices its steps' weight reads.
+    home.
     """
 
     def __init__(self, dispatcher: Dispatcher, shape: ModelProfile, home_flops_per_s: float,
-                 model: MoEModel | None = None, batcher: Batcher | None = None,
-                 home_mem_bytes_per_s: float | None = None) -> None:
+                 model: MoEModel | None = None, batcher: Batcher | None = None) -> None:
         if not home_flops_per_s > 0:
             raise BadRouterInput(f"home_flops_per_s must be > 0, got {home_flops_per_s!r}")
         self.dispatcher, self.shape, self.model, self.batcher = dispatcher, shape, model, batcher
-        # the home's speed: FLOPs, and memory bandwidth where its weight reads are priced
-        self.home_flops_per_s, self.home_mem_bytes_per_s = home_flops_per_s, home_mem_bytes_per_s
+        self.home_flops_per_s = home_flops_per_s
         # the dense part on EdgeShard's stages, when the mesh says so (router.pipeline)
         self.pipeline: Pipeline | None = None
         if dispatcher.mesh.pipelines:  # one per dispatcher (its tier index)
@@ -339,15 +337,13 @@ class Engine:
 
     def step_dense_s(self, groups: list[tuple[int, int]]) -> float:
         """Emulated seconds of one layer's dense part for a batched step of `groups`
-        ((rows, context) per request), as the node runs it: the roofline of the step's FLOPs
-        and one read of the layer's dense weights (f16: two bytes a parameter, FLOPs per
-        token at no context = 2 x parameters), whatever the rows."""
+        ((rows, context) per request): the step's FLOPs, summed over its requests, priced as
+        `dense_s` prices one request's, so a step of one request costs what that request
+        costs unbatched. The dense weights' read is not priced, in either mode: in the scaled
+        worlds it would be tiny-moe's (2 experts' bytes a layer, tiny-moe-fg's 8.4) against
+        Mixtral's 0.26 (docs/cost-model.md, "A batched step")."""
         flops = sum(self.dense_flops(rows, context) for rows, context in groups)
-        t = flops / self.home_flops_per_s
-        if self.home_mem_bytes_per_s:
-            weights = self.shape.dense_flops_per_token(0) / self.shape.layers
-            t = max(t, weights / self.home_mem_bytes_per_s)
-        return t
+        return flops / self.home_flops_per_s
 
     def runner(self, policy: Policy, seed: int = 0) -> LayerRunner:
         """Where a request's layers run (router.runners), chosen once when it starts: its
