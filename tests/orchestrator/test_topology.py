@@ -300,7 +300,7 @@ def test_random_topology_is_reproducible_and_heterogeneous() -> None:
     delays = [lk.spec.delay_ms for lk in topo.links]
     assert max(tflops) / min(tflops) > 1.5
     assert max(delays) / min(delays) > 3
-    with pytest.raises(ValueError, match=r"--nodes must be a whole number in 2\.\.64, got 1"):
+    with pytest.raises(ValueError, match=r"--nodes must be a whole number in 2\.\.128, got 1"):
         random_topology(1, 7)
     with pytest.raises(ValueError, match=r"--seed must be a whole number >= 0, got -1"):
         random_topology(3, -1)
@@ -319,7 +319,7 @@ def test_cli_random_writes_a_file_check_accepts(
     assert moemesh("topology", "random", "--nodes", "3", "--seed", "1") == 0
     assert capsys.readouterr().out == random_topology_yaml(3, 1)
     assert moemesh("topology", "random", "--nodes", "0") == 2
-    assert "--nodes must be a whole number in 2..64, got 0" in capsys.readouterr().err
+    assert "--nodes must be a whole number in 2..128, got 0" in capsys.readouterr().err
     assert moemesh("topology", "random", "--out", str(tmp_path / "no" / "t.yaml")) == 2
     assert "does not exist" in capsys.readouterr().err
 
