@@ -11,7 +11,10 @@ request, for `--duration` of scenario time. Per point:
 * `cpu_ms_per_token`: the host CPU (user + system) of the run and all its processes (the node
   processes are its children), per emulated token; setup (placement, node start) included;
 * `advances_per_token`: clock advances (netem.virtual) per emulated token;
-* `pss_mib_per_node`: the mean over node processes of each one's peak PSS, sampled every 0.5 s;
+* `pss_mib_per_node`: the mean over node processes of each one's peak PSS, sampled every
+  `watch_interval_s` (0.1 s per node, at least 0.5 s: reading one node's smaps_rollup costs
+  ~5 ms of CPU, and at 0.5 s for 100 nodes the watcher took a whole core from the run it
+  measures); `watch_cpu_s` is the watcher's own CPU, not in `cpu_s`;
 * `floor_ms_per_token`: the model's own decode step in this process (`bench.engine`'s
   in-process figure, median: tiny-moe `forward` of one token with a KV cache), what the emulation
   costs at the least.
@@ -39,7 +42,7 @@ from typing import Any
 
 from .commands import standalone
 
-__all__ = ["add_arguments", "main", "run_point", "scenario_data"]
+__all__ = ["add_arguments", "main", "run_point", "scenario_data", "watch_interval_s"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 31
@@ -112,15 +115,25 @@ def _is_node(pid: int) -> bool:
     return b"node" in args and b"--name" in args
 
 
-def _watch(pid: int, peaks: dict[int, int], stop: threading.Event) -> None:
-    """Peak PSS of each node process under `pid` until `stop`."""
-    while not stop.wait(0.5):
+def watch_interval_s(nodes: int) -> float:
+    """Seconds between PSS samples: the watcher's cost grows with the nodes (module
+    docstring), so it samples less often on a large mesh."""
+    return max(0.5, 0.1 * nodes)
+
+
+def _watch(pid: int, peaks: dict[int, int], stop: threading.Event, every_s: float,
+           spent: list[float]) -> None:
+    """Peak PSS of each node process under `pid` until `stop`; the thread's CPU seconds
+    go to `spent`."""
+    t0 = time.thread_time()
+    while not stop.wait(every_s):
         for child in _descendants(pid):
             if child not in peaks and not _is_node(child):
                 continue
             kib = _pss_kib(child)
             if kib is not None:
                 peaks[child] = max(peaks.get(child, 0), kib)
+    spent.append(time.thread_time() - t0)
 
 
 def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
@@ -142,8 +155,11 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         peaks: dict[int, int] = {}
+        spent: list[float] = []
         stop = threading.Event()
-        watcher = threading.Thread(target=_watch, args=(proc.pid, peaks, stop), daemon=True)
+        every = watch_interval_s(nodes)
+        watcher = threading.Thread(target=_watch, args=(proc.pid, peaks, stop, every, spent),
+                                   daemon=True)
         watcher.start()
         try:
             log, _ = proc.communicate(timeout=timeout_s)
@@ -177,6 +193,7 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
         if tokens and stats.get("advances") is not None else None,
         "pss_mib_per_node": round(sum(node_peaks) / len(node_peaks) / 1024, 1)
         if node_peaks else None,
+        "watch_interval_s": every, "watch_cpu_s": round(sum(spent), 2),
     }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.scale import add_arguments, main, scenario_data
+from bench.scale import add_arguments, main, scenario_data, watch_interval_s
 from orchestrator.scenario import scenario_from_data
 from orchestrator.yamlio import Loc
 
@@ -20,6 +20,14 @@ def test_a_point_is_a_valid_scenario(mode: str) -> None:
     assert len(s.topology.nodes) == 6 and s.workload.rate_rps == 2.4
     assert s.virtual and s.policies == ("hetroute",)
     assert s.batching.mode == mode and (mode == "none" or s.batching.max_rows == 64)
+
+
+def test_the_memory_watcher_samples_a_large_mesh_less_often() -> None:
+    """Each sample reads every node's smaps_rollup (~5 ms of CPU each): at a fixed 0.5 s a
+    100-node mesh lost a core to its own measurement."""
+    assert watch_interval_s(3) == 0.5
+    assert watch_interval_s(100) == pytest.approx(10.0)
+    assert 100 * 0.005 / watch_interval_s(100) <= 0.05  # the watcher: <= 5% of one core
 
 
 @pytest.mark.slow
@@ -37,3 +45,4 @@ def test_a_small_grid_prints_points_of_the_agreed_shape(capsys: pytest.CaptureFi
     assert p["tokens"] > 0 and p["virtual_speedup"] > 0 and p["cpu_ms_per_token"] > 0
     assert p["advances_per_token"] > 0 and p["floor_ms_per_token"] > 0
     assert p["pss_mib_per_node"] is None or p["pss_mib_per_node"] > 0
+    assert p["watch_interval_s"] == 0.5 and p["watch_cpu_s"] >= 0
