@@ -20,12 +20,21 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
   the first that failed, the load where attainment crosses the target is interpolated
   linearly (`crossing`), a finer figure than the ladder's step. The climb stops after the
   first load at which every policy missed the target on faithful figures.
+* **How sure**: each load's attainment gets its 95% Wilson interval over the measured
+  requests (`share_interval`). A load passes *surely* when the interval's low end is at the
+  target or above, and is missed *surely* when its high end is below it. The capacity then
+  lies in `[sure_load, sure_miss)`: `sure_load` the highest load with every faithful load up
+  to it surely passed, `sure_miss` the lowest load surely missed (None: unbounded above).
+  The intervals are per load, not simultaneous, and take a load's requests as independent
+  where they share its queues, so they are, if anything, too narrow. In virtual time a policy
+  that missed without being sure is run one load higher, so that its bracket closes.
 * **In virtual time** (`clock: virtual`) the host cannot saturate anything: every load runs
   undilated, with `steady_requests` requests (`STEADY_SPAN_S` of arrivals, so a load above a
   policy's capacity overloads it steadily instead of as a burst of 16), and the ladder goes
   on above its top, doubling up to `EXTRA_DOUBLINGS` times, until every policy misses the
-  target, so each capacity is a figure, not "at least the top". A policy that missed at a
-  load is not run at the higher ones (it would only miss more), which keeps the climb short.
+  target, so each capacity is a figure, not "at least the top". A policy surely missed at a
+  load (see "How sure") is not run at the higher ones (it would only miss more), which keeps
+  the climb short.
 * **The host must not be what saturates** (real time). Loads are scenario time; each load
   runs at the time dilation `base x max(1, load / base_load)` (`RunClock.scaled`), so the
   host sees the same wall-clock request rate at every load (the scenario's own, or the first
@@ -78,6 +87,7 @@ __all__ = [
     "Capacity",
     "Figure",
     "at_load",
+    "bracket_text",
     "capacity_arms",
     "capacity_of",
     "default_loads",
@@ -86,6 +96,7 @@ __all__ = [
     "load_of",
     "rebuild_capacity",
     "run_capacity",
+    "share_interval",
     "should_stop",
     "steady_requests",
     "write_capacity",
@@ -191,6 +202,7 @@ class Figure:
     notes: tuple[str, ...] = ()  # what else the host did (event-loop lag), not deciding
     in_flight: float = math.nan  # load x mean request time: requests a steady state holds
     requests: int = 0  # requests sent at this load (warm-up included)
+    measured: int = 0  # requests outside the warm-up: the SLO share's denominator
 
     @property
     def burst(self) -> bool:
@@ -200,6 +212,18 @@ class Figure:
 
     def passes(self, target: float) -> bool:
         return self.faithful and math.isfinite(self.slo_share) and self.slo_share >= target
+
+    def interval(self) -> tuple[float, float]:
+        """The SLO share's 95% Wilson interval over the measured requests (nan without)."""
+        if not (self.measured and math.isfinite(self.slo_share)):
+            return math.nan, math.nan
+        return share_interval(round(self.slo_share * self.measured), self.measured)
+
+    def surely_passes(self, target: float) -> bool:
+        return self.faithful and self.interval()[0] >= target
+
+    def surely_misses(self, target: float) -> bool:
+        return self.faithful and self.interval()[1] < target
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -211,6 +235,17 @@ class Figure:
 
 def _f(x: Any) -> float:
     return math.nan if x is None else float(x)
+
+
+def share_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a share of k in n (95% at the default z): unlike the
+    normal approximation it stays inside [0, 1] and is not empty at 0 or n."""
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n > 0, got k={k!r}, n={n!r}")
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def figures_of(load: float, clock: RunClock, summary: Mapping[str, Any],
@@ -257,6 +292,8 @@ class Capacity:
     limit: str
     limit_load: float | None = None  # the load that ended the climb
     skipped: tuple[float, ...] = ()  # loads the host distorted: not judged
+    sure_load: float | None = None  # highest load with it and every load below surely passed
+    sure_miss: float | None = None  # lowest load surely missed: the capacity is below it
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -268,11 +305,14 @@ def capacity_of(policy: str, figures: Sequence[Figure], target: float = SLO_TARG
                 ) -> Capacity:
     """Walk the loads upwards until a faithful one misses the target; a load the host
     distorted is skipped (not judged either way: the dilation grows with the load, so a
-    higher load may well be faithful again)."""
+    higher load may well be faithful again). The bracket (`sure_load`, `sure_miss`) is
+    walked on all the loads measured."""
+    ordered = sorted(figures, key=lambda f: f.load)
+    sure = _sure(ordered, target)
     last: Figure | None = None
     best = None
     skipped: list[float] = []
-    for fig in sorted(figures, key=lambda f: f.load):
+    for fig in ordered:
         if not fig.faithful:
             skipped.append(fig.load)
             continue
@@ -283,13 +323,28 @@ def capacity_of(policy: str, figures: Sequence[Figure], target: float = SLO_TARG
                 frac = (last.slo_share - target) / drop if drop > 0 else 0.0
                 crossing = last.load + frac * (fig.load - last.load)
             return Capacity(policy, last and last.load, best, crossing, "slo", fig.load,
-                            tuple(skipped))
+                            tuple(skipped), *sure)
         last = fig
         best = max(best or 0.0, fig.throughput_tok_s)
     top = max((f.load for f in figures), default=None)
     if skipped and (last is None or skipped[-1] > last.load):
-        return Capacity(policy, last and last.load, best, None, "host", top, tuple(skipped))
-    return Capacity(policy, last and last.load, best, None, "ladder", None, tuple(skipped))
+        return Capacity(policy, last and last.load, best, None, "host", top, tuple(skipped),
+                        *sure)
+    return Capacity(policy, last and last.load, best, None, "ladder", None, tuple(skipped),
+                    *sure)
+
+
+def _sure(ordered: Sequence[Figure], target: float) -> tuple[float | None, float | None]:
+    """(sure_load, sure_miss) of loads in increasing order (see the module docstring)."""
+    sure_load = None
+    for fig in ordered:
+        if not fig.faithful:
+            continue
+        if not fig.surely_passes(target):
+            break
+        sure_load = fig.load
+    sure_miss = next((f.load for f in ordered if f.surely_misses(target)), None)
+    return sure_load, sure_miss
 
 
 def should_stop(point: Mapping[str, Figure], target: float = SLO_TARGET) -> bool:
@@ -333,7 +388,7 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
     base_load = load_of(scenario)
     auto = scenario.auto_dilation
     done: list[dict[str, Any]] = []
-    out_of_slo: set[str] = set()  # virtual time: arms that missed, not run at higher loads
+    out_of_slo: set[str] = set()  # virtual time: arms surely missed, not run at higher loads
     for i, load in enumerate(loads):
         point = (replace(points[i], auto_dilation=True) if auto else
                  at_load(scenario, load, base_load=base_load, base=base_clock,
@@ -354,11 +409,10 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
         done.append(_point(folder, load, ran, round(time.monotonic() - t, 1)))
         figs = _figures(done[-1:])
         if virtual:
-            out_of_slo |= {k for k, v in figs.items() if v[0].faithful
-                           and not v[0].passes(target)}
+            out_of_slo |= {k for k, v in figs.items() if v[0].surely_misses(target)}
             if len(out_of_slo) == len(arms) and i + 1 < len(loads):
-                say(f"moemesh run --capacity: every policy has missed {target:.0%} by {load:g} "
-                    f"{UNITS[knob]}; higher loads skipped")
+                say(f"moemesh run --capacity: every policy has surely missed {target:.0%} by "
+                    f"{load:g} {UNITS[knob]}; higher loads skipped")
                 break
             continue
         if should_stop({k: v[0] for k, v in figs.items()}, target) and i + 1 < len(loads):
@@ -385,28 +439,32 @@ def _figures(points: Sequence[Mapping[str, Any]]) -> dict[str, list[Figure]]:
     return by
 
 
-def _flight(load: float, sent: tuple[int, float] | None) -> tuple[float, int]:
+def _flight(load: float, sent: tuple[int, float, int] | None) -> tuple[float, int, int]:
     if sent is None:
-        return math.nan, 0
-    n, seconds = sent
-    return (load * seconds if math.isfinite(seconds) else math.nan), n
+        return math.nan, 0, 0
+    n, seconds, measured = sent
+    return (load * seconds if math.isfinite(seconds) else math.nan), n, measured
 
 
-def _request_times(folder: Path) -> dict[str, tuple[int, float]]:
-    """Per policy: requests sent, and the mean time of a measured one (scenario s)."""
+def _request_times(folder: Path) -> dict[str, tuple[int, float, int]]:
+    """Per policy: requests sent, the mean time of a measured one (scenario s), and how many
+    were measured (outside the warm-up)."""
     from .rows import RequestRow, read_rows
 
     path = folder / "requests.csv"
     if not path.is_file():
         return {}
     sent: dict[str, int] = {}
+    measured: dict[str, int] = {}
     times: dict[str, list[float]] = {}
     for r in read_rows(path, RequestRow):
         sent[r.policy] = sent.get(r.policy, 0) + 1
-        if not r.warmup and math.isfinite(r.latency_ms):
-            times.setdefault(r.policy, []).append(r.latency_ms / 1000.0)
-    return {k: (n, sum(times[k]) / len(times[k]) if times.get(k) else math.nan)
-            for k, n in sent.items()}
+        if not r.warmup:
+            measured[r.policy] = measured.get(r.policy, 0) + 1
+            if math.isfinite(r.latency_ms):
+                times.setdefault(r.policy, []).append(r.latency_ms / 1000.0)
+    return {k: (n, sum(times[k]) / len(times[k]) if times.get(k) else math.nan,
+                measured.get(k, 0)) for k, n in sent.items()}
 
 
 def _point(folder: Path, load: float, clock: RunClock, wall_s: float) -> dict[str, Any]:
@@ -459,7 +517,7 @@ def capacity_lines(data: Mapping[str, Any]) -> list[str]:
     """The per-policy capacity table (capacity.md, and what the CLI prints)."""
     unit = data["unit"]
     head = ["policy", f"capacity ({unit})", "max tok/s at SLO", f"crossing ({unit})",
-            "ended by"]
+            "sure (95%)", "ended by"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     why = {"slo": "missed the SLO target at {}",
            "host": "host distorted the loads above (up to {}): rerun with a larger --tdf",
@@ -475,8 +533,16 @@ def capacity_lines(data: Mapping[str, Any]) -> list[str]:
         if at and at.get("burst"):  # the figure is a burst's, not a held load's
             load += " (burst)"
         lines.append(f"| {name} | {load} | {_cell(c['throughput_tok_s'])} | "
-                     f"{_cell(c['crossing'])} | {ended} |")
+                     f"{_cell(c['crossing'])} | {bracket_text(c)} | {ended} |")
     return lines
+
+
+def bracket_text(cap: Mapping[str, Any]) -> str:
+    """A capacity's bracket as `[lo, hi)`: lo the highest load surely passed (0 when not
+    even the first), hi the lowest surely missed ("∞" when none)."""
+    lo, hi = cap.get("sure_load"), cap.get("sure_miss")
+    low = f"{lo:g}" if lo is not None else "0"
+    return f"[{low}, {'∞' if hi is None else format(hi, 'g')})"
 
 
 def write_capacity(out: Path, data: Mapping[str, Any]) -> Path:
@@ -494,7 +560,7 @@ def write_capacity(out: Path, data: Mapping[str, Any]) -> Path:
              f"target: {data['target']:.0%} of the measured requests within it. "
              + (f"Virtual time: every load undilated, with at least "
                 f"{data['requests_per_load']} requests ({STEADY_SPAN_S:g} s of arrivals, at "
-                f"most {STEADY_MAX}); a policy that missed is not run at higher loads."
+                f"most {STEADY_MAX}); a policy surely missed is not run at higher loads."
                 if data.get("clock") == "virtual" else
                 f"{data['requests_per_load']} requests per load; each load at the time "
                 f"dilation that keeps the host's wall-clock load at that of "

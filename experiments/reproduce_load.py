@@ -8,9 +8,13 @@ load (`rate=LOAD/`); `load_rows` reads them:
 
 * *max throughput at the SLO*: each policy's completed tokens per scenario second at its
   capacity, the highest load of the ladder at which the target share of requests was within
-  the SLO. It is a ladder step, not an estimate with an interval, so "holds" needs the
-  baseline's capacity one step lower than hetroute's (hetroute passes a load the baseline
-  misses), and says "no CI"; two policies that passed every load were not told apart;
+  the SLO. Its interval comes from the capacities' brackets (`capacity.Capacity.sure_load`,
+  `sure_miss`: per-load 95% Wilson intervals of the SLO share): hetroute's capacity is at
+  least its sure load, the baseline's below its sure miss, so their ratio is above
+  `hetroute.sure_load / baseline.sure_miss` (`ratio_bounds`; the same workload, so the ratio of
+  loads is that of tokens per second). "holds" needs that bound above 1; a bracket left open
+  gives no bound and the ladder step's verdict, marked "not sure"; two policies that passed
+  every load were not told apart;
 * *SLO share and mean latency at the load nearest the paper's 80 req/s*: the same seeded
   requests under each policy, compared request by request: the share's difference in points
   with a paired bootstrap CI, the mean's change with `experiments.paired`.
@@ -42,7 +46,7 @@ from .reproduce import ReproRow, Select, edgeshard, find_arm, plain, verdict, wi
 from .rows import RequestRow, TokenRow, read_rows
 from .runmeta import RunMeta
 
-__all__ = ["LoadClaim", "load_claims", "load_rows", "paired_slo", "slo_passes"]
+__all__ = ["LoadClaim", "load_claims", "load_rows", "paired_slo", "ratio_bounds", "slo_passes"]
 
 PAPER_LOAD = 80.0  # req/s of HetRoute's loaded comparison
 
@@ -148,13 +152,26 @@ def _capacity_row(c: LoadClaim, la: str, lb: str, data: Mapping[str, Any]) -> Re
         ratio = cb["throughput_tok_s"] / ca["throughput_tok_s"]
         measured += f" ({ratio:.2f}x)"
         diff = f"{ratio - c.paper_value:+.2f}x"
+    lo, hi = ratio_bounds(ca, cb)
+    if math.isfinite(lo) or math.isfinite(hi):
+        measured += (f"; ratio in ({lo:.3g}, {'∞' if math.isinf(hi) else format(hi, '.3g')}) "
+                     "by the 95% brackets")
     if "host" in (ca["limit"], cb["limit"]):
         holds = "not judged (host distorted a load)"
+    elif lo > 1:
+        ended = ca["sure_miss"]
+        why = unsaturated(data, la, ended)
+        holds = (f"yes: above {lo:.3g}x, "
+                 + ("the paper's too" if lo >= c.paper_value else f"not surely {c.paper_value}x"))
+        if why:  # the bound stands; whether the baseline was saturated is said beside it
+            holds += "; " + why.removeprefix("not tested: ")
+    elif hi < 1:
+        holds = f"no: reversed (ratio below {hi:.3g}x)"
     elif cb["load"] is None:
         holds = "no: hetroute missed the first load"
     elif ca["load"] is None or ca["load"] < cb["load"]:
         ended = ca["limit_load"] if ca["limit_load"] is not None else cb["load"]
-        holds = unsaturated(data, la, ended) or "yes (a ladder step, no CI)"
+        holds = unsaturated(data, la, ended) or "not sure (a ladder step, the brackets overlap)"
     elif ca["load"] == cb["load"]:
         holds = (f"not tested: both passed every load up to {top:g}" if
                  ca["limit"] == cb["limit"] == "ladder" else "no: same capacity")
@@ -163,6 +180,16 @@ def _capacity_row(c: LoadClaim, la: str, lb: str, data: Mapping[str, Any]) -> Re
     return ReproRow("HetRoute", c.what, c.paper_text, measured, diff, holds,
                     f"{la} → {lb}; capacity = highest load with ≥ {data['target']:.0%} "
                     f"within {data['slo_ms']:g} ms")
+
+
+def ratio_bounds(ca: Mapping[str, Any], cb: Mapping[str, Any]) -> tuple[float, float]:
+    """Bounds on b's capacity over a's (capacity.json entries): above b's sure load over a's
+    sure miss, below b's sure miss over a's sure load; nan / inf where a bracket is open."""
+    lo = (cb["sure_load"] / ca["sure_miss"]
+          if cb.get("sure_load") is not None and ca.get("sure_miss") else math.nan)
+    hi = (cb["sure_miss"] / ca["sure_load"]
+          if cb.get("sure_miss") is not None and ca.get("sure_load") else math.inf)
+    return lo, hi
 
 
 def _at_load_row(c: LoadClaim, la: str, lb: str, folder: Path, point: Mapping[str, Any],

@@ -25,6 +25,7 @@ from experiments.capacity import (
     default_loads,
     figures_of,
     rebuild_capacity,
+    share_interval,
     should_stop,
     steady_requests,
     write_capacity,
@@ -37,10 +38,37 @@ from tests.experiments.conftest import small_scenario
 from tests.helpers import moemesh
 
 
-def fig(load: float, share: float, *, faithful: bool = True, tok_s: float | None = None
-        ) -> Figure:
+def fig(load: float, share: float, *, faithful: bool = True, tok_s: float | None = None,
+        measured: int = 0) -> Figure:
     return Figure(load, 2.0 * load, share, 16.0 * load if tok_s is None else tok_s, 20.0 * load,
-                  40.0 * load, 0.01, 100, 0, faithful, () if faithful else ("host",))
+                  40.0 * load, 0.01, 100, 0, faithful, () if faithful else ("host",),
+                  measured=measured)
+
+
+def test_the_share_interval_is_wilsons() -> None:
+    lo, hi = share_interval(9, 10)  # the textbook value: 0.596..0.982
+    assert (round(lo, 3), round(hi, 3)) == (0.596, 0.982)
+    assert share_interval(0, 20)[0] == 0.0 and 0 < share_interval(0, 20)[1] < 0.2
+    assert share_interval(20, 20)[1] == 1.0 and 0.8 < share_interval(20, 20)[0] < 1.0
+    with pytest.raises(ValueError, match="k=3, n=2"):
+        share_interval(3, 2)
+
+
+def test_a_capacity_is_bracketed_by_the_loads_it_surely_passed_and_missed() -> None:
+    """Sure: the Wilson interval clears the target. 100 of 100 surely pass 0.9; 95 of 100
+    pass but not surely (0.888..0.978); 80 of 100 surely miss (0.711..0.867); 85 of 100
+    miss but not surely (0.767..0.907)."""
+    figs = [fig(10, 1.0, measured=100), fig(20, 0.95, measured=100),
+            fig(40, 0.85, measured=100), fig(80, 0.8, measured=100)]
+    cap = capacity_of("a", figs, 0.9)
+    assert (cap.load, cap.sure_load, cap.sure_miss) == (20, 10, 80)
+    assert capacity_lines(capacity_data("s", "rate", [
+        {"load": f.load, "policies": {"a": f.to_json()}} for f in figs], 0.9, 300.0,
+        {"load": 1.0, "time_dilation": 1.0}, 16))[2].split(" | ")[4] == "[10, 80)"
+    none = capacity_of("b", [fig(10, 0.85, measured=100)], 0.9)  # nothing sure either way
+    assert (none.sure_load, none.sure_miss) == (None, None)
+    unmeasured = capacity_of("c", [fig(10, 1.0)], 0.9)  # no count: nothing is sure
+    assert (unmeasured.load, unmeasured.sure_load) == (10, None)
 
 
 def test_capacity_is_the_last_load_before_the_first_miss() -> None:

@@ -36,10 +36,9 @@ def _figure(name: str, load: float, share: float, tput: float, burst: bool = Fal
             "in_flight": 1.0, "requests": 30, "burst": burst}
 
 
-def _capacity_folder(tmp: Path, caps: dict[str, tuple[float | None, float | None, str]],
-                     means80: dict[str, float]) -> Path:
-    """capacity.json with `caps` (policy → load, tok/s, limit) and two loads; the 80 req/s
-    folder holds rows with the given mean token latencies."""
+def _capacity_folder(tmp: Path, caps: dict[str, tuple], means80: dict[str, float]) -> Path:
+    """capacity.json with `caps` (policy → load, tok/s, limit[, sure load, sure miss]) and
+    two loads; the 80 req/s folder holds rows with the given mean token latencies."""
     out = tmp / "cap"
     points = []
     for load, means in ((10.0, {k: 5.0 for k in means80}), (80.0, means80)):
@@ -50,7 +49,9 @@ def _capacity_folder(tmp: Path, caps: dict[str, tuple[float | None, float | None
                        "faithful": True,
                        "policies": {k: _figure(k, load, 1.0, 100.0) for k in means}})
     capacity = {k: {"policy": k, "load": c[0], "throughput_tok_s": c[1], "crossing": None,
-                    "limit": c[2], "limit_load": None, "skipped": []} for k, c in caps.items()}
+                    "limit": c[2], "limit_load": None, "skipped": [],
+                    "sure_load": c[3] if len(c) > 3 else None,
+                    "sure_miss": c[4] if len(c) > 4 else None} for k, c in caps.items()}
     (out / "capacity.json").write_text(json.dumps({
         "format": 1, "scenario": "synthetic", "knob": "rate", "unit": "req/s", "slo_ms": 300.0,
         "target": 0.9, "requests_per_load": 30, "base": {"load": 2.0, "time_dilation": 2.0},
@@ -72,13 +73,16 @@ def test_an_open_loop_run_does_not_claim_a_throughput_ratio(tmp_path: Path) -> N
 
 def test_capacity_claims_hold_only_on_a_ladder_step_and_a_paired_interval(
         tmp_path: Path) -> None:
-    caps = {"edgeshard": (10.0, 50.0, "slo"), "prism": (40.0, 150.0, "ladder"),
-            "hetroute": (40.0, 160.0, "ladder")}
+    # hetroute surely passed 40, edgeshard surely missed 20: the ratio is above 2
+    caps = {"edgeshard": (10.0, 50.0, "slo", 10.0, 20.0), "prism": (40.0, 150.0, "ladder"),
+            "hetroute": (40.0, 160.0, "ladder", 40.0, None)}
     # at 80 req/s: edgeshard misses the 300 ms SLO, prism and hetroute do not
     out = _capacity_folder(tmp_path, caps, {"edgeshard": 900.0, "prism": 100.0,
                                             "hetroute": 60.0})
     rows = load_rows(out)
-    assert _row(rows, "max throughput at the SLO, hetroute vs EdgeShard").holds.startswith("yes")
+    es = _row(rows, "max throughput at the SLO, hetroute vs EdgeShard")
+    assert es.holds == "yes: above 2x, not surely 2.13x"
+    assert "ratio in (2, ∞) by the 95% brackets" in es.measured_text
     prism_tput = _row(rows, "max throughput at the SLO, hetroute vs Prism")
     assert prism_tput.holds.startswith("not tested: both passed")
     share = _row(rows, "share within the SLO at 80 req/s, hetroute vs EdgeShard")
@@ -104,6 +108,28 @@ def test_a_baseline_that_misses_the_first_load_is_not_tested_and_a_faster_one_re
                         "saturated there or slower unloaded (a lower first load tells which)")
     assert "< 10 req/s" in es.measured_text
     assert _row(rows, "max throughput at the SLO, hetroute vs Prism").holds == "no: reversed"
+
+
+def test_the_throughput_ratio_is_judged_by_the_capacities_brackets(tmp_path: Path) -> None:
+    """A ladder step alone is not sure: hetroute's capacity above edgeshard's with
+    overlapping brackets is "not sure"; closed brackets bound the ratio either way, and a
+    baseline missing the first load surely still gets its bound, with why it missed."""
+    means = {"edgeshard": 50.0, "prism": 50.0, "hetroute": 50.0}
+    open_ = {"edgeshard": (10.0, 50.0, "slo", None, 40.0), "prism": (10.0, 50.0, "slo"),
+             "hetroute": (20.0, 100.0, "slo", 20.0, 40.0)}
+    es = _row(load_rows(_capacity_folder(tmp_path / "a", open_, means)),
+              "max throughput at the SLO, hetroute vs EdgeShard")
+    assert es.holds == "not sure (a ladder step, the brackets overlap)"
+    assert "ratio in (0.5, ∞)" in es.measured_text
+    first = {"edgeshard": (None, None, "slo", None, 10.0), "prism": (80.0, 300.0, "ladder",
+                                                                      40.0, None),
+             "hetroute": (40.0, 160.0, "slo", 40.0, 80.0)}
+    rows = load_rows(_capacity_folder(tmp_path / "b", first, means))
+    es = _row(rows, "max throughput at the SLO, hetroute vs EdgeShard")
+    assert es.holds.startswith("yes: above 4x, the paper's too; edgeshard misses the SLO at "
+                               "the first load (10 req/s)")
+    prism = _row(rows, "max throughput at the SLO, hetroute vs Prism")
+    assert prism.holds == "no: reversed"  # bounds (nan, 2): open below, the step decides
 
 
 def test_a_burst_or_a_baseline_within_its_capacity_is_a_latency_gap(tmp_path: Path) -> None:
