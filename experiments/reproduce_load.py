@@ -12,9 +12,9 @@ load (`rate=LOAD/`); `load_rows` reads them:
   `sure_miss`: per-load 95% Wilson intervals of the SLO share): hetroute's capacity is at
   least its sure load, the baseline's below its sure miss, so their ratio is above
   `hetroute.sure_load / baseline.sure_miss` (`ratio_bounds`; the same workload, so the ratio of
-  loads is that of tokens per second). "holds" needs that bound above 1; a bracket left open
-  gives no bound and the ladder step's verdict, marked "not sure"; two policies that passed
-  every load were not told apart;
+  loads is that of tokens per second). "holds" needs that bound above 1, "reversed" the upper
+  bound below 1; otherwise the row is "not significant" and says what the ladder steps alone
+  read; two policies that passed every load were not told apart;
 * *SLO share and mean latency at the load nearest the paper's 80 req/s*: the same seeded
   requests under each policy, compared request by request: the share's difference in points
   with a paired bootstrap CI, the mean's change with `experiments.paired`.
@@ -154,8 +154,9 @@ def _capacity_row(c: LoadClaim, la: str, lb: str, data: Mapping[str, Any]) -> Re
         diff = f"{ratio - c.paper_value:+.2f}x"
     lo, hi = ratio_bounds(ca, cb)
     if math.isfinite(lo) or math.isfinite(hi):
-        measured += (f"; ratio in ({lo:.3g}, {'∞' if math.isinf(hi) else format(hi, '.3g')}) "
-                     "by the 95% brackets")
+        low = format(lo, ".3g") if math.isfinite(lo) else "0"
+        high = "∞" if math.isinf(hi) else format(hi, ".3g")
+        measured += f"; ratio in ({low}, {high}) by the 95% brackets"
     if "host" in (ca["limit"], cb["limit"]):
         holds = "not judged (host distorted a load)"
     elif lo > 1:
@@ -168,15 +169,17 @@ def _capacity_row(c: LoadClaim, la: str, lb: str, data: Mapping[str, Any]) -> Re
     elif hi < 1:
         holds = f"no: reversed (ratio below {hi:.3g}x)"
     elif cb["load"] is None:
-        holds = "no: hetroute missed the first load"
+        holds = "not significant: hetroute missed the first load (the brackets overlap)"
     elif ca["load"] is None or ca["load"] < cb["load"]:
         ended = ca["limit_load"] if ca["limit_load"] is not None else cb["load"]
-        holds = unsaturated(data, la, ended) or "not sure (a ladder step, the brackets overlap)"
+        holds = unsaturated(data, la, ended) or (
+            "not significant: hetroute a ladder step higher (the brackets overlap)")
     elif ca["load"] == cb["load"]:
         holds = (f"not tested: both passed every load up to {top:g}" if
-                 ca["limit"] == cb["limit"] == "ladder" else "no: same capacity")
+                 ca["limit"] == cb["limit"] == "ladder" else
+                 "not significant: the same ladder step (the brackets overlap)")
     else:
-        holds = "no: reversed"
+        holds = "not significant: reversed by a ladder step (the brackets overlap)"
     return ReproRow("HetRoute", c.what, c.paper_text, measured, diff, holds,
                     f"{la} → {lb}; capacity = highest load with ≥ {data['target']:.0%} "
                     f"within {data['slo_ms']:g} ms")

@@ -107,19 +107,20 @@ def test_a_baseline_that_misses_the_first_load_is_not_tested_and_a_faster_one_re
     assert es.holds == ("not tested: edgeshard misses the SLO at the first load (10 req/s), "
                         "saturated there or slower unloaded (a lower first load tells which)")
     assert "< 10 req/s" in es.measured_text
-    assert _row(rows, "max throughput at the SLO, hetroute vs Prism").holds == "no: reversed"
+    assert _row(rows, "max throughput at the SLO, hetroute vs Prism").holds == (
+        "not significant: reversed by a ladder step (the brackets overlap)")
 
 
 def test_the_throughput_ratio_is_judged_by_the_capacities_brackets(tmp_path: Path) -> None:
-    """A ladder step alone is not sure: hetroute's capacity above edgeshard's with
-    overlapping brackets is "not sure"; closed brackets bound the ratio either way, and a
+    """A ladder step alone is not significant: hetroute's capacity above edgeshard's with
+    overlapping brackets is "not significant"; closed brackets bound the ratio either way, and a
     baseline missing the first load surely still gets its bound, with why it missed."""
     means = {"edgeshard": 50.0, "prism": 50.0, "hetroute": 50.0}
     open_ = {"edgeshard": (10.0, 50.0, "slo", None, 40.0), "prism": (10.0, 50.0, "slo"),
              "hetroute": (20.0, 100.0, "slo", 20.0, 40.0)}
     es = _row(load_rows(_capacity_folder(tmp_path / "a", open_, means)),
               "max throughput at the SLO, hetroute vs EdgeShard")
-    assert es.holds == "not sure (a ladder step, the brackets overlap)"
+    assert es.holds == "not significant: hetroute a ladder step higher (the brackets overlap)"
     assert "ratio in (0.5, ∞)" in es.measured_text
     first = {"edgeshard": (None, None, "slo", None, 10.0), "prism": (80.0, 300.0, "ladder",
                                                                       40.0, None),
@@ -129,7 +130,8 @@ def test_the_throughput_ratio_is_judged_by_the_capacities_brackets(tmp_path: Pat
     assert es.holds.startswith("yes: above 4x, the paper's too; edgeshard misses the SLO at "
                                "the first load (10 req/s)")
     prism = _row(rows, "max throughput at the SLO, hetroute vs Prism")
-    assert prism.holds == "no: reversed"  # bounds (nan, 2): open below, the step decides
+    # bounds (nan, 2): prism's capacity a step above hetroute's, not surely
+    assert prism.holds == "not significant: reversed by a ladder step (the brackets overlap)"
 
 
 def test_a_burst_or_a_baseline_within_its_capacity_is_a_latency_gap(tmp_path: Path) -> None:
@@ -245,3 +247,14 @@ def test_edgeshard_is_the_pipelined_arm_and_layer_shard_only_in_older_runs() -> 
     assert find_arm(edgeshard, [old], meta_of({"arms": [old]})) == "layer-shard"
     at_home = {**piped, "dense": "home"}  # the stages gathered at home are not EdgeShard's
     assert find_arm(edgeshard, [at_home], meta_of({"arms": [at_home]})) is None
+
+
+def test_a_baseline_surely_above_hetroute_is_reversed(tmp_path: Path) -> None:
+    """Prism surely passed 80 where hetroute surely missed 40: the ratio is below 0.5."""
+    caps = {"edgeshard": (10.0, 50.0, "slo"), "prism": (80.0, 300.0, "ladder", 80.0, None),
+            "hetroute": (20.0, 80.0, "slo", 20.0, 40.0)}
+    rows = load_rows(_capacity_folder(tmp_path, caps, {"edgeshard": 50.0, "prism": 50.0,
+                                                       "hetroute": 50.0}))
+    prism = _row(rows, "max throughput at the SLO, hetroute vs Prism")
+    assert prism.holds == "no: reversed (ratio below 0.5x)"
+    assert "ratio in (0, 0.5) by the 95% brackets" in prism.measured_text  # prism: no sure miss
