@@ -2,7 +2,8 @@
 iteration-level batching (router.batching).
 
 Each point is one `moemesh run` (a child process, virtual clock, app shaper, local runtime,
-no quality scoring) of a random heterogeneous mesh (`moemesh topology random --nodes N --seed
+no quality scoring, no link probe: the probe crosses every pair, O(N^2), and at 40 and 100
+nodes it was most of the run's virtual time and clock advances) of a random heterogeneous mesh (`moemesh topology random --nodes N --seed
 31`, scaled for tiny-moe with `experiments.scaling.tiny_scaled`), the `hetroute` policy, Poisson
 arrivals at `rate_rps` (default 0.4 req/s per node), prompts of 16-48 tokens, 12 tokens a
 request, for `--duration` of scenario time. Per point:
@@ -147,7 +148,7 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
                                                 max_rows)))
         out = Path(tmp) / "out"
         cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--quiet",
-               "--quality-windows", "0", "--out", str(out)]
+               "--quality-windows", "0", "--no-link-probe", "--out", str(out)]
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get(
             "PYTHONPATH", "")}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -401,7 +401,7 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
         # the links are probed once, at the first load: their fidelity does not depend on
         # the load, and at a high load's dilation the probe alone takes minutes
         meta = await run_experiment(point, live, open_mesh, folder,
-                                    replace(options, link_probe=not done),
+                                    replace(options, link_probe=options.link_probe and not done),
                                     notes=[*notes, f"capacity point {knob}={load:g}"])
         ran = replace(base_clock, dilation=meta.time_dilation)  # as run.json says
         if auto:  # calibrated at the first load: later loads keep its wall-clock rate

@@ -121,6 +121,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--out", type=Path, metavar="DIR",
                      help="results folder, e.g. results/quickstart (default: results/NAME, "
                           "results/NAME-capacity with --capacity)")
+    run.add_argument("--no-link-probe", action="store_true",
+                     help="skip the link fidelity probe before the first arm (every pair's "
+                          "link, O(nodes^2): on a 100-node mesh most of the run's clock "
+                          "advances); the report then has no link table")
     run.add_argument("--capacity", action="store_true",
                      help="find each policy's highest offered load within the SLO: the arms "
                           "(not exact, not budget/redundancy variants unless named in "
@@ -321,8 +325,11 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--loads: only with --capacity")
     if args.clock == "both":
         return _both(args)
+    from dataclasses import replace
+
     scenario, arms, notes = _prepare(args)
-    options = _options(args, scenario)
+    options = replace(_options(args, scenario),
+                      link_probe=not getattr(args, "no_link_probe", False))
     out = args.out or Path("results") / scenario.name
     t0 = time.monotonic()
     run_clocked(run_experiment(scenario, arms, open_live, out, options, notes=notes,
@@ -408,7 +415,8 @@ def _capacity(args: argparse.Namespace) -> int:
     scenario, arms, notes = _prepare(argparse.Namespace(**{**vars(args), "requests": None}))
     if args.tdf is not None:  # the flag's dilation is the base, not the scenario's capacity's
         scenario = replace(scenario, capacity=replace(scenario.capacity, time_dilation=None))
-    options = replace(_options(args, scenario), quality_windows=0)
+    options = replace(_options(args, scenario), quality_windows=0,
+                      link_probe=not args.no_link_probe)
     loads = _numbers(args.loads, "--loads") if args.loads else None
     out = args.out or Path("results") / f"{scenario.name}-capacity"
     arms = capacity_arms(arms, scenario, chosen=bool(args.policies))

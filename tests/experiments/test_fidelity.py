@@ -295,3 +295,23 @@ def test_a_pair_whose_second_node_holds_no_expert_is_probed_from_it(tmp_path: Pa
     rows = {r["pair"]: r for r in pair_rows(run["fidelity"])}
     assert rows["edge2-edge9"]["probe_error"] is None
     assert rows["edge2-edge9"]["off"] == [], rows["edge2-edge9"]
+
+
+@pytest.mark.slow
+def test_no_link_probe_runs_the_arms_without_one(tmp_path: Path) -> None:
+    """`moemesh run --no-link-probe` (bench scale's runs: the probe crosses every pair) leaves
+    no probe in run.json and still serves every token."""
+    import json
+
+    from tests.helpers import moemesh_process
+
+    path = tmp_path / "s.yaml"
+    path.write_text(EMPTY_LAST)
+    done = moemesh_process("run", str(path), "--quality-windows", "0", "--quiet",
+                           "--no-link-probe", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert not run.get("fidelity")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["policies"]["greedy"]["tokens"] == 6  # 3 requests x 2 tokens
+    assert summary["policies"]["greedy"]["failed_tokens"] == 0
