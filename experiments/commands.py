@@ -368,7 +368,7 @@ def _both(args: argparse.Namespace) -> int:
 
 # the flags that decide what a run is (recorded in run.json `command` for --resume)
 _RECORDED = ("runtime", "shaper", "clock", "requests", "duration", "policies", "quality_windows",
-             "overhead_requests", "slo_ms", "repeat", "tdf", "trace")
+             "overhead_requests", "slo_ms", "repeat", "tdf", "trace", "no_link_probe")
 
 
 def _command(args: argparse.Namespace) -> dict[str, Any]:
@@ -383,7 +383,7 @@ def _recorded(args: argparse.Namespace, meta: RunMeta) -> argparse.Namespace:
     if not isinstance(cmd, dict) or not isinstance(cmd.get("flags"), dict):
         raise ValueError(f"--resume {args.resume}: run.json does not record the command the "
                          f"run was made with; give its SCENARIO and flags again")
-    flags = {k: cmd["flags"].get(k) for k in _RECORDED}
+    flags = {k: cmd["flags"].get(k) for k in _RECORDED}  # a flag newer than the run: None
     if flags["trace"] is not None:
         flags["trace"] = Path(flags["trace"])
     return argparse.Namespace(**{**vars(args), **flags,

@@ -118,3 +118,24 @@ def test_the_cli_says_what_is_wrong_with_a_resume(tmp_path: Path,
     assert "drop --out" in capsys.readouterr().err
     assert moemesh("run", "--resume", str(tmp_path)) == 2
     assert "does not record the command" in capsys.readouterr().err
+
+
+def test_a_resume_keeps_the_runs_no_link_probe() -> None:
+    """run.json `command` records --no-link-probe, so `--resume DIR` alone does not probe
+    the links a run started without; a run.json from before the flag reads as probed."""
+    import argparse
+
+    from experiments.commands import _command, _recorded
+
+    args = argparse.Namespace(scenario=Path("s.yaml"), runtime=None, shaper=None, clock=None,
+                              requests=4, duration=None, policies=None, quality_windows=0,
+                              overhead_requests=0, slo_ms=None, repeat=None, tdf=None,
+                              trace=None, no_link_probe=True, resume=Path("out"))
+    cmd = _command(args)
+    assert cmd["flags"]["no_link_probe"] is True
+    again = _recorded(argparse.Namespace(resume=Path("out")),
+                      argparse.Namespace(command=cmd))
+    assert again.no_link_probe is True and again.requests == 4
+    del cmd["flags"]["no_link_probe"]
+    old = _recorded(argparse.Namespace(resume=Path("out")), argparse.Namespace(command=cmd))
+    assert not old.no_link_probe
