@@ -3,10 +3,11 @@ iteration-level batching (router.batching).
 
 Each point is one `moemesh run` (a child process, virtual clock, app shaper, local runtime,
 no quality scoring, no link probe: the probe crosses every pair, O(N^2), and at 40 and 100
-nodes it was most of the run's virtual time and clock advances) of a random heterogeneous mesh (`moemesh topology random --nodes N --seed
-31`, scaled for tiny-moe with `experiments.scaling.tiny_scaled`), the `hetroute` policy, Poisson
-arrivals at `rate_rps` (default 0.4 req/s per node), prompts of 16-48 tokens, 12 tokens a
-request, for `--duration` of scenario time. Per point:
+nodes it was most of the run's virtual time and clock advances) of a random heterogeneous
+mesh (`moemesh topology random --nodes N --seed 31`, scaled for tiny-moe with
+`experiments.scaling.tiny_scaled`), the `hetroute` policy, Poisson arrivals at `rate_rps`
+(default 0.4 req/s per node), prompts of 16-48 tokens, 12 tokens a request, for
+`--duration` of scenario time. Per point:
 
 * `virtual_speedup`: emulated seconds per wall second (run.json `clock_stats`);
 * `cpu_ms_per_token`: the host CPU (user + system) of the run and all its processes (the node
