@@ -87,7 +87,6 @@ __all__ = [
     "Capacity",
     "Figure",
     "at_load",
-    "bracket_text",
     "capacity_arms",
     "capacity_of",
     "default_loads",
@@ -249,11 +248,12 @@ def share_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def figures_of(load: float, clock: RunClock, summary: Mapping[str, Any],
-               requests: Mapping[str, tuple[int, float]] | None = None) -> dict[str, Figure]:
+               requests: Mapping[str, tuple[int, float, int]] | None = None
+               ) -> dict[str, Figure]:
     """Each policy's figure from one load's summary.json (`clock`: that run's); a policy is
     faithful here when its own host overhead share is within experiments.faithful's limit
     (see the module docstring for the loop lag). `requests`: per policy (requests sent, mean
-    request time in scenario s), from requests.csv (see `_request_times`)."""
+    request time in scenario s, requests measured), from requests.csv (`_request_times`)."""
     out = {}
     for name, p in summary["policies"].items():
         reasons = []
@@ -533,11 +533,11 @@ def capacity_lines(data: Mapping[str, Any]) -> list[str]:
         if at and at.get("burst"):  # the figure is a burst's, not a held load's
             load += " (burst)"
         lines.append(f"| {name} | {load} | {_cell(c['throughput_tok_s'])} | "
-                     f"{_cell(c['crossing'])} | {bracket_text(c)} | {ended} |")
+                     f"{_cell(c['crossing'])} | {_bracket_text(c)} | {ended} |")
     return lines
 
 
-def bracket_text(cap: Mapping[str, Any]) -> str:
+def _bracket_text(cap: Mapping[str, Any]) -> str:
     """A capacity's bracket as `[lo, hi)`: lo the highest load surely passed (0 when not
     even the first), hi the lowest surely missed ("∞" when none)."""
     lo, hi = cap.get("sure_load"), cap.get("sure_miss")

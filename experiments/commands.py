@@ -251,7 +251,8 @@ def _options(args: argparse.Namespace, scenario: Any = None) -> Any:
     return RunOptions(quality_windows=args.quality_windows,
                       overhead_requests=args.overhead_requests, slo_ms=args.slo_ms,
                       quiet=args.quiet, repeat=repeat, trace=_trace(args, scenario),
-                      force=bool(getattr(args, "force", False)))
+                      force=bool(getattr(args, "force", False)),
+                      link_probe=not getattr(args, "no_link_probe", False))  # a run flag
 
 
 def _trace(args: argparse.Namespace, scenario: Any) -> Any:
@@ -325,11 +326,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--loads: only with --capacity")
     if args.clock == "both":
         return _both(args)
-    from dataclasses import replace
-
     scenario, arms, notes = _prepare(args)
-    options = replace(_options(args, scenario),
-                      link_probe=not getattr(args, "no_link_probe", False))
+    options = _options(args, scenario)
     out = args.out or Path("results") / scenario.name
     t0 = time.monotonic()
     run_clocked(run_experiment(scenario, arms, open_live, out, options, notes=notes,
@@ -415,8 +413,7 @@ def _capacity(args: argparse.Namespace) -> int:
     scenario, arms, notes = _prepare(argparse.Namespace(**{**vars(args), "requests": None}))
     if args.tdf is not None:  # the flag's dilation is the base, not the scenario's capacity's
         scenario = replace(scenario, capacity=replace(scenario.capacity, time_dilation=None))
-    options = replace(_options(args, scenario), quality_windows=0,
-                      link_probe=not args.no_link_probe)
+    options = replace(_options(args, scenario), quality_windows=0)
     loads = _numbers(args.loads, "--loads") if args.loads else None
     out = args.out or Path("results") / f"{scenario.name}-capacity"
     arms = capacity_arms(arms, scenario, chosen=bool(args.policies))
