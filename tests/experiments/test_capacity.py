@@ -236,6 +236,7 @@ def test_a_capacity_folder_is_redrawn_from_its_loads(tmp_path: Path) -> None:
     low, high = (p["policies"]["hetroute"] for p in data["points"])
     assert (low["in_flight"], low["requests"], low["burst"]) == (10.0, 24, False)
     assert (high["in_flight"], high["requests"], high["burst"]) == (20.0, 4, True)
+    assert (low["measured"], high["measured"]) == (24, 4)  # none in the warm-up
     md = (tmp_path / "capacity.md").read_text()
     assert "burst: 4 sent, ~20 in flight" in md and "| hetroute | 10 | 320 |" in md
     (tmp_path / "rate=10" / "requests.csv").unlink()  # unknown: not called a burst
