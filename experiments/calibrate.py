@@ -107,7 +107,7 @@ async def calibrate(scenario: Scenario, arm: Arm, open_mesh: Callable[..., Any],
         t0 = time.monotonic()
         sc = replace(scenario, time_dilation=factor, auto_dilation=False, faults=())
         async with open_mesh(sc, placement) as mesh:
-            await mesh.use_placement(placement, arm.router_settings())
+            await mesh.use_placement(placement, arm.router_settings(scenario))
             driver = Driver(small, arm, mesh.urls, run_clock=run_clock(sc),
                             budget=arm.budget_of(scenario))
             result = await driver.run_back_to_back()

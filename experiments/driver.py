@@ -128,6 +128,9 @@ def _split(rec: Mapping[str, Any], layers: Any, latency_ms: float, rc: RunClock
     out = {k: rc.to_scenario_s(sum(float(layer.get(k, 0.0)) for layer in layers))
            for k in ("link_ms", "queue_ms", "load_ms", "compute_ms")}
     emulated = rc.to_scenario_s(float(rec["emulated_ms"]))
+    plan = sum(float(layer.get("plan_ms", 0.0)) for layer in layers)
+    if plan:
+        out["plan_ms"] = rc.to_scenario_s(plan)
     out.update(emulated_ms=emulated, overhead_ms=latency_ms - emulated,
                dense_ms=rc.to_scenario_s(float(rec.get("dense_ms", 0.0))),
                dense_host_ms=rc.to_scenario_s(float(rec.get("dense_host_ms", 0.0))))

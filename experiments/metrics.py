@@ -53,8 +53,8 @@ PERCENTILES = (50.0, 95.0, 99.0)
 BOOTSTRAP = 2000
 _HDR_LOW_US, _HDR_HIGH_US, _HDR_DIGITS = 1, 3_600_000_000, 3
 # the latency split of a token (TokenRow columns, ms): emulated components, then the host's
-SPLIT_KEYS = ("link_ms", "queue_ms", "load_ms", "compute_ms", "dense_ms", "emulated_ms",
-              "overhead_ms", "dense_host_ms")
+SPLIT_KEYS = ("link_ms", "queue_ms", "load_ms", "compute_ms", "dense_ms", "plan_ms",
+              "emulated_ms", "overhead_ms", "dense_host_ms")
 
 
 class LatencyHist:

@@ -209,17 +209,21 @@ def _split_lines(stats: Sequence[PolicyStats]) -> list[str]:
               f"of a faithful run is {100 * OVERHEAD_LIMIT:g}%. Means per measured token, ms.",
               ""]
     rows = []
+    # planning on the timeline (`charge_planning`) gets its column where some policy has it
+    planned = any(s.split.get("plan_ms", 0.0) > 0 for s in stats)
     for s in stats:
         sp = s.split
         lag = s.loop_lag
         rows.append([s.name, _f(s.latency["mean"]), _f(s.emulated["mean"]),
                      _f(s.emulated["p99"]), _pct(s.overhead_share), _f(sp["link_ms"]),
                      _f(sp["queue_ms"]), _f(sp["load_ms"]), _f(sp["compute_ms"]),
-                     _f(sp["dense_ms"]), _f(sp["overhead_ms"]), _f(sp["dense_host_ms"]),
+                     _f(sp["dense_ms"]), *([_f(sp["plan_ms"])] if planned else []),
+                     _f(sp["overhead_ms"]), _f(sp["dense_host_ms"]),
                      "not recorded" if lag is None
                      else f"{_f(lag.get('p99'))} / {_f(lag.get('max'))} ({lag.get('node')})"])
     lines += _table(["policy", "measured mean", "emulated mean", "emulated p99",
-                     "overhead share", "link", "queue", "load", "compute", "dense", "overhead",
+                     "overhead share", "link", "queue", "load", "compute", "dense",
+                     *(["planning"] if planned else []), "overhead",
                      "dense host", "loop lag p99 / max (worst node)"], rows)
     lines += [""] + [
         f"- `{s.name}`: overhead share {_pct(s.overhead_share)}; emulated "
@@ -227,6 +231,10 @@ def _split_lines(stats: Sequence[PolicyStats]) -> list[str]:
         + ("" if s.split_tokens == s.measured_tokens
            else f" ({s.split_tokens} of {s.measured_tokens} measured tokens carry the split)")
         for s in stats]
+    if planned:
+        lines += ["", "'planning': the router's planning on the token's timeline "
+                      "(`charge_planning`: the host's CPU time of planning, times the factor); "
+                      "it varies with the host, so this run does not repeat bit for bit."]
     lines += ["", "'dense host' is what the dense part took this host, for reference: it is "
                   "not on the token's timeline, where the dense part costs its emulated time "
                   "('dense'). Loop lag: each node's "

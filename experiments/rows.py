@@ -54,7 +54,7 @@ class TokenRow:
     # The token's latency split (docs/measurement.md): what the mesh enforced as emulated time
     # on the token's critical path, by component, and the host's overhead (the rest). nan when
     # the token never ran or the record predates the split.
-    emulated_ms: float = math.nan  # link_ms + queue_ms + load_ms + compute_ms + dense_ms
+    emulated_ms: float = math.nan  # link + queue + load + compute + dense (+ plan) ms
     overhead_ms: float = math.nan  # latency_ms - emulated_ms: the host's own work
     link_ms: float = math.nan  # delay and serialisation of the critical branches, both ways
     queue_ms: float = math.nan  # waiting in the serving nodes' queues
@@ -67,6 +67,8 @@ class TokenRow:
     failure: str = ""
     # KV cache bytes moved to the token's aggregation servers (`dense: aggregate`; in `bytes`)
     kv_bytes: int = 0
+    # planning charged on the timeline (`charge_planning`; 0 without it): in emulated_ms
+    plan_ms: float = 0.0
 
     @property
     def ok(self) -> bool:

@@ -33,7 +33,7 @@ import aiohttp
 import numpy as np
 
 from moe.vocab import is_number
-from orchestrator.arms import Arm
+from orchestrator.arms import Arm, PlacementKey
 from orchestrator.faults import FaultRecord, FaultTimeline
 from orchestrator.runclock import RunClock
 from orchestrator.scenario import Scenario, scenario_to_data
@@ -147,22 +147,24 @@ def shorten(scenario: Scenario, *, requests: int | None = None,
 # ----------------------------------------------------------------------------- the pieces
 
 
-def _placement_name(key: tuple[str, float, float | None, tuple[str, ...] | None]) -> str:
+def _placement_name(key: PlacementKey) -> str:
     budget = f", budget {key[2]:g}%" if key[2] is not None else ""
     variants = f", {'/'.join(key[3])}" if key[3] is not None else ""
-    return f"{key[0]} (redundancy {key[1]:g}{budget}{variants})"
+    router = f", for {key[4]}" if key[4] is not None else ""
+    return f"{key[0]} (redundancy {key[1]:g}{budget}{variants}{router})"
 
 
 def _placement(scenario: Scenario, arm: Arm) -> tuple[dict[str, list[dict]], dict[str, Any]]:
     """The nodes' experts under the arm's placement, and what to record about it."""
     from orchestrator.placement import place, problem_from_scenario
 
-    name, redundancy, budget, variants = arm.placement_key(scenario)
+    name, redundancy, budget, variants, router = arm.placement_key(scenario)
     problem = problem_from_scenario(arm.placement_scenario(scenario))
     result = place(problem, name)
     info = {"policy": name, "redundancy": redundancy,
             **({"budget_pct": budget} if budget is not None else {}),
             **({"variants": list(variants)} if variants is not None else {}),
+            **({"router": router} if router is not None else {}),
             "expected_cost_ms": round(result.expected_cost_ms, 6),
             "replicas": len(result.replicas), "memory": result.memory(),
             "notes": jsonable(dict(result.notes))}
@@ -415,7 +417,8 @@ class _Run:
     async def use(self, mesh: MeshTarget, arm: Arm) -> None:
         want = (arm.placement_key(self.scenario), arm.settings, arm.dense)
         if want != self.current:
-            await mesh.use_placement(self.placements[want[0]], arm.router_settings(),
+            await mesh.use_placement(self.placements[want[0]],
+                                     arm.router_settings(self.scenario),
                                      self.dense_of(arm))
             self.current = want
 

@@ -41,6 +41,8 @@ from typing import Any
 
 from moe.vocab import FULL_PRECISION, VARIANTS, clip, is_number
 from orchestrator.claims import check_labels
+from orchestrator.placement import DEFAULT_ROUTER, EACH_ARM
+from orchestrator.placement import make_policy as make_placement
 from orchestrator.scenario import (
     PLACEMENT_POLICIES,
     ROUTER_POLICIES,
@@ -48,9 +50,14 @@ from orchestrator.scenario import (
     scenario_from_data,
 )
 from orchestrator.yamlio import Loc, describe, load_yaml
+from router.policies import MESH_POLICIES as ROUTERS_ON_MESH
 from router.policies import POLICIES as ROUTERS
 
-__all__ = ["DENSE_MODES", "Arm", "arms_of", "load_experiment", "load_scenario", "parse_arm"]
+# (placement policy, redundancy, budget % or None, precisions or None, router or None)
+PlacementKey = tuple[str, float, float | None, tuple[str, ...] | None, str | None]
+
+__all__ = ["DENSE_MODES", "Arm", "PlacementKey", "arms_of", "load_experiment", "load_scenario",
+           "parse_arm"]
 
 _KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings", "dense",
          "variants")
@@ -81,30 +88,45 @@ class Arm:
     def placement_of(self, scenario: Scenario) -> str:
         return self.placement or scenario.placement.policy
 
-    def placement_key(self, scenario: Scenario
-                      ) -> tuple[str, float, float | None, tuple[str, ...] | None]:
+    def placement_key(self, scenario: Scenario) -> PlacementKey:
         """What decides the experts' places: (placement policy, redundancy, the arm's own
         quality budget in % or None for the scenario's, the arm's own precisions or None for
-        the scenario's). The placements price quality within the budget (coverage, expected
-        cost), so an arm with another budget gets a placement built for it, not the
-        scenario's (issue 25: a budget row compared one placement); so does an arm with other
-        precisions (issue 39: HetRoute fp16-only, Prism with int4)."""
+        the scenario's, the router the placement is built for or None for the default). The
+        placements price quality within the budget (coverage, expected cost), so an arm with
+        another budget gets a placement built for it, not the scenario's (issue 25: a budget
+        row compared one placement); so does an arm with other precisions (issue 39: HetRoute
+        fp16-only, Prism with int4) and, with `placement.router: arm`, an arm with another
+        router (issue 39: greedy on a placement pruned by simulating HetRoute)."""
         budget = self.budget_pct
         if budget is not None and budget == scenario.quality_budget_pct:
             budget = None
         variants = self.variants
         if variants is not None and variants == scenario.placement.variants:
             variants = None
+        router = self.placement_router(scenario)
         return (self.placement_of(scenario),
                 self.redundancy if self.redundancy is not None else scenario.placement.redundancy,
-                budget, variants)
+                budget, variants, None if router == DEFAULT_ROUTER else router)
+
+    def placement_router(self, scenario: Scenario) -> str:
+        """The router this arm's placement is built for: the scenario's `placement.router`, or
+        with `arm` the arm's own where the placement follows a router (HetRoute's prunes by
+        its picks; the other policies place without one) and the arm plans on the mesh."""
+        router = scenario.placement.router
+        if router != EACH_ARM:
+            return router
+        if self.policy in ROUTERS_ON_MESH and make_placement(
+                self.placement_of(scenario)).follows_router:
+            return self.policy
+        return DEFAULT_ROUTER
 
     def placement_scenario(self, scenario: Scenario) -> Scenario:
         """The scenario as the placement of this arm sees it."""
-        policy, redundancy, budget, variants = self.placement_key(scenario)
+        policy, redundancy, budget, variants, _ = self.placement_key(scenario)
         return replace(scenario, placement=replace(
             scenario.placement, policy=policy, redundancy=redundancy,
-            variants=scenario.placement.variants if variants is None else variants),
+            variants=scenario.placement.variants if variants is None else variants,
+            router=self.placement_router(scenario)),
                        quality_budget_pct=(scenario.quality_budget_pct if budget is None
                                            else budget))
 
@@ -113,8 +135,12 @@ class Arm:
         pct = self.budget_pct if self.budget_pct is not None else scenario.quality_budget_pct
         return pct / 100.0
 
-    def router_settings(self) -> dict[str, Any]:
-        return dict(self.settings)
+    def router_settings(self, scenario: Scenario | None = None) -> dict[str, Any]:
+        """The router settings this arm runs with: its own over the scenario's
+        (`charge_planning`, every arm's unless its `settings` name it)."""
+        base = ({"charge_planning": scenario.charge_planning}
+                if scenario is not None and scenario.charge_planning else {})
+        return {**base, **dict(self.settings)}
 
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "policy": self.policy, "placement": self.placement,

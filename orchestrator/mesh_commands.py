@@ -150,8 +150,10 @@ def _register_placement(sub: argparse._SubParsersAction) -> None:
     place.add_argument("--json", action="store_true", help='print {"policy", '
                        '"expected_cost_ms", "local_group_coverage", "nodes", "replicas"}')
     place.add_argument("--tokens", type=int, help="calibration tokens (default 8192 / layers)")
-    place.add_argument("--router", default="hetroute",
-                       help="routing policy simulated for the expected cost (default hetroute)")
+    place.add_argument("--router", default=None,
+                       help="routing policy the placement is built for and measured with "
+                       "(HetRoute's pruning and GPU residency follow its picks; default: the "
+                       "scenario's placement.router, hetroute)")
     place.add_argument("--ilp", action="store_true",
                        help="also solve the exact ILP and report the greedy's gap, and the most "
                        "local group coverage any placement reaches (small instances; text "
@@ -476,7 +478,8 @@ def _placement(args: argparse.Namespace) -> int:
         from orchestrator.placement import ilp
 
         ilp_result = ilp.solve(problem, time_limit_s=args.time_limit)
-        ilp_cost = simulate(problem, ilp_result.replicas, args.router).expected_cost_ms
+        ilp_cost = simulate(problem, ilp_result.replicas,
+                            result.notes["router"]).expected_cost_ms
         coverage = ilp.max_coverage(problem, time_limit_s=args.time_limit)
     print(render(result, scenario.name, ilp_result, ilp_cost, coverage))
     return 0

@@ -68,6 +68,8 @@ from orchestrator.faults import (  # the one copy of these validators
 )
 from orchestrator.faults import fault_to_data as _fault_data
 from orchestrator.faults import read_faults as _read_faults
+from orchestrator.placement import DEFAULT_ROUTER as DEFAULT_PLACEMENT_ROUTER
+from orchestrator.placement import EACH_ARM
 from orchestrator.placement import POLICIES as PLACEMENT_POLICIES
 from orchestrator.topology import Topology, load_topology, topology_from_data, topology_to_data
 from orchestrator.units import parse_duration_s
@@ -79,6 +81,7 @@ from router.policies import MESH_POLICIES as ROUTER_POLICIES
 
 __all__ = [
     "DEFAULT_SLO_MS",
+    "EACH_ARM",
     "FAULT_ACTIONS",
     "PLACEMENT_POLICIES",
     "ROUTER_POLICIES",
@@ -152,15 +155,20 @@ class ModelChoice:
 @dataclass(frozen=True)
 class PlacementSpec:
     """The offline placement: policy and knobs. `redundancy` is the memory redundancy ratio:
-    bytes of all replicas / bytes of one full-precision copy of every expert (1.0 = one copy)."""
+    bytes of all replicas / bytes of one full-precision copy of every expert (1.0 = one copy).
+    `router`: the routing policy the placement is built for (HetRoute's placement prunes and
+    sets GPU residency by its simulated picks; every placement's expected cost is its), or
+    `arm`: each arm's own router, so greedy runs on a placement built for greedy."""
 
     policy: str = "hetroute"
     redundancy: float = 2.0
     variants: tuple[str, ...] = VARIANTS  # precisions it may place; fp16 always
     seed: int | None = None  # None: the workload's seed
+    router: str = DEFAULT_PLACEMENT_ROUTER
 
     def __post_init__(self) -> None:
         check_one_of("policy", self.policy, PLACEMENT_POLICIES)
+        check_one_of("router", self.router, (*ROUTER_POLICIES, EACH_ARM))
         _finite(self.redundancy, "redundancy", ge=1.0)
         if self.redundancy > MAX_REDUNDANCY:
             raise ValueError(f"redundancy: must be <= {MAX_REDUNDANCY:g}, got "
@@ -390,6 +398,9 @@ class Scenario:
     repeat: int = 1  # `moemesh run` runs every policy this many times (experiments.repeats)
     batching: Batching = field(default_factory=Batching)  # at each home (router.batching)
     claims: tuple[Claim, ...] = ()  # pre-registered (orchestrator.claims)
+    # every arm's planning on the emulated timeline, x this host's time (router.Settings
+    # charge_planning; `true` reads as 1, `false` as 0); an arm's own `settings` override it
+    charge_planning: float = 0.0
     # sha256 of the file it was read from ("" when built in code); not part of its identity
     source_sha256: str = field(default="", compare=False)
 
@@ -442,7 +453,12 @@ class Scenario:
                 if load != int(load):
                     raise ValueError(f"capacity.loads[{i}]: a closed loop's load is a number "
                                      f"of users, a whole number, got {load:g}")
-        _floats(self, "quality_budget_pct", "slo_ms", "time_dilation")
+        if isinstance(self.charge_planning, bool):
+            object.__setattr__(self, "charge_planning", float(self.charge_planning))
+        if not is_number(self.charge_planning) or self.charge_planning < 0:
+            raise ValueError(f"charge_planning: must be true, false or a factor >= 0 on this "
+                             f"host's planning time, got {describe(self.charge_planning)}")
+        _floats(self, "quality_budget_pct", "slo_ms", "time_dilation", "charge_planning")
 
     def virtual_blocker(self, here: bool = True) -> str | None:
         """Why this scenario cannot run in virtual time (None: it can). `here`: this host's
@@ -581,7 +597,8 @@ def _read_placement(data: Any, loc: Loc) -> PlacementSpec:
         data_map = data
     kwargs = {"policy": sec.str("policy", "hetroute"), "redundancy": sec.raw("redundancy", 2.0),
               "variants": sec.list("variants", VARIANTS),
-              "seed": sec.raw("seed", None)}
+              "seed": sec.raw("seed", None),
+              "router": sec.str("router", DEFAULT_PLACEMENT_ROUTER)}
     sec.done()
     try:
         return PlacementSpec(**kwargs)
@@ -652,6 +669,7 @@ def scenario_from_data(data: Any, loc: Loc, base: Path, default_name: str = "sce
         "repeat": sec.raw("repeat", 1),
         "batching": sec.value("batching", _read_batching, Batching()),
         "claims": sec.value("claims", read_claims, ()),
+        "charge_planning": sec.raw("charge_planning", 0.0),
     }
     sec.done()
     try:
@@ -703,6 +721,8 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
                                  "variants": list(p.variants)}
     if p.seed is not None:
         placement["seed"] = p.seed
+    if p.router != DEFAULT_PLACEMENT_ROUTER:
+        placement["router"] = p.router
     data: dict[str, Any] = {"name": scenario.name}
     if scenario.description:
         data["description"] = scenario.description
@@ -721,6 +741,8 @@ def scenario_to_data(scenario: Scenario) -> dict[str, Any]:
         data["batching"] = scenario.batching.to_json()
     if scenario.claims:
         data["claims"] = [c.to_data() for c in scenario.claims]
+    if scenario.charge_planning:
+        data["charge_planning"] = scenario.charge_planning
     cap = scenario.capacity
     if cap != CapacitySpec():
         data["capacity"] = {"loads": None if cap.loads is None else list(cap.loads),

@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ from torch import Tensor
 
 from moe import MoEModel
 from netem.timing import now as clock_now
+from netem.timing import sleep_until
 
 from .execute import Executor, Split
 from .health import SYNC_MS, Health, now_ms
@@ -71,6 +73,10 @@ from .transport import Transport
 from .types import ModelShape
 
 __all__ = ["SYNC_MS", "Dispatcher", "Timeline", "now_ms"]
+
+# the host's time a plan took (`charge_planning`): this thread's CPU, so that the other
+# processes sharing the host's cores do not inflate it; never the emulated clock
+plan_clock = time.thread_time
 
 
 class Timeline:
@@ -124,9 +130,27 @@ class Dispatcher:
         view = view or self.view
         backlog = self.execute.uplink_backlog_ms() if view is self.view else 0.0
         before = state.plans
+        cpu = plan_clock()
         batches = plan_rows(view, state, policy, backlog, self._replica_at)
+        state.plan_s += plan_clock() - cpu
         self.counters.plans += state.plans - before
         return batches
+
+    async def charge_plan(self, state: LayerState, ready: float) -> float:
+        """With `charge_planning` > 0, the round leaves that many times the host's planning
+        time later on the emulated timeline (recorded in each row's `plan_ms`); the new
+        `ready`. The wait is a real `sleep_until`, so the round's requests book the links
+        at the emulated instant they leave."""
+        factor, spent = self.settings.charge_planning, state.plan_s
+        state.plan_s = 0.0
+        if factor <= 0 or spent <= 0:
+            return ready
+        charge = spent * factor
+        for r in state.pending:
+            state.recs[r].plan_ms += charge * 1e3
+        ready += charge
+        await sleep_until(ready)
+        return ready
 
     def _replica_at(self, layer: int, expert: int, tried) -> float:
         return replica_at(self.view, self.breakers, layer, expert, tried)
@@ -207,6 +231,7 @@ class Dispatcher:
                 continue
             if rounds:
                 self.counters.retries += len(batches)
+            ready = await self.charge_plan(state, ready)
             results = await self.execute.scatter(layer, x, batches, layer_deadline, ready)
             ready = self.execute.advance(results, ready, split)
             state.pending = self._take(state, batches, results, outputs)

@@ -53,7 +53,8 @@ class LayerState:
     into its top-k) still to plan; `excluded`: row -> nodes that failed it this layer;
     `stuck`: row -> (its slots, when a replica may be usable, the planner's error);
     `first`: the layer's first round (its plans' predictions are recorded); `plans`: rows
-    planned so far."""
+    planned so far; `plan_s`: this host's CPU seconds of planning not yet charged on the
+    timeline (`Settings.charge_planning`)."""
 
     layer: int
     experts: list[list[int]]
@@ -65,6 +66,7 @@ class LayerState:
     stuck: dict[int, tuple[list[int], float, NoFeasiblePlan]] = field(default_factory=dict)
     first: bool = True
     plans: int = 0
+    plan_s: float = 0.0
 
 
 def plan_rows(view: PlanView, state: LayerState, policy: Policy, backlog_ms: float,

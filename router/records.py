@@ -88,6 +88,7 @@ class LayerRecord:
     queue_ms: float = 0.0
     load_ms: float = 0.0
     compute_ms: float = 0.0
+    plan_ms: float = 0.0  # planning charged on the timeline (Settings.charge_planning)
     # a moving aggregation server (router.aggregate): where the layer's dense part ran, and
     # the layer's KV cache bytes moved there for this token (its share; also in bytes_in)
     at: str = ""
@@ -101,6 +102,7 @@ class LayerRecord:
             "emulated_ms": round(self.emulated_ms, 4), "link_ms": round(self.link_ms, 4),
             "queue_ms": round(self.queue_ms, 4), "load_ms": round(self.load_ms, 4),
             "compute_ms": round(self.compute_ms, 4),
+            **({"plan_ms": round(self.plan_ms, 4)} if self.plan_ms else {}),
             **({"at": self.at, "kv_bytes": self.kv_bytes} if self.at else {}),
         }
 

@@ -26,7 +26,11 @@ class Settings:
     expected future cost; traffic_weight prices the link time a plan's bytes occupy (one
     row out and one answer back per remote node it uses), summed over those nodes, in ms per
     ms: the bottleneck term sees only this token's own transfer, not that the bytes hold a
-    link other tokens share (0 turns it off).
+    link other tokens share (0 turns it off). charge_planning puts the planning itself on
+    the emulated timeline: each round's requests leave this many times the host's CPU time
+    of planning it later (0, the default: planning takes no emulated time, as the host's own
+    work never does; 1: as long as on this host; a run that charges it is not repeatable bit
+    for bit, the host's time varies).
 
     Dispatch: request_ms bounds one batched request to one node; layer_ms one layer with its
     replans; token_ms a whole token; max_replans is not used any more (a layer replans until
@@ -64,6 +68,8 @@ class Settings:
     breaker_timeouts: int = 2
     breaker_open_ms: float = 2000.0
     wire_dtype: str = "f32"
+    # the planning's host time on the emulated timeline, x this (0: planning takes none)
+    charge_planning: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -127,4 +133,5 @@ class Settings:
             token_ms=self.token_ms * factor,
             breaker_open_ms=self.breaker_open_ms * factor,
             quality_ms=self.quality_ms * factor,
+            charge_planning=self.charge_planning * factor,
         )

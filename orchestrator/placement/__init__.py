@@ -15,20 +15,29 @@ small instances (the greedy's optimality gap).
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from .base import Ledger, PlacementResult, Policy, check
 from .coverage import local_group_coverage
 from .edgeshard import EdgeShardPlacement
-from .evaluate import DEFAULT_ROUTER, Simulation, separable_cost, simulate
+from .evaluate import Simulation, separable_cost, simulate
 from .hetroute import HetRoutePlacement
 from .layer_shard import LayerShardPlacement
 from .ordermoe import OrderMoEPlacement
 from .popularity import PopularityPlacement
 from .prism import PrismPlacement, PrismQuantPlacement
-from .problem import PlacementError, PlacementProblem, problem_from_scenario
+from .problem import (
+    DEFAULT_ROUTER,
+    EACH_ARM,
+    PlacementError,
+    PlacementProblem,
+    problem_from_scenario,
+)
 from .random_policy import RandomPlacement
 
 __all__ = [
+    "DEFAULT_ROUTER",
+    "EACH_ARM",
     "POLICIES",
     "Ledger",
     "PlacementError",
@@ -62,9 +71,14 @@ def make_policy(name: str) -> Policy:
                              f"{', '.join(POLICIES)}") from None
 
 
-def place(problem: PlacementProblem, policy: str, *, router: str = DEFAULT_ROUTER
+def place(problem: PlacementProblem, policy: str, *, router: str | None = None
           ) -> PlacementResult:
-    """Run one policy (seeded by the problem's seed), check the rules, measure the result."""
+    """Run one policy (seeded by the problem's seed), check the rules, measure the result.
+    `router`: the routing policy the placement is built for and measured with (None: the
+    problem's, the scenario's `placement.router`)."""
+    if router is not None and router != problem.router:
+        problem = replace(problem, router=router)
+    router = problem.router
     chosen = make_policy(policy)
     ledger = chosen.place(problem, random.Random(problem.seed))
     replicas = ledger.replicas()

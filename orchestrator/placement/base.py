@@ -282,6 +282,9 @@ class Policy:
     """One offline placement policy (one module each): `build` fills an empty ledger."""
 
     name: str = ""
+    # whether the replicas follow the simulated router's picks (problem.router): HetRoute's
+    # pruning and GPU residency do; the others place by counts and costs alone
+    follows_router: bool = False
 
     def place(self, problem: PlacementProblem, rng: random.Random) -> Ledger:
         """A ledger that keeps every rule of this module's docstring (PlacementError, naming

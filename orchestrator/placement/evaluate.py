@@ -30,11 +30,9 @@ from router.policies import make_policy
 from router.tables import PlanView
 from router.types import Placement, PlanRequest, Replica
 
-from .problem import PlacementProblem
+from .problem import DEFAULT_ROUTER, PlacementProblem
 
 __all__ = ["CostTables", "Simulation", "cost_tables", "separable_cost", "simulate"]
-
-DEFAULT_ROUTER = "hetroute"
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ EPS_MS = 1e-9
 
 class HetRoutePlacement(Policy):
     name = "hetroute"
+    follows_router = True
     rounds = 2  # simulate → drop unused → refill, this many times, then a final residency pass
     memory_price_ms_per_gb = 0.0
     max_moves = 64  # trials of the local search (step 2b)
@@ -294,7 +295,7 @@ class HetRoutePlacement(Policy):
         """Router picks per calibration token of each replica, keyed by (node, l, e, v)."""
         p = ledger.p
         index = {name: i for i, name in enumerate(p.names)}
-        sim = simulate(p, ledger.replicas())
+        sim = simulate(p, ledger.replicas(), p.router)
         return {(index[r.node], r.layer, r.expert, r.variant): share
                 for r, share in sim.selections.items()}
 

@@ -36,6 +36,8 @@ from router.types import LinkEstimate, ModelShape
 
 __all__ = [
     "CALIBRATION_TOKEN_LAYERS",
+    "DEFAULT_ROUTER",
+    "EACH_ARM",
     "PlacementError",
     "PlacementProblem",
     "model_profile",
@@ -43,6 +45,11 @@ __all__ = [
     "stats_traffic",
     "trace_traffic",
 ]
+
+DEFAULT_ROUTER = "hetroute"  # the router a placement is built for, unless told (router)
+# a scenario's `placement.router: arm`: each arm's placement is built for the arm's own router
+# (orchestrator.arms); where no arm is in view (`moemesh placement`), DEFAULT_ROUTER's
+EACH_ARM = "arm"
 
 # Token-layers of calibration traffic by default (tokens = this / layers, at least 128).
 CALIBRATION_TOKEN_LAYERS = 8192
@@ -86,6 +93,9 @@ class PlacementProblem:
     dense_flops: float = 0.0
     traffic_source: str = "given"
     quality_source: str = "given"
+    # the router policy the placement simulates on the calibration traffic (evaluate.simulate):
+    # HetRoute's pruning and GPU residency follow its picks, and every policy's expected cost
+    router: str = DEFAULT_ROUTER
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -299,5 +309,6 @@ def problem_from_scenario(scenario: Any, *, tokens: int | None = None,
         settings=settings, model=scenario.model.name,
         dense_flops=profile.dense_flops_per_token() / profile.layers,
         traffic_source=traffic_source, quality_source=quality_source,
+        router=DEFAULT_ROUTER if spec.router == EACH_ARM else spec.router,
     )
 

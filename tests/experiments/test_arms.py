@@ -24,10 +24,10 @@ def test_the_three_forms() -> None:
     sc = small_scenario()
     assert arm.budget_of(sc) == pytest.approx(0.005)
     # an arm with its own budget gets a placement built for that budget (issue 25, item 4)
-    assert arm.placement_key(sc) == ("hetroute", 1.0, 0.5, None)
+    assert arm.placement_key(sc) == ("hetroute", 1.0, 0.5, None, None)
     assert arm.placement_scenario(sc).placement.redundancy == 1.0
     assert arm.placement_scenario(sc).quality_budget_pct == 0.5
-    assert parse_arm("hetroute").placement_key(sc) == ("hetroute", 2.0, None, None)
+    assert parse_arm("hetroute").placement_key(sc) == ("hetroute", 2.0, None, None, None)
     same = parse_arm({"policy": "hetroute", "budget_pct": sc.quality_budget_pct})
     assert same.placement_key(sc) == parse_arm("hetroute").placement_key(sc)
     assert parse_arm("exact").budget_of(sc) == pytest.approx(0.02)
@@ -120,7 +120,7 @@ def test_an_arm_with_its_own_variants_gets_a_placement_of_its_own() -> None:
     an unknown precision, is refused."""
     sc = small_scenario()
     fp16 = parse_arm({"policy": "hetroute", "variants": ["fp16"], "label": "hetroute-fp16"})
-    assert fp16.placement_key(sc) == ("hetroute", 2.0, None, ("fp16",))
+    assert fp16.placement_key(sc) == ("hetroute", 2.0, None, ("fp16",), None)
     assert fp16.placement_scenario(sc).placement.variants == ("fp16",)
     assert fp16.to_json()["variants"] == ["fp16"]
     same = parse_arm({"policy": "hetroute", "variants": list(sc.placement.variants)})
@@ -133,3 +133,54 @@ def test_an_arm_with_its_own_variants_gets_a_placement_of_its_own() -> None:
                      ("fp16", "must be a list"), (["fp16", "fp16"], "listed twice")):
         with pytest.raises(ValueError, match=why):
             parse_arm({"policy": "hetroute", "variants": bad})
+
+
+def test_placement_router_arm_builds_each_arms_placement_for_its_own_router() -> None:
+    """Issue 39 item 3: with `placement.router: arm`, greedy runs on a HetRoute placement
+    pruned by simulating greedy, not HetRoute; placements that follow no router (Prism) and
+    arms that plan nothing on the mesh (exact) keep the default, so they share one."""
+    from dataclasses import replace
+
+    from orchestrator.placement import place, problem_from_scenario
+
+    sc = small_scenario()
+    sc = replace(sc, placement=replace(sc.placement, router="arm"))
+    greedy, het = parse_arm("greedy"), parse_arm("hetroute")
+    assert greedy.placement_key(sc) == ("hetroute", 2.0, None, None, "greedy")
+    assert het.placement_key(sc) == ("hetroute", 2.0, None, None, None)
+    assert parse_arm("greedy@prism").placement_key(sc)[4] is None
+    assert parse_arm("exact").placement_key(sc)[4] is None
+    assert problem_from_scenario(greedy.placement_scenario(sc)).router == "greedy"
+    # on this small mesh greedy and HetRoute keep the same replicas; the random router's
+    # picks prune others: the placement followed the router it was built for
+    rand = parse_arm("random")
+    built = problem_from_scenario(rand.placement_scenario(sc))
+    assert built.router == "random"
+    for_rand = place(built, "hetroute")
+    for_het = place(problem_from_scenario(het.placement_scenario(sc)), "hetroute")
+    assert for_rand.notes["router"] == "random" and for_het.notes["router"] == "hetroute"
+    assert set(for_rand.replicas) != set(for_het.replicas)
+    # no arm in view (`moemesh placement`): `arm` builds for the default router
+    assert problem_from_scenario(sc).router == "hetroute"
+
+
+def test_placement_router_is_read_checked_and_kept(tmp_path: Path) -> None:
+    """`placement.router` in a file: a router name or `arm`; a bad one names its line; the
+    scenario's data keeps it (and leaves out the default)."""
+    from orchestrator.scenario import scenario_to_data
+
+    text = (SCENARIOS / "quickstart.yaml").read_text().replace(
+        "topology: topologies/", f"topology: {SCENARIOS}/topologies/")
+    path = tmp_path / "s.yaml"
+    path.write_text(text.replace("  policy: hetroute\n", "  policy: hetroute\n  router: arm\n", 1))
+    sc, _ = load_experiment(path)
+    assert sc.placement.router == "arm"
+    assert scenario_to_data(sc)["placement"]["router"] == "arm"
+    sc0, _ = load_experiment(SCENARIOS / "quickstart.yaml")
+    assert sc0.placement.router == "hetroute" and "router" not in scenario_to_data(sc0)["placement"]
+    path.write_text(text.replace("  policy: hetroute\n", "  policy: hetroute\n  router: fast\n", 1))
+    line = 1 + text.splitlines().index("  policy: hetroute") + 1
+    with pytest.raises(InputError) as err:
+        load_experiment(path)
+    assert str(err.value).startswith(f"{path}:{line}: placement.router:"), str(err.value)
+    assert "'fast'" in str(err.value) and "arm" in str(err.value)
