@@ -209,6 +209,7 @@ class Aggregator:
                     lay.emulated_ms += kv_wait * 1e3
                     lay.link_ms += kv_wait * 1e3
         else:
+            ready = await d.charge_plan(state, ready)  # `charge_planning`, as run_layer does
             y = await self._scatter(layer, x, batches, here, gather, ready, recs,
                                     [(r, layer_recs[r]) for r in pending], clock, start, dense)
         for rec in recs:  # the cache's bytes are the group's traffic, shared by its rows
@@ -297,7 +298,7 @@ class Aggregator:
         for r, rec in entered:
             rec.emulated_ms = rec.latency_ms = total
             rec.queue_ms, rec.load_ms, rec.compute_ms = parts
-            rec.link_ms = max(0.0, total - 1e3 * dense - sum(parts))
+            rec.link_ms = max(0.0, total - 1e3 * dense - sum(parts) - rec.plan_ms)
             recs[r].layers.append(rec)
         return d.execute.combine(x, outputs, recs)
 

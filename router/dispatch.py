@@ -210,7 +210,8 @@ class Dispatcher:
         layer_deadline = min(start + self.settings.layer_ms, deadline_ms)
         recs = planned[1].recs if planned else [LayerRecord(layer) for _ in range(n_rows)]
         state = LayerState(layer, idx.tolist(), weights.float().tolist(), tokens, recs,
-                           {r: list(range(k)) for r in range(n_rows) if not tokens[r].done})
+                           {r: list(range(k)) for r in range(n_rows) if not tokens[r].done},
+                           plan_s=planned[1].plan_s if planned else 0.0)
         entered = list(state.pending)
         outputs: list[tuple[int, int, Tensor]] = []  # (row, lowest expert, a node's sum)
         rounds = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,12 @@ from tests.helpers import ROOT, moemesh_process
 SCENARIOS = ROOT / "experiments" / "scenarios"
 
 
-def _tiny_quick(tmp_path: Path, extra: str) -> Path:
+def _tiny_quick(tmp_path: Path, extra: str, moving: bool = False) -> Path:
     text = (SCENARIOS / "tiny-quick.yaml").read_text().replace(
         "topology: topologies/", f"topology: {SCENARIOS}/topologies/")
+    if moving:  # HetRoute at home and on the moving aggregation server (router.aggregate)
+        text = re.sub(r"^policies:.*$", "policies:\n  - hetroute\n  - {label: moving, "
+                      "policy: hetroute, dense: aggregate}", text, flags=re.M)
     path = tmp_path / "tq.yaml"
     path.write_text(text + extra)
     return path
@@ -45,19 +49,21 @@ def test_charge_planning_is_read_and_handed_to_every_arm(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_a_charged_run_puts_each_tokens_planning_on_its_timeline(tmp_path: Path) -> None:
-    """Every token that planned a layer carries plan_ms > 0, and it is part of the emulated
-    latency (which is the measured latency in virtual time); without the key it is 0."""
+    """Every token that planned a layer carries plan_ms > 0, at home and on the moving
+    aggregation server, and it is part of the emulated latency (which is the measured latency
+    in virtual time); without the key it is 0."""
     outs = {}
     for name, extra in (("on", "charge_planning: true\n"), ("off", "")):
         out = tmp_path / name
-        done = moemesh_process("run", str(_tiny_quick(tmp_path, extra)), "--requests", "4",
-                               "--quality-windows", "0", "--policies", "hetroute", "--quiet",
+        done = moemesh_process("run", str(_tiny_quick(tmp_path, extra, moving=True)),
+                               "--requests", "4", "--quality-windows", "0", "--quiet",
                                "--out", str(out))
         assert done.returncode == 0, done.stdout + done.stderr
         with (out / "tokens.csv").open() as fh:
             outs[name] = [r for r in csv.DictReader(fh) if r["status"] == "ok"]
     on, off = outs["on"], outs["off"]
     assert on and len(on) == len(off)
+    assert {r["policy"] for r in on} == {"hetroute", "moving"}
     parts = ("link_ms", "queue_ms", "load_ms", "compute_ms", "dense_ms", "plan_ms")
     for r in on:
         assert float(r["plan_ms"]) > 0, r
