@@ -6,9 +6,13 @@ for a layer leave in their own request per destination, on the request's own tim
 
 - requests join and leave at step boundaries: a request that arrives during a step waits for
   its end; one that has its last token (or fails) leaves after the step that made it;
-- a step takes every running request's decode row (oldest first) and then waiting requests'
-  whole prompts (oldest first) while the step's rows stay within `max_rows` (a lone prompt
-  longer than that runs alone): chunked prefill is not built, a prompt joins whole;
+- a step takes every running request's decode row (oldest first) and then prompts, oldest
+  first, while the step's rows stay within `max_rows`: with `prefill_chunk` 0 a prompt joins
+  whole (a lone prompt longer than `max_rows` runs alone); with `prefill_chunk` N (chunked
+  prefill, as vLLM and Sarathi run it) a prompt runs N rows a step at most, and fewer where
+  the step's room is less, its keys kept in the request's KV cache between chunks, so a
+  long prompt no longer holds every decode row of its home back for one long step; its
+  first token comes of its last chunk;
 - each layer runs the dense part of every request of the step (each request's own `Steps`,
   so per-request KV caches and trace positions stay as they are), priced as one step over
   all rows: their FLOPs summed (`Engine.step_dense_s`, the pricing of a request stepped
@@ -17,7 +21,9 @@ for a layer leave in their own request per destination, on the request's own tim
   together (the policy sees the batch the earlier rows already make there);
 - each token keeps its own TokenRecord: its latency is its step's end minus its request's
   previous token's end (the first token: minus the request's arrival, so the wait to join
-  counts), its dense_ms the step's dense time, its layer records the step's layers.
+  counts), its dense_ms the step's dense time (the first token's: summed over its prompt's
+  chunks), its layer records the step's layers (the first token's: its last chunk's; a
+  prompt row that fails in an earlier chunk fails it at once, `prompt:<reason>`).
 
 A step's requests share one policy: the oldest request's policy (class and settings) picks
 which requests may join (the runner runs one policy at a time; others wait for a step of
@@ -63,8 +69,8 @@ BATCHING_MODES = ("none", "iteration")
 class Batching:
     """`batching:` of a scenario and of PUT /v1/mesh: `mode` none (each request on its own)
     or iteration (steps over all running requests), `max_rows` the rows one step may carry
-    (decode rows and whole prompts), `prefill_chunk` 0 (prompts join whole: chunked prefill
-    is not built)."""
+    (decode rows and prompt rows), `prefill_chunk` the prompt rows one request may run in a
+    step (0: prompts join whole; N: chunked prefill)."""
 
     mode: str = "none"
     max_rows: int = 256
@@ -75,9 +81,9 @@ class Batching:
         if not is_number(self.max_rows, integer=True) or self.max_rows < 1:
             raise BadRouterInput(f"batching.max_rows: must be an integer >= 1, "
                                  f"got {clip(self.max_rows)}")
-        if not is_number(self.prefill_chunk, integer=True) or self.prefill_chunk != 0:
-            raise BadRouterInput(f"batching.prefill_chunk: only 0 (whole prompts) is supported, "
-                                 f"chunked prefill is not built; got {clip(self.prefill_chunk)}")
+        if not is_number(self.prefill_chunk, integer=True) or self.prefill_chunk < 0:
+            raise BadRouterInput(f"batching.prefill_chunk: must be an integer >= 0 (0: prompts "
+                                 f"join whole), got {clip(self.prefill_chunk)}")
 
     @property
     def on(self) -> bool:
@@ -125,6 +131,9 @@ class _Job:
     ttft: float = 0.0
     out: list[int] = field(default_factory=list)
     records: list[TokenRecord] = field(default_factory=list)
+    # chunked prefill: the earlier chunks' row records and dense seconds, for the first token
+    chunk_recs: list[TokenRecord] = field(default_factory=list)
+    chunk_dense: float = 0.0
 
     @property
     def key(self) -> tuple[type, Any]:
@@ -143,6 +152,7 @@ class Batcher:
     def __init__(self, config: Batching) -> None:
         self.config = config
         self._waiting: list[_Job] = []  # arrived, prompt not yet run
+        self._prefilling: list[_Job] = []  # part of the prompt run (chunked prefill)
         self._running: list[_Job] = []  # prefilled, decoding
         self._seq = itertools.count()
         self._task: asyncio.Task | None = None
@@ -170,7 +180,8 @@ class Batcher:
 
     def status(self) -> dict[str, Any]:
         return {**self.config.to_json(), "steps": self.steps, "rows": self.rows,
-                "running": len(self._running), "waiting": len(self._waiting)}
+                "running": len(self._running) + len(self._prefilling),
+                "waiting": len(self._waiting)}
 
     # -- the step loop ----------------------------------------------------------------------------
     async def _run(self, engine: Engine) -> None:
@@ -191,44 +202,56 @@ class Batcher:
 
     def _end_all(self, exc: Exception | None) -> None:
         """Every request still here fails with `exc` (None: is cancelled)."""
-        for job in (*self._running, *self._waiting):
+        for job in (*self._running, *self._prefilling, *self._waiting):
             if not job.future.done():
                 if exc is None:
                     job.future.cancel()
                 else:
                     job.future.set_exception(exc)
         self._running.clear()
+        self._prefilling.clear()
         self._waiting.clear()
 
     def _drop_abandoned(self) -> None:
         """Requests whose caller went away (their future cancelled) leave."""
         self._running = [j for j in self._running if not j.future.done()]
+        self._prefilling = [j for j in self._prefilling if not j.future.done()]
         self._waiting = [j for j in self._waiting if not j.future.done()]
 
     def _admit(self) -> list[_Job]:
-        """The next step's requests: decode rows first, then whole prompts, oldest first,
-        within max_rows, all of the oldest request's policy."""
-        jobs = self._running + self._waiting
+        """The next step's requests: decode rows first, then prompts (those part-run first),
+        oldest first, within max_rows, all of the oldest request's policy; a prompt joins
+        whole, or with `prefill_chunk` its next chunk (narrowed to the step's room)."""
+        jobs = self._running + self._prefilling + self._waiting
         if not jobs:
             return []
         key = min(jobs, key=lambda j: j.seq).key
-        limit = self.config.max_rows
+        limit, chunk = self.config.max_rows, self.config.prefill_chunk
         batch: list[_Job] = []
         rows = 0
         for job in self._running:
             if job.key == key and rows < limit:
                 batch.append(job)
                 rows += 1
-        for job in list(self._waiting):
+        for job in [*self._prefilling, *self._waiting]:
             if job.key != key:
                 continue
             need = job.steps.rows
-            if rows and rows + need > limit:
-                break  # first come, first served: no later prompt overtakes this one
+            if chunk:
+                take = min(need, chunk, limit - rows)
+                if take <= 0:
+                    break
+                if take < need:
+                    job.steps.narrow(take)
+            else:
+                if rows and rows + need > limit:
+                    break  # first come, first served: no later prompt overtakes this one
+                take = need
             batch.append(job)
-            rows += need
-            self._waiting.remove(job)
-            self._running.append(job)
+            rows += take
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self._prefilling.append(job)
         batch.sort(key=lambda j: j.seq)
         return batch
 
@@ -275,17 +298,36 @@ class Batcher:
                 job.steps.layer_output(layer, y[lo:bounds[j]])
                 host[j] += host_clock() - t
                 lo = bounds[j]
-        nexts = []
+        nexts: list[int | None] = []
+        chunked: list[bool] = []  # a prompt chunk that is not the last: no token of it
         for j, job in enumerate(batch):
             t = host_clock()
-            nexts.append(job.steps.finish())
+            part = job.steps.partial and not any(r.status == "failed" for r in recs[j])
+            if part:
+                job.steps.advance()
+                job.chunk_recs += recs[j]
+                job.chunk_dense += dense
+                nexts.append(None)
+            else:
+                nexts.append(None if job.steps.partial else job.steps.finish())
             if job.tap is not None:
                 job.tap.end_group()
             host[j] += host_clock() - t
+            chunked.append(part)
         await sleep_until(clock.at)  # never before the step's emulated end
         t_end = now()
         for j, job in enumerate(batch):
-            self._token(engine, job, recs[j], nexts[j], dense, host[j], t_end, clock.at)
+            if chunked[j]:
+                continue
+            if job.chunk_recs:  # the prompt's last chunk (or a failed one): its first token
+                recs[j] = [*job.chunk_recs, *recs[j]]
+                dense_j, job.chunk_recs = dense + job.chunk_dense, []
+            else:
+                dense_j = dense
+            if job in self._prefilling:
+                self._prefilling.remove(job)
+                self._running.append(job)
+            self._token(engine, job, recs[j], nexts[j], dense_j, host[j], t_end, clock.at)
         return clock.at
 
     def _token(self, engine: Engine, job: _Job, recs: list[TokenRecord], nxt: int | None,

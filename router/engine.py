@@ -132,6 +132,19 @@ class Steps(Protocol):
         row."""
         ...
 
+    # chunked prefill (router.batching, `prefill_chunk`)
+    partial: bool  # the current group leaves rows of the prompt for a later group
+
+    def narrow(self, rows: int) -> None:
+        """Make the current group the first `rows` of the prompt rows still to run (fewer
+        than `self.rows`); the rest waits for `advance`."""
+        ...
+
+    def advance(self) -> None:
+        """End a partial group: its keys stay in the cache, no token comes of it, and the
+        next group is the rest of the prompt."""
+        ...
+
 
 class RealSteps:
     """tiny-moe (or a checkpoint) on this process: dense part in torch, KV cache.
@@ -146,8 +159,29 @@ class RealSteps:
         self.cache = cache
         self.rows = prompt.numel()
         self.context = self.rows
+        self._rest: Tensor | None = None  # the embeddings of the prompt's rows after a chunk
         with torch.inference_mode():
             self.h = model.embed(prompt[None])
+
+    @property
+    def partial(self) -> bool:
+        return self._rest is not None
+
+    def narrow(self, rows: int) -> None:
+        if self.cache is None or not 0 < rows < self.rows:
+            raise RuntimeError(f"a chunk of {rows} of {self.rows} prompt rows needs a KV "
+                                 "cache and fewer rows than the group")
+        self.h, self._rest = self.h[:, :rows], self.h[:, rows:]
+        self.context += rows - self.rows
+        self.rows = rows
+
+    def advance(self) -> None:
+        if self._rest is None or self.cache is None:
+            raise RuntimeError("advance: the group is not a partial chunk of a prompt")
+        self.cache.length += self.rows
+        self.h, self._rest = self._rest, None
+        self.rows = self.h.shape[1]
+        self.context = self.cache.length + self.rows
 
     def layer_input(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         with torch.inference_mode():
@@ -200,6 +234,28 @@ class TraceSteps:
         self.rows = prompt_len
         self.context = prompt_len
         self._x = torch.zeros(prompt_len, profile.d_model)
+        self._rest = 0  # prompt rows after a chunk
+
+    @property
+    def partial(self) -> bool:
+        return self._rest > 0
+
+    def narrow(self, rows: int) -> None:
+        if not 0 < rows < self.rows:
+            raise RuntimeError(f"a chunk of {rows} of {self.rows} prompt rows needs fewer "
+                                 "rows than the group")
+        self._rest = self.rows - rows
+        self.rows = rows
+        self.context = self.pos + rows
+        self._x = self._x[:rows]
+
+    def advance(self) -> None:
+        if not self._rest:
+            raise RuntimeError("advance: the group is not a partial chunk of a prompt")
+        self.pos += self.rows
+        self.rows, self._rest = self._rest, 0
+        self.context = self.pos + self.rows
+        self._x = torch.zeros(self.rows, self.profile.d_model)
 
     def layer_input(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         span = slice(self.pos, self.pos + self.rows)

@@ -29,9 +29,9 @@ L = TOPO.count("\n")
      f"{L + 1}: batching.mode: must be one of none, iteration, got 'continuous'"),
     ("batching:\n  mode: iteration\n  max_rows: 0\n",
      f"{L + 3}: batching.max_rows: must be an integer >= 1, got 0"),
-    ("batching: {mode: iteration, prefill_chunk: 32}\n",
-     f"{L + 1}: batching.prefill_chunk: only 0 (whole prompts) is supported, chunked prefill "
-     "is not built; got 32"),
+    ("batching: {mode: iteration, prefill_chunk: -4}\n",
+     f"{L + 1}: batching.prefill_chunk: must be an integer >= 0 (0: prompts join whole), "
+     "got -4"),
     ("batching: {mode: iteration, rows: 3}\n",
      f"{L + 1}: batching: unknown field(s) rows; known: mode, max_rows, prefill_chunk"),
     ("batching: iteration\n",

@@ -107,13 +107,72 @@ async def test_a_step_holds_no_more_rows_than_max_rows(stack, router_compute) ->
     assert results[1].ttft_ms > results[0].ttft_ms
 
 
+def _chunked_tokens(model, prompt: torch.Tensor, chunk: int) -> list[int]:
+    """The model's own greedy tokens with its prompt run `chunk` rows at a time into the KV
+    cache (what chunked prefill computes)."""
+    out, cache = [], KVCache()
+    with torch.inference_mode():
+        for lo in range(0, prompt.numel(), chunk):
+            logits = model(prompt[None, lo:lo + chunk], cache=cache)
+        for _ in range(GEN):
+            out.append(int(logits[0, -1].argmax()))
+            logits = model(torch.tensor([[out[-1]]]), cache=cache)
+    return out
+
+
+async def test_chunked_prefill_runs_a_prompt_over_steps_beside_decode_rows(
+        stack, router_compute, small_model) -> None:
+    """prefill_chunk 4: each prompt runs 4 rows a step, its keys kept in its cache, its first
+    token from its last chunk; a request already decoding keeps stepping meanwhile, one row
+    a step, instead of waiting for a whole prompt; the tokens are the model's own with the
+    prompt chunked alike."""
+    mesh = await _mesh(stack, router_compute, {"mode": "iteration", "max_rows": 64,
+                                               "prefill_chunk": 4})
+    results = await _generate_all(mesh)
+    batcher = mesh.router.batcher
+    chunks = [-(-p.numel() // 4) for p in PROMPTS]  # ceil: 3, 3, 3, 2
+    # all four start together: the longest prompt's chunks, then its decode steps
+    assert batcher.steps == max(chunks) + GEN - 1
+    assert batcher.rows == sum(p.numel() for p in PROMPTS) + 4 * (GEN - 1)
+    for prompt, res in zip(PROMPTS, results, strict=True):
+        assert res.failed is None
+        assert res.tokens == _chunked_tokens(small_model, prompt, 4)
+        assert [r.index for r in res.records] == list(range(GEN))
+        assert all(r.status == "ok" and len(r.layers) == 2 for r in res.records)
+    # the 8-row prompt is done a step before the 9-row ones: its first token comes sooner,
+    # and its second token shares the step of their last chunks
+    short = min(range(4), key=lambda i: PROMPTS[i].numel())
+    assert results[short].ttft_ms < min(r.ttft_ms for i, r in enumerate(results) if i != short)
+    # the first token's dense part sums its chunks' steps
+    first = results[0].records[0]
+    assert first.dense_ms > results[0].records[1].dense_ms
+    assert batcher.status()["running"] == 0 and batcher.status()["waiting"] == 0
+
+
+async def test_a_chunk_fills_the_room_a_step_has_left(stack, router_compute) -> None:
+    """max_rows 6, prefill_chunk 4, two 9-row prompts at once: A runs 4 + 4 + 1 rows, B what
+    room each step leaves (2, 2, 4, 1), first come, first served; then both decode."""
+    mesh = await _mesh(stack, router_compute, {"mode": "iteration", "max_rows": 6,
+                                               "prefill_chunk": 4})
+    engine = mesh.router.engine()
+    policy = make_policy("greedy", engine.dispatcher.settings)
+    results = await asyncio.gather(*(engine.generate(p, GEN, policy, 0.0) for p in PROMPTS[:2]))
+    assert all(r.failed is None and len(r.tokens) == GEN for r in results)
+    batcher = mesh.router.batcher
+    assert batcher.rows == 2 * 9 + 2 * (GEN - 1)
+    # A's first token comes of step 3, B's of step 4; B's last token of step 4 + GEN - 1
+    assert batcher.steps == 4 + GEN - 1
+    assert results[1].ttft_ms > results[0].ttft_ms
+
+
 def test_bad_batching_keys_name_the_field() -> None:
     with pytest.raises(BadRouterInput, match=r"batching\.mode: must be one of none, iteration"):
         Batching.from_json({"mode": "continuous"})
     with pytest.raises(BadRouterInput, match=r"batching\.max_rows: must be an integer >= 1"):
         Batching.from_json({"mode": "iteration", "max_rows": 0})
-    with pytest.raises(BadRouterInput, match=r"batching\.prefill_chunk: only 0"):
-        Batching.from_json({"mode": "iteration", "prefill_chunk": 16})
+    with pytest.raises(BadRouterInput, match=r"batching\.prefill_chunk: must be an integer >= 0"):
+        Batching.from_json({"mode": "iteration", "prefill_chunk": -1})
+    assert Batching.from_json({"mode": "iteration", "prefill_chunk": 16.0}).prefill_chunk == 16
     with pytest.raises(BadRouterInput, match=r"unknown field\(s\) rows"):
         Batching.from_json({"mode": "iteration", "rows": 4})
     assert Batching.from_json(None) == Batching() and not Batching().on
