@@ -290,6 +290,11 @@ class AppShaper:
             return 0.0
         return max(0.0, self._uplink_free_at - now())
 
+    def uplink_backlog_bytes(self) -> int:
+        if self.uplink_mbit is None:
+            return 0
+        return int(self.uplink_backlog_s() * self.uplink_mbit * 1e6 / 8 / self.time_dilation)
+
     def _uplink(self, t: float, nbytes: int) -> tuple[float, float]:
         """(when the message's first bytes leave the access link, when its last do) for a
         message handed over at t; (t, t) without an access link."""

@@ -76,6 +76,12 @@ class Shaper(Protocol):
         tc: 0 (the kernel's queue is not read)."""
         ...
 
+    def uplink_backlog_bytes(self) -> int:
+        """The bytes queued on the access link (what a kernel's qdisc statistics give; a
+        router that learns its access link's rate divides them by that). app: its FIFO;
+        tc: 0 (the kernel's queue is not read)."""
+        ...
+
     async def transmit(self, peer: str, nbytes: int, *, timeout_s: float | None = None) -> None:
         """Wait as sending nbytes to peer would (app); return at once (tc).
 

@@ -469,6 +469,9 @@ class TcShaper:
     def uplink_backlog_s(self) -> float:
         return 0.0  # the kernel's qdisc backlog is not read (netem.base.Shaper)
 
+    def uplink_backlog_bytes(self) -> int:
+        return 0  # likewise
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "backend": self.backend,

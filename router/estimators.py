@@ -15,6 +15,8 @@ Three corrections, each small and explicit:
   (`MIN_SAMPLE_MS`; 1 ms for tx, so a fixed HTTP overhead on an unshaped link cannot inflate
   every other link), clamped to [0.25, 4]. A systematic error in a profile (a node slower
   than its FLOP rating) is then corrected everywhere at once.
+* **Access links** (`learn_access`): not told by the mesh but learnt from the dispersion of
+  each request's and answer's bytes (router.access); without it they are the mesh's.
 
 Times are real milliseconds from a monotonic clock passed in (`now_ms`), so tests drive a
 virtual clock. No I/O, no event loop.
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from netem.timing import now
 
+from .access import AccessLearner
 from .cost import Breakdown, Estimates
 from .errors import BadRouterInput
 from .types import LinkEstimate, NodeEstimate, Scales
@@ -83,11 +86,18 @@ class Estimators:
         links: Mapping[tuple[str, str], LinkEstimate],
         *,
         alpha: float = 0.2,
+        learn_access: bool = False,
     ) -> None:
         if home not in nodes:
             raise BadRouterInput(f"home node {home!r} has no profile")
         self.home = home
         self.alpha = alpha
+        # learnt access links: the mesh's are forgotten, what router.access learns stands in
+        self.access = (AccessLearner(home, {k: v.rate_mbit for k, v in links.items()})
+                       if learn_access else None)
+        if self.access is not None:
+            nodes = {name: replace(prior, uplink_mbit=None, downlink_mbit=None)
+                     for name, prior in nodes.items()}
         self._nodes = {name: _NodeState(prior, resident=prior.resident)
                        for name, prior in nodes.items()}
         self._links_prior: dict[tuple[str, str], LinkEstimate] = dict(links)
@@ -127,6 +137,10 @@ class Estimators:
             if sent >= st.taken_ms:
                 backlog += work
                 queue += 1
+        if self.access is not None:
+            up, down = self.access.rates().get(name, (None, None))
+            return replace(st.prior, wait_ms=backlog, queue=queue, resident=st.resident,
+                           uplink_mbit=up, downlink_mbit=down)
         return replace(st.prior, wait_ms=backlog, queue=queue, resident=st.resident)
 
     def estimates(self, at_ms: float | None = None) -> Estimates:
@@ -211,7 +225,7 @@ class Estimators:
         # each way through the sender's uplink and the receiver's downlink too (router.cost:
         # the node's in the branch; the home's, one turn of its burst), so an access link's
         # time is not learned as the link's delay
-        home, peer = self._state(self.home).prior, self._state(node).prior
+        home, peer = self._access_of(self.home), self._access_of(node)
         serial = (bytes_in * p_out.ms_per_byte + bytes_out * p_back.ms_per_byte
                   + home.uplink_ms(bytes_in) + peer.downlink_ms(bytes_in)
                   + peer.uplink_ms(bytes_out) + home.downlink_ms(bytes_out))
@@ -225,6 +239,14 @@ class Estimators:
             if ewma is None:
                 ewma = self._link_delay[key] = Ewma(self.alpha)
             ewma.update(propagation * part)
+
+    def _access_of(self, name: str) -> NodeEstimate:
+        """The node's prior with the access links believed now (told, or learnt)."""
+        prior = self._state(name).prior
+        if self.access is None:
+            return prior
+        up, down = self.access.rates().get(name, (None, None))
+        return replace(prior, uplink_mbit=up, downlink_mbit=down)
 
     def _take_state(self, st: _NodeState, state: Mapping, now: float) -> None:
         st.queue = float(state.get("queue", 0) or 0)

@@ -57,8 +57,14 @@ class Executor:
         self.home, self.shape, self.settings, self.model = home, shape, settings, model
         self.transport, self.view = transport, view
         self.health, self.counters = health, health.counters  # the learn side, its totals
-        # looked up once, off the per-layer path: only MeshTransport can tell its uplink queue
+        # looked up once, off the per-layer path: only MeshTransport can tell its uplink queue;
+        # a router learning its access links reads the queue's bytes, over the learnt rate
+        learnt = health.estimators.access
         self._backlog_probe = getattr(transport, "uplink_backlog_ms", None)
+        if learnt is not None:
+            count = getattr(transport, "uplink_backlog_bytes", None)
+            self._backlog_probe = None if count is None else (
+                lambda: _over_rate(count(), learnt.rates().get(home, (None, None))[0]))
         self.late_tasks: set[asyncio.Future] = set()  # requests past their limit (_late)
         self._ids = itertools.count()
 
@@ -308,3 +314,8 @@ class Executor:
 
 def _lowest_expert(output: tuple[int, int, Tensor]) -> int:
     return output[1]
+
+
+def _over_rate(nbytes: int, mbit: float | None) -> float:
+    """ms to send `nbytes` at `mbit` Mbit/s (0 where no rate is believed)."""
+    return 0.0 if not mbit or not nbytes else nbytes * 8 / (mbit * 1e3)

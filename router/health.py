@@ -45,7 +45,8 @@ class Health:
         self.view = view
         self.counters = counters
         self.estimators = Estimators(
-            mesh.home, {n: info.prior for n, info in mesh.nodes.items()}, mesh.links
+            mesh.home, {n: info.prior for n, info in mesh.nodes.items()}, mesh.links,
+            learn_access=bool(self.settings.learn_access),
         )
         self.breakers = Breakers(
             mesh.home, mesh.nodes, self.settings.breaker_failures, self.settings.breaker_open_ms,
@@ -91,6 +92,10 @@ class Health:
         arrived = clock_now() if res.arrived is None else res.arrived
         if node != self.home:
             self._observe_lateness(max(0.0, clock_now() - arrived) * 1e3)
+            access = self.estimators.access
+            if access is not None:  # `learn_access`: the bodies' dispersions (router.access)
+                access.observe(node, res.body_bytes[0], res.sent_spread,
+                               res.body_bytes[1], res.spread)
         self.estimators.answered(
             node, ticket, predicted, (arrived - ready) * 1e3,
             {"queue_ms": res.timing.queue_ms, "load_ms": res.timing.load_ms,

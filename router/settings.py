@@ -30,7 +30,10 @@ class Settings:
     the emulated timeline: each round's requests leave this many times the host's CPU time
     of planning it later (0, the default: planning takes no emulated time, as the host's own
     work never does; 1: as long as on this host; a run that charges it is not repeatable bit
-    for bit, the host's time varies).
+    for bit, the host's time varies). learn_access 1 hides the nodes' access links
+    (`uplink_mbit`, `downlink_mbit` of PUT /v1/mesh) from the estimators, which learn them
+    from the dispersion of the requests' and answers' bytes (router.access), and reads the
+    home's uplink queue as bytes over the learnt rate; 0 (the default) believes the mesh.
 
     Dispatch: request_ms bounds one batched request to one node; layer_ms one layer with its
     replans; token_ms a whole token; max_replans is not used any more (a layer replans until
@@ -70,6 +73,8 @@ class Settings:
     wire_dtype: str = "f32"
     # the planning's host time on the emulated timeline, x this (0: planning takes none)
     charge_planning: float = 0.0
+    # 1: the nodes' access links are learnt (router.access), not taken from the mesh
+    learn_access: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -85,6 +90,8 @@ class Settings:
                 raise BadRouterInput(f"setting {f.name} must be finite and >= 0, got {clip(value)}")
             if f.type == "int" and not isinstance(value, int):
                 raise BadRouterInput(f"setting {f.name} must be an integer, got {clip(value)}")
+        if self.learn_access not in (0, 1):
+            raise BadRouterInput(f"learn_access must be 0 or 1, got {self.learn_access}")
         if self.beam_width < 1:
             raise BadRouterInput(f"beam_width must be >= 1, got {self.beam_width}")
         if self.budget > 1:

@@ -96,6 +96,11 @@ class MeshTransport:
         links = self.client.links
         return 0.0 if links is None else links.uplink_backlog_s() * 1e3
 
+    def uplink_backlog_bytes(self) -> int:
+        """The bytes the home's access link still has queued (0 without one)."""
+        links = self.client.links
+        return 0 if links is None else links.uplink_backlog_bytes()
+
     async def hop(self, src: str, dst: str, nbytes: int, at: float, timeout_s: float,
                   downlink: bool = True, order: str = "") -> float:
         """When `nbytes` src sends to dst at `at` are there (emulated): src's own shaper, then

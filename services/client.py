@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -95,13 +96,15 @@ class NodeClient:
                     body: bytes | None = None, headers: dict[str, str] | None = None,
                     peer: str | None = None, ready: float | None = None,
                     data_plane: bool = False, receive: bool = True
-                    ) -> tuple[bytes, str, float | None, float | None]:
+                    ) -> tuple[bytes, str, float | None, float | None, float | None, float | None]:
         """(body, content type, emulated arrival of the answer's last and first bytes, or
-        None). With `peer`, the request leaves on the emulated link at `ready` (default now)
-        and says when it arrives (`wire.ARRIVE_HEADER`, `wire.FIRST_HEADER`); the answer is
-        released here when its own headers say, through this node's downlink when it has one,
-        unless `receive` is False: the answer was shaped toward another node
-        (router.aggregate), whose downlink is its own to book, and it is handed back at once.
+        None, and the dispersions of the request's bytes at the node (its
+        `wire.SPREAD_HEADER`) and of the answer's here, seconds, or None). With `peer`, the
+        request leaves on the emulated link at `ready` (default now) and says when it arrives
+        (`wire.ARRIVE_HEADER`, `wire.FIRST_HEADER`); the answer is released here when its own
+        headers say, through this node's downlink when it has one, unless `receive` is False:
+        the answer was shaped toward another node (router.aggregate), whose downlink is its
+        own to book, and it is handed back at once.
         `data_plane`: a POST through `services.h1` rather than aiohttp."""
         try:
             async with asyncio.timeout(limit_s):
@@ -117,6 +120,7 @@ class NodeClient:
                     content_type = got.get("content-type", "").partition(";")[0].strip().lower()
                     arrival = got.get(wire.ARRIVE_HEADER.lower())
                     first = got.get(wire.FIRST_HEADER.lower())
+                    sent = got.get(wire.SPREAD_HEADER.lower())
                 else:
                     async with self._open().request(method, url + path, data=body,
                                                     headers=headers) as resp:
@@ -124,15 +128,18 @@ class NodeClient:
                         status, content_type = resp.status, resp.content_type
                         arrival = resp.headers.get(wire.ARRIVE_HEADER)
                         first = resp.headers.get(wire.FIRST_HEADER)
+                        sent = resp.headers.get(wire.SPREAD_HEADER)
                 if status >= 400:
                     code, detail = unpack_error(data, content_type)
                     raise NodeRefused(url, status, code, detail)
                 back, lead = _arrival(arrival), _arrival(first)
+                spread = None
                 if back is not None and receive:
                     if lead is not None and self.links is not None:  # its downlink
                         back = await self.links.receive(len(data), min(lead, back), back)
+                        spread = back - min(lead, back)
                     await sleep_until(back)
-                return data, content_type, back, lead
+                return data, content_type, back, lead, _spread(sent), spread
         except TimeoutError:
             raise NodeTimeout(f"{method} {url}{path}: no answer within {limit_s:g} s",
                               url) from None
@@ -166,7 +173,7 @@ class NodeClient:
         elif self.settings.name:
             headers[wire.SELF_HEADER] = self.settings.name
         mine = answer_to is None or answer_to == self.settings.name
-        data, _, back, lead = await self._call(
+        data, _, back, lead, sent_spread, spread = await self._call(
             "POST", url, wire.FORWARD_PATH, body=body, headers=headers, peer=peer, ready=ready,
             limit_s=timeout_s or self.settings.forward_s, data_plane=True, receive=mine)
         try:
@@ -174,7 +181,8 @@ class NodeClient:
                 back = now() if mine else None
             return unpack_response(data, arrived=back,
                                    body_bytes=(len(body), len(data)),
-                                   first=None if mine else lead)
+                                   first=None if mine else lead,
+                                   sent_spread=sent_spread, spread=spread)
         except ValueError as exc:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
 
@@ -209,7 +217,7 @@ class NodeClient:
 
     async def _hop_call(self, url: str, path: str, payload: dict[str, Any],
                         timeout_s: float | None) -> Any:
-        data, _, _, _ = await self._call("POST", url, path, body=json.dumps(payload).encode(),
+        data, *_ = await self._call("POST", url, path, body=json.dumps(payload).encode(),
                                       headers={"Content-Type": "application/json"},
                                       limit_s=timeout_s or self.settings.forward_s)
         try:
@@ -224,7 +232,7 @@ class NodeClient:
         if payload is not None:
             headers["Content-Type"] = "application/json"
             body = json.dumps(payload).encode()
-        data, content_type, _, _ = await self._call(method, url, path, body=body,
+        data, content_type, *_ = await self._call(method, url, path, body=body,
                                                  headers=headers,
                                                  limit_s=self.settings.control_s)
         return data.decode() if content_type.startswith("text/") else json.loads(data)
@@ -266,6 +274,12 @@ class NodeClient:
         path = "/v1/looplag" + ("?" + "&".join(f"{k}={v}" for k, v in query.items())
                                 if query else "")
         return await self._control("GET", url, path)
+
+
+def _spread(raw: str | None) -> float | None:
+    """A SPREAD_HEADER's seconds; None when absent or not a finite time >= 0."""
+    value = _arrival(raw)
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
 def _arrival(raw: str | None) -> float | None:

@@ -154,6 +154,10 @@ class Links:
         a shaper."""
         return self.shaper.uplink_backlog_s() if self.shaper is not None else 0.0
 
+    def uplink_backlog_bytes(self) -> int:
+        """The bytes queued on the node's access link (`netem.base.Shaper`); 0 without one."""
+        return self.shaper.uplink_backlog_bytes() if self.shaper is not None else 0
+
     def snapshot(self) -> dict[str, Any]:
         applied = self.shaper.snapshot() if self.shaper is not None else None
         return {"accepted": self.accepted, "applied": applied, "puts": self.puts}

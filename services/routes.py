@@ -39,6 +39,7 @@ from .wire import (
     HOP_PATH,
     MAX_ROWS,
     SELF_HEADER,
+    SPREAD_HEADER,
     max_request_bytes,
     pack_error,
     pack_response,
@@ -153,15 +154,18 @@ async def forward(request: web.Request) -> web.Response:
     first = arrival_time(ascii_header(request, FIRST_HEADER), horizon, FIRST_HEADER)
     peer = ascii_header(request, SELF_HEADER)
     fwd = unpack_request(body, d_model)
+    spread = None
     if arrival is None:
         arrival = now()
     else:  # the request is here when its emulated link says so, not when the host got it
         if first is not None:  # from a shaped peer: through this node's downlink too
-            arrival = await node.links.receive(len(body), min(first, arrival), arrival)
+            lead = min(first, arrival)
+            arrival = await node.links.receive(len(body), lead, arrival)
+            spread = arrival - lead
         await sleep_until(arrival)
     ys, timing, done, state = await node.forward(fwd.groups, arrival, fwd.parts)
     out = pack_response(ys, timing, state)
-    headers = {}
+    headers = {} if spread is None else {SPREAD_HEADER: repr(spread)}
     if peer:
         try:
             back = await node.links.schedule_span(peer, len(out), at=done)

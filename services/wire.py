@@ -41,6 +41,7 @@ __all__ = [
     "FORWARD_PATH",
     "HOP_IN_PATH",
     "SELF_HEADER",
+    "SPREAD_HEADER",
     "WIRE_VERSION",
     "ForwardRequest",
     "ForwardResponse",
@@ -78,6 +79,11 @@ ARRIVE_HEADER = "X-Moemesh-Arrive"
 # sender whose app shaper scheduled the message: the receiver's downlink takes it from then
 # (netem.base.Shaper.receive). Absent: the message does not cross the receiver's downlink.
 FIRST_HEADER = "X-Moemesh-First"
+# On an answer to a shaped request (one with FIRST_HEADER): how long the request's bytes took
+# to come in at this node, from its first bytes' arrival to its last through this node's
+# downlink (seconds, `repr` of a float): its dispersion, which a requester learning its
+# access links reads (router.estimators, `learn_access`). A header: no body byte changes.
+SPREAD_HEADER = "X-Moemesh-Spread"
 # The torch dtype of each activation dtype that moe.vocab names (their bytes: ACTIVATION_BYTES);
 # a dtype added there without a torch type here fails at import.
 _TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -193,6 +199,10 @@ class ForwardResponse:
     # an answer shaped toward another node (router.aggregate): when its first bytes are there
     # (its downlink, `arrived` the last bytes' arrival before it); None otherwise
     first: float | None = None
+    # dispersion (seconds) of the request's bytes at the node (its SPREAD_HEADER) and of the
+    # answer's here, first bytes to last through the downlink; None: not shaped
+    sent_spread: float | None = None
+    spread: float | None = None
 
 
 # -- tensors ----------------------------------------------------------------------------------
@@ -489,10 +499,12 @@ def pack_response(outs: Iterable[Output], timing: Timing, state: NodeState) -> b
 
 
 def unpack_response(body: bytes, *, arrived: float | None = None,
-                    body_bytes: tuple[int, int] = (0, 0), first: float | None = None
+                    body_bytes: tuple[int, int] = (0, 0), first: float | None = None,
+                    sent_spread: float | None = None, spread: float | None = None
                     ) -> ForwardResponse:
     """Decode a node's answer; a malformed one raises ValueError naming what is wrong.
-    `arrived` and `body_bytes` are the client's (`ForwardResponse`), not on the wire."""
+    `arrived`, `body_bytes` and the spreads are the client's (`ForwardResponse`), not in the
+    body."""
     try:
         data = msgpack.unpackb(body, raw=False)
         if data.get("v") != WIRE_VERSION:
@@ -518,7 +530,7 @@ def unpack_response(body: bytes, *, arrived: float | None = None,
             raise ValueError("malformed forward answer: parts missing from some groups")
         got = tuple(parts)
     return ForwardResponse(ys, timing, state, arrived=arrived, parts=got, body_bytes=body_bytes,
-                           first=first)
+                           first=first, sent_spread=sent_spread, spread=spread)
 
 
 def pack_error(code: str, detail: str) -> bytes:
