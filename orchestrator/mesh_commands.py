@@ -465,6 +465,11 @@ def _placement(args: argparse.Namespace) -> int:
                        "policy, expected_cost_ms, local_group_coverage, nodes, replicas)")
     if args.tokens is not None and args.tokens < 1:
         raise BadInput(f"--tokens must be >= 1, got {args.tokens}")
+    from router.policies import MESH_POLICIES
+
+    if args.router is not None and args.router not in MESH_POLICIES:
+        raise BadInput(f"--router: must be one of {', '.join(MESH_POLICIES)}, got "
+                       f"{args.router!r}")
     scenario = load_scenario(args.scenario)
     policy = args.policy or scenario.placement.policy
     scenario = replace(scenario, placement=replace(scenario.placement, policy=policy))

@@ -306,6 +306,10 @@ class Dispatcher:
                 f"{a}->{b}": round(link.delay_ms, 4)
                 for (a, b), link in snapshot.links.items()
             },
+            **({"access_mbit": {  # `learn_access`: what router.access believes, per node
+                n: {"uplink": up, "downlink": down}
+                for n, (up, down) in self.estimators.access.rates().items()}}
+               if self.estimators.access is not None else {}),
         }
 
 

@@ -89,8 +89,10 @@ async def test_a_home_behind_a_slow_uplink_learns_it_from_its_own_traffic(
     learnt = d.estimators.estimates().nodes["h"].uplink_mbit
     if not learn:
         assert d.estimators.access is None and learnt is None
+        assert "access_mbit" not in d.status()
         return
     assert d.estimators.access.samples > 0
     assert learnt == pytest.approx(1.0, rel=0.05)
+    assert d.status()["access_mbit"]["h"]["uplink"] == learnt  # GET /v1/router shows it
     await h.links.schedule_span("a", 25_000)  # 200 ms at 1 Mbit/s, queued now
     assert d.execute.uplink_backlog_ms() == pytest.approx(200.0, rel=0.1)
