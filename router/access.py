@@ -21,7 +21,13 @@ filter). The link rates are the topology's (the router is told those), so:
   otherwise no uplink is believed (none that limits a single message);
 - a peer's downlink is its path out's rate, where that is below both its link and the home's
   believed uplink: the peer's own access link is then what limits it;
-- the home's downlink and a peer's uplink alike, on the paths back.
+- on the paths back, a slow path is the peer's uplink or the home's downlink, and from the
+  home alone the two look alike (every peer behind the same 4 Mbit/s uplink reads as one
+  4 Mbit/s downlink here). A peer whose router learns too tells its own learnt uplink with
+  its answers (`X-Moemesh-Uplink`, `services.wire.UPLINK_HEADER`): the home's downlink is the
+  best path back that runs below its peer's told uplink (and its link), and a peer's uplink
+  is what it told; a peer that tells nothing gets its path's rate as its uplink where the
+  home's downlink does not explain it, and no downlink is believed from such paths.
 
 What a single message cannot show is not learnt: an uplink faster than every link, which
 only a burst of messages to several peers at once fills. Messages too small for their spread
@@ -30,6 +36,7 @@ to be measured (below `MIN_BYTES` or `MIN_SPREAD_S`) teach nothing.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 
@@ -50,12 +57,18 @@ class AccessLearner:
         self.link_mbit = dict(link_mbit)
         self._out: dict[str, deque[float]] = {}  # peer -> rates home → peer, Mbit/s
         self._back: dict[str, deque[float]] = {}  # peer -> rates peer → home
+        self._told: dict[str, float] = {}  # peer -> the uplink it learnt for itself
         self._cache: dict[str, tuple[float | None, float | None]] | None = None
         self.samples = 0
 
     def observe(self, peer: str, sent_bytes: int, sent_spread_s: float | None,
-                answer_bytes: int, answer_spread_s: float | None) -> None:
-        """One answer's two samples (either may be missing: None)."""
+                answer_bytes: int, answer_spread_s: float | None,
+                told_uplink: float | None = None) -> None:
+        """One answer's two samples (either may be missing: None), and the uplink the peer
+        told it learnt for itself (None: it told none; inf: it believes none limits it)."""
+        if told_uplink is not None and told_uplink > 0 and self._told.get(peer) != told_uplink:
+            self._told[peer] = told_uplink
+            self._cache = None
         for paths, nbytes, spread in ((self._out, sent_bytes, sent_spread_s),
                                       (self._back, answer_bytes, answer_spread_s)):
             if spread is None or nbytes < MIN_BYTES or spread < MIN_SPREAD_S:
@@ -73,12 +86,18 @@ class AccessLearner:
     def _derive(self) -> dict[str, tuple[float | None, float | None]]:
         out = {p: max(r) for p, r in self._out.items()}
         back = {p: max(r) for p, r in self._back.items()}
-        home = self.home
+        home, told = self.home, self._told
         up = self._shared(out, lambda p: self.link_mbit.get((home, p)))
-        down = self._shared(back, lambda p: self.link_mbit.get((p, home)))
+        # a path back says the home's downlink only below what its peer's own uplink allows
+        below = {p: r for p, r in back.items() if p in told and r < (1 - MARGIN) * told[p]}
+        down = self._shared(below, lambda p: self.link_mbit.get((p, home)))
         learnt: dict[str, tuple[float | None, float | None]] = {home: (up, down)}
-        for peer in sorted(set(out) | set(back)):
-            learnt[peer] = (self._own(back.get(peer), self.link_mbit.get((peer, home)), down),
+        for peer in sorted(set(out) | set(back) | set(told)):
+            if peer in told:  # inf: it believes no uplink limits it
+                own_up = told[peer] if math.isfinite(told[peer]) else None
+            else:
+                own_up = self._own(back.get(peer), self.link_mbit.get((peer, home)), down)
+            learnt[peer] = (own_up,
                             self._own(out.get(peer), self.link_mbit.get((home, peer)), up))
         return learnt
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import torch
@@ -95,6 +96,17 @@ class RouterService:
         self._dispatcher: Dispatcher | None = None
         self.batcher: Batcher | None = None  # the mesh's iteration-level batching, if any
         self._default_key: tuple | None = None
+        node.uplink_hint = self.own_uplink  # told to requesters (services.wire.UPLINK_HEADER)
+
+    def own_uplink(self) -> float | None:
+        """The uplink this node's router learnt for itself (`learn_access`): Mbit/s, inf
+        where it believes none limits it; None where it does not learn."""
+        d = self._dispatcher
+        access = d.estimators.access if d is not None else None
+        if access is None:
+            return None
+        up = access.rates()[self.home][0]
+        return math.inf if up is None else up
 
     # -- the mesh -----------------------------------------------------------------------------
     def configure(self, mesh: Mesh) -> Dispatcher:

@@ -95,7 +95,7 @@ class Health:
             access = self.estimators.access
             if access is not None:  # `learn_access`: the bodies' dispersions (router.access)
                 access.observe(node, res.body_bytes[0], res.sent_spread,
-                               res.body_bytes[1], res.spread)
+                               res.body_bytes[1], res.spread, res.uplink_mbit)
         self.estimators.answered(
             node, ticket, predicted, (arrived - ready) * 1e3,
             {"queue_ms": res.timing.queue_ms, "load_ms": res.timing.load_ms,

@@ -31,6 +31,22 @@ from .wire import ForwardResponse, Group, pack_request, unpack_error, unpack_res
 __all__ = ["ClientSettings", "NodeClient"]
 
 
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """One answer: its body and content type; when its last and first bytes arrived
+    (emulated, None: not shaped); the dispersions (seconds) of the request's bytes at the
+    node (`wire.SPREAD_HEADER`) and of the answer's here; the node's learnt uplink
+    (`wire.UPLINK_HEADER`, Mbit/s)."""
+
+    data: bytes
+    content_type: str
+    back: float | None
+    lead: float | None
+    sent_spread: float | None
+    spread: float | None
+    uplink_mbit: float | None
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     """Every limit of the client in one place (seconds, connections)."""
@@ -96,10 +112,9 @@ class NodeClient:
                     body: bytes | None = None, headers: dict[str, str] | None = None,
                     peer: str | None = None, ready: float | None = None,
                     data_plane: bool = False, receive: bool = True
-                    ) -> tuple[bytes, str, float | None, float | None, float | None, float | None]:
-        """(body, content type, emulated arrival of the answer's last and first bytes, or
-        None, and the dispersions of the request's bytes at the node (its
-        `wire.SPREAD_HEADER`) and of the answer's here, seconds, or None). With `peer`, the
+                    ) -> _Reply:
+        """The answer (`_Reply`: its body and content type, and what its headers and this
+        node's downlink say of its timing). With `peer`, the
         request leaves on the emulated link at `ready` (default now) and says when it arrives
         (`wire.ARRIVE_HEADER`, `wire.FIRST_HEADER`); the answer is released here when its own
         headers say, through this node's downlink when it has one, unless `receive` is False:
@@ -121,6 +136,7 @@ class NodeClient:
                     arrival = got.get(wire.ARRIVE_HEADER.lower())
                     first = got.get(wire.FIRST_HEADER.lower())
                     sent = got.get(wire.SPREAD_HEADER.lower())
+                    uplink = got.get(wire.UPLINK_HEADER.lower())
                 else:
                     async with self._open().request(method, url + path, data=body,
                                                     headers=headers) as resp:
@@ -129,6 +145,7 @@ class NodeClient:
                         arrival = resp.headers.get(wire.ARRIVE_HEADER)
                         first = resp.headers.get(wire.FIRST_HEADER)
                         sent = resp.headers.get(wire.SPREAD_HEADER)
+                        uplink = resp.headers.get(wire.UPLINK_HEADER)
                 if status >= 400:
                     code, detail = unpack_error(data, content_type)
                     raise NodeRefused(url, status, code, detail)
@@ -139,7 +156,8 @@ class NodeClient:
                         back = await self.links.receive(len(data), min(lead, back), back)
                         spread = back - min(lead, back)
                     await sleep_until(back)
-                return data, content_type, back, lead, _spread(sent), spread
+                return _Reply(data, content_type, back, lead, _positive(sent), spread,
+                              _positive(uplink, inf_ok=True))
         except TimeoutError:
             raise NodeTimeout(f"{method} {url}{path}: no answer within {limit_s:g} s",
                               url) from None
@@ -173,16 +191,18 @@ class NodeClient:
         elif self.settings.name:
             headers[wire.SELF_HEADER] = self.settings.name
         mine = answer_to is None or answer_to == self.settings.name
-        data, _, back, lead, sent_spread, spread = await self._call(
+        reply = await self._call(
             "POST", url, wire.FORWARD_PATH, body=body, headers=headers, peer=peer, ready=ready,
             limit_s=timeout_s or self.settings.forward_s, data_plane=True, receive=mine)
+        back = reply.back
         try:
             if back is None:  # not shaped: here now; toward another node, the caller's time
                 back = now() if mine else None
-            return unpack_response(data, arrived=back,
-                                   body_bytes=(len(body), len(data)),
-                                   first=None if mine else lead,
-                                   sent_spread=sent_spread, spread=spread)
+            return unpack_response(reply.data, arrived=back,
+                                   body_bytes=(len(body), len(reply.data)),
+                                   first=None if mine else reply.lead,
+                                   sent_spread=reply.sent_spread, spread=reply.spread,
+                                   uplink_mbit=reply.uplink_mbit)
         except ValueError as exc:
             raise NodeRefused(url, 200, "bad_answer", str(exc)) from None
 
@@ -217,9 +237,9 @@ class NodeClient:
 
     async def _hop_call(self, url: str, path: str, payload: dict[str, Any],
                         timeout_s: float | None) -> Any:
-        data, *_ = await self._call("POST", url, path, body=json.dumps(payload).encode(),
-                                      headers={"Content-Type": "application/json"},
-                                      limit_s=timeout_s or self.settings.forward_s)
+        data = (await self._call("POST", url, path, body=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"},
+                                 limit_s=timeout_s or self.settings.forward_s)).data
         try:
             return json.loads(data)
         except ValueError as exc:
@@ -232,9 +252,9 @@ class NodeClient:
         if payload is not None:
             headers["Content-Type"] = "application/json"
             body = json.dumps(payload).encode()
-        data, content_type, *_ = await self._call(method, url, path, body=body,
-                                                 headers=headers,
-                                                 limit_s=self.settings.control_s)
+        reply = await self._call(method, url, path, body=body, headers=headers,
+                                 limit_s=self.settings.control_s)
+        data, content_type = reply.data, reply.content_type
         return data.decode() if content_type.startswith("text/") else json.loads(data)
 
     async def put_placement(self, url: str, experts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -276,10 +296,13 @@ class NodeClient:
         return await self._control("GET", url, path)
 
 
-def _spread(raw: str | None) -> float | None:
-    """A SPREAD_HEADER's seconds; None when absent or not a finite time >= 0."""
+def _positive(raw: str | None, inf_ok: bool = False) -> float | None:
+    """A SPREAD_HEADER's seconds (>= 0) or an UPLINK_HEADER's Mbit/s (> 0, inf: none
+    limits); None when absent or anything else."""
     value = _arrival(raw)
-    return value if value is not None and math.isfinite(value) and value >= 0 else None
+    if value is None or math.isnan(value) or value < 0 or (inf_ok and value == 0):
+        return None
+    return value if inf_ok or math.isfinite(value) else None
 
 
 def _arrival(raw: str | None) -> float | None:

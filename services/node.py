@@ -85,6 +85,9 @@ class Node:
         self.app[NODE_KEY] = self
         add_routes(self.app)
         self.draining = False
+        # what this node's router learnt of its own uplink (router.access; None: nothing),
+        # told to requesters on each forward answer (wire.UPLINK_HEADER)
+        self.uplink_hint: Callable[[], float | None] | None = None
         self.started_at = time.time()
         self._runner: web.AppRunner | None = None
         self._worker: asyncio.Task[None] | None = None

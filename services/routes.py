@@ -40,6 +40,7 @@ from .wire import (
     MAX_ROWS,
     SELF_HEADER,
     SPREAD_HEADER,
+    UPLINK_HEADER,
     max_request_bytes,
     pack_error,
     pack_response,
@@ -166,6 +167,9 @@ async def forward(request: web.Request) -> web.Response:
     ys, timing, done, state = await node.forward(fwd.groups, arrival, fwd.parts)
     out = pack_response(ys, timing, state)
     headers = {} if spread is None else {SPREAD_HEADER: repr(spread)}
+    hint = node.uplink_hint() if node.uplink_hint is not None else None
+    if hint is not None:
+        headers[UPLINK_HEADER] = repr(hint)
     if peer:
         try:
             back = await node.links.schedule_span(peer, len(out), at=done)

@@ -42,6 +42,7 @@ __all__ = [
     "HOP_IN_PATH",
     "SELF_HEADER",
     "SPREAD_HEADER",
+    "UPLINK_HEADER",
     "WIRE_VERSION",
     "ForwardRequest",
     "ForwardResponse",
@@ -84,6 +85,11 @@ FIRST_HEADER = "X-Moemesh-First"
 # downlink (seconds, `repr` of a float): its dispersion, which a requester learning its
 # access links reads (router.estimators, `learn_access`). A header: no body byte changes.
 SPREAD_HEADER = "X-Moemesh-Spread"
+# On a forward answer from a node whose router learns its access links: the uplink it learnt
+# for itself (Mbit/s, `repr` of a float), so a requester can tell a slow answer of a node's
+# uplink from its own downlink (router.access); `inf`: it learns and believes none limits it.
+# Absent: its router does not learn its access links.
+UPLINK_HEADER = "X-Moemesh-Uplink"
 # The torch dtype of each activation dtype that moe.vocab names (their bytes: ACTIVATION_BYTES);
 # a dtype added there without a torch type here fails at import.
 _TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -203,6 +209,7 @@ class ForwardResponse:
     # answer's here, first bytes to last through the downlink; None: not shaped
     sent_spread: float | None = None
     spread: float | None = None
+    uplink_mbit: float | None = None  # the node's own learnt uplink (UPLINK_HEADER)
 
 
 # -- tensors ----------------------------------------------------------------------------------
@@ -500,8 +507,8 @@ def pack_response(outs: Iterable[Output], timing: Timing, state: NodeState) -> b
 
 def unpack_response(body: bytes, *, arrived: float | None = None,
                     body_bytes: tuple[int, int] = (0, 0), first: float | None = None,
-                    sent_spread: float | None = None, spread: float | None = None
-                    ) -> ForwardResponse:
+                    sent_spread: float | None = None, spread: float | None = None,
+                    uplink_mbit: float | None = None) -> ForwardResponse:
     """Decode a node's answer; a malformed one raises ValueError naming what is wrong.
     `arrived`, `body_bytes` and the spreads are the client's (`ForwardResponse`), not in the
     body."""
@@ -530,7 +537,8 @@ def unpack_response(body: bytes, *, arrived: float | None = None,
             raise ValueError("malformed forward answer: parts missing from some groups")
         got = tuple(parts)
     return ForwardResponse(ys, timing, state, arrived=arrived, parts=got, body_bytes=body_bytes,
-                           first=first, sent_spread=sent_spread, spread=spread)
+                           first=first, sent_spread=sent_spread, spread=spread,
+                           uplink_mbit=uplink_mbit)
 
 
 def pack_error(code: str, detail: str) -> bytes:

@@ -40,6 +40,28 @@ def test_a_peers_own_access_link_is_told_apart_from_the_homes() -> None:
     assert rates["b"] == (None, None)  # b's path runs at the home's uplink
 
 
+def test_slow_paths_back_are_the_peers_uplinks_unless_they_say_otherwise() -> None:
+    """Every peer behind a 4 Mbit/s uplink looks, from the home alone, like a 4 Mbit/s
+    downlink here: without a word from the peers their uplinks take it (each branch its own,
+    not one burst); a peer that tells its own learnt uplink settles it."""
+    slow_back = AccessLearner("h", LINKS)
+    for peer in "abc":
+        slow_back.observe(peer, 8000, _spread(8000, 100.0), 8000, _spread(8000, 4.0))
+    rates = slow_back.rates()
+    assert rates["h"] == (None, None)
+    assert all(rates[p][0] == pytest.approx(4.0) for p in "abc")
+    told = AccessLearner("h", LINKS)  # the peers say: our uplinks are 4 (as the paths read)
+    for peer in "abc":
+        told.observe(peer, 8000, _spread(8000, 100.0), 8000, _spread(8000, 4.0), 4.0)
+    assert told.rates()["h"] == (None, None) and told.rates()["a"][0] == 4.0
+    down = AccessLearner("h", LINKS)  # the peers say: no uplink limits us: the home's downlink
+    for peer in "abc":
+        down.observe(peer, 8000, _spread(8000, 100.0), 8000, _spread(8000, 4.0), float("inf"))
+    rates = down.rates()
+    assert rates["h"] == (None, pytest.approx(4.0))
+    assert all(rates[p] == (None, None) for p in "abc")
+
+
 def test_an_uplink_no_single_message_fills_is_not_believed() -> None:
     learn = AccessLearner("h", LINKS)
     for peer in "abc":  # each path at its link's rate: whatever access link there is, is faster
@@ -94,5 +116,20 @@ async def test_a_home_behind_a_slow_uplink_learns_it_from_its_own_traffic(
     assert d.estimators.access.samples > 0
     assert learnt == pytest.approx(1.0, rel=0.05)
     assert d.status()["access_mbit"]["h"]["uplink"] == learnt  # GET /v1/router shows it
+    assert mesh.router.own_uplink() == learnt  # what h tells its requesters (UPLINK_HEADER)
     await h.links.schedule_span("a", 25_000)  # 200 ms at 1 Mbit/s, queued now
     assert d.execute.uplink_backlog_ms() == pytest.approx(200.0, rel=0.1)
+
+
+async def test_a_peer_tells_its_own_uplink_with_each_answer(stack, router_compute) -> None:
+    """The UPLINK_HEADER round trip on real sockets: `a`'s node says what its router learnt
+    (here set by hand: `a` has no router in this mesh); h's learner takes it as a's uplink."""
+    mesh = await start_inproc_mesh(stack, router_compute, PLACEMENT, DELAYS,
+                                   settings={"learn_access": 1})
+    mesh.nodes["a"].uplink_hint = lambda: 3.5
+    engine = mesh.router.engine()
+    d = engine.dispatcher
+    prompt = torch.randint(0, 256, (6,), generator=torch.Generator().manual_seed(1))
+    assert (await engine.score(prompt, make_policy("greedy", d.settings))).failed == 0
+    assert d.estimators.access.rates()["a"][0] == 3.5
+    assert d.estimators.estimates().nodes["a"].uplink_mbit == 3.5
