@@ -209,7 +209,8 @@ class Aggregator:
                     lay.emulated_ms += kv_wait * 1e3
                     lay.link_ms += kv_wait * 1e3
         else:
-            ready = await d.charge_plan(state, ready)  # `charge_planning`, as run_layer does
+            if state.plan_s:  # `charge_planning`, as run_layer does
+                ready = await d.charge_plan(state, ready)
             y = await self._scatter(layer, x, batches, here, gather, ready, recs,
                                     [(r, layer_recs[r]) for r in pending], clock, start, dense)
         for rec in recs:  # the cache's bytes are the group's traffic, shared by its rows

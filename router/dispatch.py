@@ -130,9 +130,12 @@ class Dispatcher:
         view = view or self.view
         backlog = self.execute.uplink_backlog_ms() if view is self.view else 0.0
         before = state.plans
-        cpu = plan_clock()
-        batches = plan_rows(view, state, policy, backlog, self._replica_at)
-        state.plan_s += plan_clock() - cpu
+        if self.settings.charge_planning > 0:  # timed only when it is charged (charge_plan)
+            cpu = plan_clock()
+            batches = plan_rows(view, state, policy, backlog, self._replica_at)
+            state.plan_s += plan_clock() - cpu
+        else:
+            batches = plan_rows(view, state, policy, backlog, self._replica_at)
         self.counters.plans += state.plans - before
         return batches
 
@@ -232,7 +235,8 @@ class Dispatcher:
                 continue
             if rounds:
                 self.counters.retries += len(batches)
-            ready = await self.charge_plan(state, ready)
+            if state.plan_s:
+                ready = await self.charge_plan(state, ready)
             results = await self.execute.scatter(layer, x, batches, layer_deadline, ready)
             ready = self.execute.advance(results, ready, split)
             state.pending = self._take(state, batches, results, outputs)

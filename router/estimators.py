@@ -137,11 +137,8 @@ class Estimators:
             if sent >= st.taken_ms:
                 backlog += work
                 queue += 1
-        if self.access is not None:
-            up, down = self.access.rates().get(name, (None, None))
-            return replace(st.prior, wait_ms=backlog, queue=queue, resident=st.resident,
-                           uplink_mbit=up, downlink_mbit=down)
-        return replace(st.prior, wait_ms=backlog, queue=queue, resident=st.resident)
+        return replace(self._access_of(name), wait_ms=backlog, queue=queue,
+                       resident=st.resident)
 
     def estimates(self, at_ms: float | None = None) -> Estimates:
         """A consistent snapshot. The tx scale is folded into unobserved links, so the
