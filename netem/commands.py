@@ -43,12 +43,14 @@ def _probe(args: argparse.Namespace) -> int:
     import asyncio
 
     from netem.lab.kernel import LabUnavailable, find_kernel
+    from netem.lab.xstate import needs_shim, shim_library
     from netem.probe import probe
 
     report = asyncio.run(probe(args.netns))
     try:
         kernel = find_kernel(fetch=False)
-        lab = {"ok": True, "reason": f"UML {kernel.version} at {kernel.binary}"}
+        shim = f", with the AMX ptrace shim {shim_library()}" if needs_shim() else ""
+        lab = {"ok": True, "reason": f"UML {kernel.version} at {kernel.binary}{shim}"}
     except LabUnavailable as exc:
         lab = {"ok": False, "reason": f"{exc} (`moemesh lab run` fetches it with apt)"}
     if args.json:

@@ -8,7 +8,8 @@ cls_u32, veth and bridge as modules, and ifb, sch_ingress and act_mirred for a n
 3. `apt-get download user-mode-linux` + `dpkg -x` into that cache (needs apt and its lists;
    `apt-get update` is run once if the package is not found). Nothing is installed on the host.
 The guest loads modules with `modprobe -d MODROOT`, so the host's /lib/modules is never touched;
-`modprobe` itself comes from the host's `kmod` package.
+`modprobe` itself comes from the host's `kmod` package. On hosts with AMX the kernel boots with a
+small ptrace shim preloaded (netem.lab.xstate).
 """
 
 from __future__ import annotations

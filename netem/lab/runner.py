@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TextIO
 
 from netem.lab.kernel import MODULES, LabUnavailable, UmlKernel, find_kernel
+from netem.lab.xstate import needs_shim, shim_library
 
 __all__ = ["BEGIN", "END", "LabResult", "group_alive", "run_in_lab"]
 
@@ -168,8 +169,11 @@ def run_in_lab(
     cwd = Path(cwd or REPO).resolve()
     if not cwd.is_dir():
         raise ValueError(f"lab working directory {str(cwd)!r} does not exist")
+    preload = {"LD_PRELOAD": str(shim_library())} if needs_shim() else {}
     run_dir = Path(tempfile.mkdtemp(prefix="moemesh-lab-"))
     init = write_init(run_dir, kernel, argv, cwd, _guest_env(env))
+    host_env = {"PATH": GUEST_PATH, "TMPDIR": _uml_tmpdir(run_dir), "HOME": str(run_dir),
+                **preload}
     cmdline = [str(kernel.binary), f"mem={int(mem_mb)}M", "root=/dev/root", "rootfstype=hostfs",
                "rootflags=/", "rw", f"init={init}", f"uml_dir={run_dir}", "con=null",
                "con0=fd:0,fd:1", "quiet", "loglevel=3"]
@@ -178,9 +182,7 @@ def run_in_lab(
     output: list[str] = []
     timed_out = False
     proc = subprocess.Popen(cmdline, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            env={"PATH": GUEST_PATH, "TMPDIR": _uml_tmpdir(run_dir),
-                                 "HOME": str(run_dir)})
+                            stderr=subprocess.STDOUT, start_new_session=True, env=host_env)
     try:
         timed_out = _pump(proc, started + timeout_s, console, output, stream)
     finally:

@@ -7,15 +7,17 @@ with MOEMESH_LAB_REQUIRED=1 (.ci/run), where that is a failure.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from netem.lab import LabUnavailable, find_kernel, run_in_lab
+from netem.lab import LabUnavailable, find_kernel, run_in_lab, xstate
 from netem.lab import kernel as lab_kernel
 from netem.lab.runner import group_alive
 from tests.helpers import machine
@@ -75,3 +77,36 @@ def test_no_package_no_lab_and_the_message_says_what_to_do(
         lab_kernel._download(tmp_path / "cache")
     with pytest.raises(ValueError, match="nothing to run in the lab"):
         run_in_lab([])
+
+
+AMX_FLAGS = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f amx_bf16 amx_tile amx_int8\n"
+
+
+def test_the_xstate_shim_is_wanted_where_the_host_has_amx_and_the_switch_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(xstate.SWITCH, raising=False)
+    assert xstate.needs_shim(AMX_FLAGS)
+    assert not xstate.needs_shim(AMX_FLAGS.replace(" amx_tile", ""))
+    assert not xstate.needs_shim("flags\t: fpu xamx_tile\n")  # a flag, not a substring
+    monkeypatch.setenv(xstate.SWITCH, "0")
+    assert not xstate.needs_shim(AMX_FLAGS)
+    monkeypatch.setenv(xstate.SWITCH, "1")
+    assert xstate.needs_shim("flags\t: fpu\n")
+
+
+def test_the_xstate_shim_compiles_once_and_exports_ptrace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        machine.require("uml", "a C compiler for the UML ptrace shim: apt-get install gcc")
+    monkeypatch.setenv("MOEMESH_CACHE", str(tmp_path))
+    built = xstate.shim_library()
+    assert built.parent == tmp_path / "uml" and built.stat().st_size > 0
+    assert ctypes.CDLL(str(built)).ptrace  # the symbol the preload puts before libc's
+    stamp = built.stat().st_mtime_ns
+    assert xstate.shim_library() == built and built.stat().st_mtime_ns == stamp  # cached
+    monkeypatch.setenv("MOEMESH_CACHE", str(tmp_path / "other"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(LabUnavailable, match=r"compiling the UML ptrace shim"):
+        xstate.shim_library()
