@@ -36,6 +36,9 @@ class QualitySet:
     # varies far more than its mean (tiny-moe int4: sd 0.15 nats, mean 0.0014), so a few
     # hundred positions cannot resolve a delta of a fraction of a percent: see delta_se_pct.
     se: dict[str, float] = field(default_factory=dict)
+    # label → its per-position NLL differences from exact over the common set (nats), in
+    # window order; what a study resamples (experiments.study.quality_effect)
+    diffs: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def delta_pct(self, label: str) -> float:
         """Perplexity change of `label` against exact, in % (nan when not comparable)."""
@@ -104,7 +107,8 @@ def identical_set(quality: Mapping[str, Any]) -> QualitySet:
                 diffs[k] += [float(values[i]) - float(ref[i]) for i in keep]
     nll = {k: (sums[k] / scored if scored else math.nan) for k in labels}
     se = {k: _standard_error(d) for k, d in diffs.items() if len(d) > 1}
-    return QualitySet(nll, failed, scored, excluded, comparable=True, se=se)
+    return QualitySet(nll, failed, scored, excluded, comparable=True, se=se,
+                      diffs={k: tuple(d) for k, d in diffs.items() if d})
 
 
 def _standard_error(values: list[float]) -> float:

@@ -16,6 +16,10 @@ world, paired by request (experiments.paired: the same bootstrap the report uses
 * a forest plot per comparison (PNG and SVG): every world's change and CI, the pooled mean
   and its interval below.
 
+Quality, where the worlds were scored (`--quality-windows N`): each arm's perplexity change
+against `exact` on the identical token set (experiments.quality), its per-world CI from the
+held-out positions resampled, pooled the same way. Exploratory rows: no claim names them.
+
 Comparisons: the pairs of the scenario's pre-registered claims (orchestrator.claims) when it
 states any, else each arm against `baseline` (the first arm by default); a `baseline` named
 beside claims adds each other arm against it (a claim's pair read backwards is not added
@@ -44,12 +48,14 @@ from orchestrator.claims import Claim, judge
 
 from .metrics import BOOTSTRAP
 from .paired import failed_charge, paired_changes
+from .quality import QualitySet, identical_set
 from .worlds import World
 
-__all__ = ["STUDY_METRICS", "Row", "analyse", "hierarchical_ci", "rows_for", "world_done",
-           "world_effect"]
+__all__ = ["QUALITY", "STUDY_METRICS", "Row", "analyse", "hierarchical_ci", "quality_effect",
+           "rows_for", "world_done", "world_effect"]
 
 STUDY_METRICS = ("mean_latency", "ttft", "decode_latency", "traffic")
+QUALITY = "quality"  # an arm's perplexity change against exact (baseline "exact")
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,22 @@ def world_effect(tokens: Mapping[str, Sequence[Any]], row: Row, seed: int,
     lo, hi = (np.percentile(reps, [2.5, 97.5]) if len(reps) else (math.nan, math.nan))
     return {"change_pct": float(change), "ci95_pct": (float(lo), float(hi)), "requests": n,
             "replicates": reps}
+
+
+def quality_effect(qset: QualitySet | None, label: str, seed: int,
+                   resamples: int = BOOTSTRAP) -> dict[str, Any]:
+    """`label`'s perplexity change against exact in one world: change %, CI from the
+    common set's positions resampled, positions, replicates (none where it was not scored)."""
+    diffs = np.asarray(qset.diffs.get(label, ()) if qset else (), dtype=float)
+    if not len(diffs):
+        return {"change_pct": math.nan, "ci95_pct": (math.nan, math.nan), "requests": 0,
+                "replicates": np.array([])}
+    rng = np.random.default_rng([seed, 0x9A1])
+    means = diffs[rng.integers(0, len(diffs), size=(resamples, len(diffs)))].mean(axis=1)
+    reps = 100.0 * np.expm1(means)
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return {"change_pct": float(100.0 * math.expm1(diffs.mean())),
+            "ci95_pct": (float(lo), float(hi)), "requests": len(diffs), "replicates": reps}
 
 
 def hierarchical_ci(effects: Sequence[float], replicates: Sequence[np.ndarray],
@@ -183,11 +205,17 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
     """study.json's content from the world folders under `out/worlds` (no rerun)."""
     from .report import load_run
 
+    loaded = []
+    for world in worlds:
+        rmeta, tokens, _, _ = load_run(out / "worlds" / world.name)
+        loaded.append((world, rmeta, tokens,
+                       identical_set(rmeta.quality) if rmeta.quality else None))
+    scored = [k for _, _, _, q in loaded if q for k in q.diffs if k != "exact"]
+    rows = [*rows, *(Row(k, "exact", QUALITY) for k in dict.fromkeys(scored))]
     per_row: list[list[dict[str, Any]]] = [[] for _ in rows]
     world_info = []
-    for world in worlds:
+    for world, rmeta, tokens, qset in loaded:
         folder = out / "worlds" / world.name
-        rmeta, tokens, _, _ = load_run(folder)
         by: dict[str, list[Any]] = {}
         for t in tokens:
             by.setdefault(t.policy, []).append(t)
@@ -197,7 +225,8 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
                            "commit": rmeta.host.get("commit"),
                            "faithful": summary.get("faithful")})
         for i, row in enumerate(rows):
-            eff = world_effect(by, row, rmeta.seed)
+            eff = (quality_effect(qset, row.policy, rmeta.seed) if row.metric == QUALITY
+                   else world_effect(by, row, rmeta.seed))
             per_row[i].append({"world": world.name, **eff})
     clusters = [w.topology for w in worlds]
     return {**meta, "study_seed": study_seed, "worlds": world_info,

@@ -6,8 +6,10 @@
 
 Every world is a full `moemesh run` in OUT/worlds/<world>/ (its report.md is there), with no
 quality scoring and no link probe by default (a study compares latency and traffic; the probe
-measures the shaper, the same in every world). Exit 0 when the study is written, 2 on bad
-input (a scenario whose topology has no known generator is bad input).
+measures the shaper, the same in every world). `--quality-windows N` scores N held-out windows
+in every world and adds each arm's perplexity change against exact, pooled across worlds.
+Exit 0 when the study is written, 2 on bad input (a scenario whose topology has no known
+generator is bad input).
 """
 
 from __future__ import annotations

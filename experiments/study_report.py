@@ -23,7 +23,7 @@ __all__ = ["forest_plots", "study_markdown", "write_study"]
 
 LABELS = {"mean_latency": "mean token latency", "ttft": "first token (TTFT)",
           "decode_latency": "decode tokens", "traffic": "traffic per token",
-          "p99_latency": "p99 token latency"}
+          "p99_latency": "p99 token latency", "quality": "perplexity vs exact"}
 
 
 def _pct(x: float | None, digits: int = 1) -> str:
@@ -117,6 +117,10 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
               "change across worlds with a **hierarchical 95% CI** (topologies resampled, a "
               "topology's seeds with it, then each drawn world's requests). A claim is judged "
               "on the hierarchical CI alone: held, not held, reversed.", ""]
+    if any(c["metric"] == "quality" for c in data["comparisons"]):
+        lines += ["Quality rows (vs exact): the arm's perplexity change against the exact "
+                  "model on the identical held-out token set; per world its CI resamples the "
+                  "positions (the worlds column counts worlds scored).", ""]
     claims = [c for c in data["comparisons"] if c["claim"]]
     lines += ["## Pre-registered claims", ""]
     if claims:

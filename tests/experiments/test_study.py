@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 from experiments.paired import paired_changes, paired_compare
-from experiments.study import Row, hierarchical_ci, pool, rows_for, world_effect
+from experiments.quality import identical_set
+from experiments.study import (
+    QUALITY,
+    Row,
+    hierarchical_ci,
+    pool,
+    quality_effect,
+    rows_for,
+    world_effect,
+)
 from experiments.study_report import write_study
 from experiments.worlds import draw_worlds, generator_of, world_scenario
 from orchestrator.arms import load_experiment
@@ -147,6 +156,35 @@ def test_worlds_are_drawn_from_the_study_seed_and_the_scenarios_generator() -> N
         generator_of(quick)
 
 
+def test_a_worlds_quality_is_the_perplexity_change_with_its_positions_resampled() -> None:
+    """Per world: the arm's perplexity change against exact on the common set, its CI from
+    the positions; pooled across worlds like any other row."""
+    rng = np.random.default_rng(4)
+    exact = rng.uniform(1.0, 3.0, 600)
+    shifted = exact + 0.05 + rng.normal(0.0, 0.1, 600)  # 5% more NLL per position, noisy
+
+    def scored(policy: np.ndarray, failed: list[int]) -> dict:
+        return {k: {"windows": [{"token_nll": list(v[:300]), "failed_positions": f},
+                                {"token_nll": list(v[300:]), "failed_positions": []}]}
+                for k, v, f in (("exact", exact, []), ("p", policy, failed))}
+
+    qset = identical_set(scored(shifted, [5, 7]))  # two positions p failed are left out
+    eff = quality_effect(qset, "p", seed=1)
+    assert eff["requests"] == 598 and eff["change_pct"] == pytest.approx(qset.delta_pct("p"))
+    lo, hi = eff["ci95_pct"]
+    assert lo < eff["change_pct"] < hi and lo > 0  # worse than exact, told from noise
+    assert hi - lo == pytest.approx(2 * 1.96 * qset.delta_se_pct("p"), rel=0.15)
+    same = quality_effect(identical_set(scored(exact.copy(), [])), "p", seed=1)
+    assert same["change_pct"] == 0.0 and same["ci95_pct"] == (0.0, 0.0)
+    unscored = quality_effect(None, "p", seed=1)
+    assert math.isnan(unscored["change_pct"]) and unscored["requests"] == 0
+    worlds = [{"world": f"w{i}", **quality_effect(qset, "p", seed=i)} for i in range(3)]
+    worlds.append({"world": "w3", **unscored})  # a world not scored is left out
+    pooled = pool(Row("p", "exact", QUALITY), worlds, [0, 1, 2, 3], seed=1)
+    assert pooled["worlds"] == 3 and pooled["share_reversed"] == 1.0
+    assert pooled["hier_ci95_pct"][0] > 0
+
+
 def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
     worlds = _worlds([-6.0, -4.0, 2.0, -8.0])
     claim = Claim("mean_latency", "h", "g", "lower")
@@ -218,8 +256,8 @@ def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -
 
     path = _tiny_study(tmp_path)
     out = tmp_path / "study"
-    args = ["study", str(path), "--topologies", "2", "--seeds", "1", "--out", str(out),
-            "--quiet"]
+    args = ["study", str(path), "--topologies", "2", "--seeds", "1", "--quality-windows", "1",
+            "--out", str(out), "--quiet"]
     done = moemesh_process(*args, timeout_s=240)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads((out / "study.json").read_text())
@@ -228,7 +266,12 @@ def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -
     claim = [c for c in data["comparisons"] if c["claim"]]
     assert len(claim) == 1 and claim[0]["verdict"] in ("held", "not held", "reversed")
     assert {c["metric"] for c in data["comparisons"]} == {"mean_latency", "ttft",
-                                                          "decode_latency", "traffic"}
+                                                          "decode_latency", "traffic", QUALITY}
+    scored = [c for c in data["comparisons"] if c["metric"] == QUALITY]
+    assert {(c["policy"], c["baseline"]) for c in scored} == {("greedy", "exact"),
+                                                             ("hetroute", "exact")}
+    assert all(c["worlds"] == 2 and w["requests"] > 0 for c in scored for w in c["per_world"])
+    assert (out / "forest_hetroute_vs_exact.svg").is_file()
     assert all(len(c["per_world"]) == 2 for c in data["comparisons"])
     assert (out / "forest_hetroute_vs_greedy.svg").is_file()
     for w in data["worlds"]:
