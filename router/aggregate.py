@@ -14,6 +14,10 @@ minimises
 
 all by the router's beliefs (its estimators; links it never observed by their priors). The
 embedding and the head stay at home: layer 0 starts there and the last layer gathers there.
+With the setting `stay_home_share` S > 0 a layer whose expert slots the home holds at least
+S of gathers at the home, whatever the lookahead prices: the lookahead does not see the
+queues at the servers other homes gather on, and a home that runs nearly all its experts
+itself lost by moving (docs/papers.md, "Where it loses").
 
 **KV cache.** Each layer's KV cache of a request lives on one node: the home at first, then
 where that layer's dense part last ran. When a_l is elsewhere the cache moves before the
@@ -151,6 +155,9 @@ class Aggregator:
         kv = self.kv_bytes(rows, context)
         held = route.kv[layer + 1]
         slots = [e for row in experts for e in row]
+        stay = self.dispatcher.settings.stay_home_share
+        if stay > 0 and self.home_share(layer, slots) >= stay:
+            return self.home
 
         def cost(node: str) -> float:
             ahead = self.view(node).future(1)[layer]
@@ -161,6 +168,15 @@ class Aggregator:
 
         up = [n for n in self.mesh.nodes if home_view.up[home_view.index[n]]]
         return min(up or [self.home], key=lambda n: (cost(n), n != self.home, n))
+
+    def home_share(self, layer: int, slots: Sequence[int]) -> float:
+        """The share of layer `layer`'s expert slots the home holds a replica of (exact or
+        quantized): where it is high the home runs nearly all of the token's experts itself,
+        and moving its tokens elsewhere loses (docs/papers.md, "Where it loses")."""
+        view = self.dispatcher.view
+        mine = view.home_index
+        return (sum(any(c.node == mine for c in view.exact(layer, e)) for e in slots)
+                / len(slots)) if slots else 0.0
 
     # -- one layer ---------------------------------------------------------------------------
     async def run_layer(self, layer: int, x: Tensor, idx: Tensor, w: Tensor,

@@ -34,6 +34,9 @@ class Settings:
     (`uplink_mbit`, `downlink_mbit` of PUT /v1/mesh) from the estimators, which learn them
     from the dispersion of the requests' and answers' bytes (router.access), and reads the
     home's uplink queue as bytes over the learnt rate; 0 (the default) believes the mesh.
+    stay_home_share (the moving aggregation server, router.aggregate): a layer whose expert
+    slots the home holds at least this share of gathers its answers at the home, whatever
+    the lookahead prices (0, the default: the lookahead alone decides).
 
     Dispatch: request_ms bounds one batched request to one node; layer_ms one layer with its
     replans; token_ms a whole token; max_replans is not used any more (a layer replans until
@@ -75,6 +78,9 @@ class Settings:
     charge_planning: float = 0.0
     # 1: the nodes' access links are learnt (router.access), not taken from the mesh
     learn_access: int = 0
+    # the moving aggregation server stays home where the home holds this share of a layer's
+    # expert slots (0: off)
+    stay_home_share: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -92,6 +98,9 @@ class Settings:
                 raise BadRouterInput(f"setting {f.name} must be an integer, got {clip(value)}")
         if self.learn_access not in (0, 1):
             raise BadRouterInput(f"learn_access must be 0 or 1, got {self.learn_access}")
+        if self.stay_home_share > 1:
+            raise BadRouterInput(f"stay_home_share is a share (0..1), got "
+                                 f"{self.stay_home_share}")
         if self.beam_width < 1:
             raise BadRouterInput(f"beam_width must be >= 1, got {self.beam_width}")
         if self.budget > 1:

@@ -91,6 +91,38 @@ async def test_the_lookahead_prices_moving_the_kv_cache(stack, router_compute) -
     assert agg.next_server(1, ["a"], [[0, 1]], route, rows=1, context=2) == "h"  # the head
 
 
+async def test_a_home_holding_the_layers_experts_keeps_its_token_under_stay_home_share(
+    stack, router_compute,
+) -> None:
+    """Where the home holds every slot of the layer (`stay_home_share` 1.0) the answers
+    gather home even where the lookahead would move them; a slot it lacks leaves the choice
+    to the lookahead. Off (0) by default."""
+    placement = {"h": experts(2, [0, 1]), "a": experts(2, range(8))}
+
+    async def aggregator(settings: dict):
+        mesh = await start_inproc_mesh(stack, router_compute, placement, DELAYS)
+        body = mesh_body(mesh.urls, placement, DELAYS, settings=settings)
+        body["dense"] = {"aggregate": True}
+        mesh.router.configure(Mesh.from_json(body, "h"))
+        agg = mesh.router.engine().aggregator
+        assert agg is not None
+        return agg
+
+    free = await aggregator({})
+    assert free.home_share(0, [0, 1]) == 1.0 and free.home_share(0, [0, 5]) == 0.5
+    assert free.home_share(0, []) == 0.0
+    # the experts at home, but layer 1's cache is already on `a`: the lookahead moves
+    moved = Route("h", 2)
+    moved.kv[1] = "a"
+    assert free.next_server(0, ["h"], [[0, 1]], moved, rows=1, context=2) == "a"
+    stay = await aggregator({"stay_home_share": 1.0})
+    assert stay.next_server(0, ["h"], [[0, 1]], moved, rows=1, context=2) == "h"
+    assert stay.next_server(0, ["a"], [[0, 5]], moved, rows=1, context=2) == "a"
+    with pytest.raises(BadRouterInput, match="stay_home_share is a share"):
+        Mesh.from_json({**mesh_body({"h": "http://x"}, {"h": []}, {}),
+                        "settings": {"stay_home_share": 1.5}}, "h")
+
+
 async def test_a_cache_that_moves_counts_as_the_tokens_traffic(stack, router_compute) -> None:
     """A request whose layer-1 cache sits at home when its next token aggregates on `a`: the
     cache crosses h → a before layer 1's attention, its bytes on the token."""
