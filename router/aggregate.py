@@ -15,9 +15,11 @@ minimises
 all by the router's beliefs (its estimators; links it never observed by their priors). The
 embedding and the head stay at home: layer 0 starts there and the last layer gathers there.
 With the setting `stay_home_share` S > 0 a layer whose expert slots the home holds at least
-S of gathers at the home, whatever the lookahead prices: the lookahead does not see the
-queues at the servers other homes gather on, and a home that runs nearly all its experts
-itself lost by moving (docs/papers.md, "Where it loses").
+S of gathers at the home, whatever the lookahead prices, where the next layer's cache is at
+home too (or there is none yet): the lookahead does not see the queues at the servers other
+homes gather on, and a home that runs nearly all its experts itself lost by moving
+(docs/papers.md, "Where it loses"); a cache elsewhere is left to the lookahead, which prices
+bringing it back (a first version pulled it home and paid the moves).
 
 **KV cache.** Each layer's KV cache of a request lives on one node: the home at first, then
 where that layer's dense part last ran. When a_l is elsewhere the cache moves before the
@@ -156,8 +158,9 @@ class Aggregator:
         held = route.kv[layer + 1]
         slots = [e for row in experts for e in row]
         stay = self.dispatcher.settings.stay_home_share
-        if stay > 0 and self.home_share(layer, slots) >= stay:
-            return self.home
+        if (stay > 0 and (held == self.home or not kv)
+                and self.home_share(layer, slots) >= stay):
+            return self.home  # never to pull a cache back: that move is the lookahead's
 
         def cost(node: str) -> float:
             ahead = self.view(node).future(1)[layer]

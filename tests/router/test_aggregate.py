@@ -94,9 +94,10 @@ async def test_the_lookahead_prices_moving_the_kv_cache(stack, router_compute) -
 async def test_a_home_holding_the_layers_experts_keeps_its_token_under_stay_home_share(
     stack, router_compute,
 ) -> None:
-    """Where the home holds every slot of the layer (`stay_home_share` 1.0) the answers
-    gather home even where the lookahead would move them; a slot it lacks leaves the choice
-    to the lookahead. Off (0) by default."""
+    """Where the home holds every slot of the layer (`stay_home_share` 1.0) and the next
+    layer's cache is home, the answers gather home even where the lookahead would move them;
+    a slot it lacks, or a cache elsewhere (bringing it back is a move the lookahead prices),
+    leaves the choice to the lookahead. Off (0) by default."""
     placement = {"h": experts(2, [0, 1]), "a": experts(2, range(8))}
 
     async def aggregator(settings: dict):
@@ -111,13 +112,14 @@ async def test_a_home_holding_the_layers_experts_keeps_its_token_under_stay_home
     free = await aggregator({})
     assert free.home_share(0, [0, 1]) == 1.0 and free.home_share(0, [0, 5]) == 0.5
     assert free.home_share(0, []) == 0.0
-    # the experts at home, but layer 1's cache is already on `a`: the lookahead moves
-    moved = Route("h", 2)
-    moved.kv[1] = "a"
-    assert free.next_server(0, ["h"], [[0, 1]], moved, rows=1, context=2) == "a"
+    # layer 0's experts held at home but planned on `a` (its answers are there already)
+    home, away = Route("h", 2), Route("h", 2)
+    away.kv[1] = "a"
+    assert free.next_server(0, ["a"], [[0, 1]], home, rows=1, context=2) == "a"
     stay = await aggregator({"stay_home_share": 1.0})
-    assert stay.next_server(0, ["h"], [[0, 1]], moved, rows=1, context=2) == "h"
-    assert stay.next_server(0, ["a"], [[0, 5]], moved, rows=1, context=2) == "a"
+    assert stay.next_server(0, ["a"], [[0, 1]], home, rows=1, context=2) == "h"
+    assert stay.next_server(0, ["a"], [[0, 1]], away, rows=1, context=2) == "a"
+    assert stay.next_server(0, ["a"], [[0, 5]], home, rows=1, context=2) == "a"
     with pytest.raises(BadRouterInput, match="stay_home_share is a share"):
         Mesh.from_json({**mesh_body({"h": "http://x"}, {"h": []}, {}),
                         "settings": {"stay_home_share": 1.5}}, "h")
