@@ -15,7 +15,7 @@ delta is not comparable and is given as none.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,14 +31,18 @@ class QualitySet:
     scored: int = 0  # positions every label completed (the common set)
     excluded: int = 0  # positions left out because they failed under some label
     comparable: bool = True  # False: failures without per-position data (an old run)
-    # label → standard error (nats) of its mean per-position NLL difference from exact over
-    # the common set; only with per-position data. One position's change under quantization
-    # varies far more than its mean (tiny-moe int4: sd 0.15 nats, mean 0.0014), so a few
-    # hundred positions cannot resolve a delta of a fraction of a percent: see delta_se_pct.
-    se: dict[str, float] = field(default_factory=dict)
     # label → its per-position NLL differences from exact over the common set (nats), in
-    # window order; what a study resamples (experiments.study.quality_effect)
+    # window order; only with per-position data. What `se` and a study's resampling
+    # (experiments.study.quality_effect) are drawn from
     diffs: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    @property
+    def se(self) -> dict[str, float]:
+        """label → standard error (nats) of its mean difference from exact. One position's
+        change under quantization varies far more than its mean (tiny-moe int4: sd 0.15 nats,
+        mean 0.0014), so a few hundred positions cannot resolve a delta of a fraction of a
+        percent: see delta_se_pct."""
+        return {k: _standard_error(d) for k, d in self.diffs.items() if len(d) > 1}
 
     def delta_pct(self, label: str) -> float:
         """Perplexity change of `label` against exact, in % (nan when not comparable)."""
@@ -106,12 +110,11 @@ def identical_set(quality: Mapping[str, Any]) -> QualitySet:
                 ref = windows["exact"][w]["token_nll"]
                 diffs[k] += [float(values[i]) - float(ref[i]) for i in keep]
     nll = {k: (sums[k] / scored if scored else math.nan) for k in labels}
-    se = {k: _standard_error(d) for k, d in diffs.items() if len(d) > 1}
-    return QualitySet(nll, failed, scored, excluded, comparable=True, se=se,
+    return QualitySet(nll, failed, scored, excluded, comparable=True,
                       diffs={k: tuple(d) for k, d in diffs.items() if d})
 
 
-def _standard_error(values: list[float]) -> float:
+def _standard_error(values: Sequence[float]) -> float:
     n = len(values)
     mean = sum(values) / n
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)

@@ -207,15 +207,15 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
 
     loaded = []
     for world in worlds:
-        rmeta, tokens, _, _ = load_run(out / "worlds" / world.name)
-        loaded.append((world, rmeta, tokens,
+        folder = out / "worlds" / world.name
+        rmeta, tokens, _, _ = load_run(folder)
+        loaded.append((world, folder, rmeta, tokens,
                        identical_set(rmeta.quality) if rmeta.quality else None))
-    scored = [k for _, _, _, q in loaded if q for k in q.diffs if k != "exact"]
+    scored = [k for *_, q in loaded if q for k in q.diffs if k != "exact"]
     rows = [*rows, *(Row(k, "exact", QUALITY) for k in dict.fromkeys(scored))]
     per_row: list[list[dict[str, Any]]] = [[] for _ in rows]
     world_info = []
-    for world, rmeta, tokens, qset in loaded:
-        folder = out / "worlds" / world.name
+    for world, folder, rmeta, tokens, qset in loaded:
         by: dict[str, list[Any]] = {}
         for t in tokens:
             by.setdefault(t.policy, []).append(t)
