@@ -143,4 +143,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m orchestrator.cli` runs this file as __main__, a second copy of the module:
+    # the commands raise orchestrator.cli's BadInput, which __main__'s `except` would not
+    # know (a usage error read as a failure, exit 1). The imported module's main knows it.
+    from orchestrator.cli import main as _module_main
+
+    sys.exit(_module_main())

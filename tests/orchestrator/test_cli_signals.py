@@ -51,3 +51,13 @@ def test_sigterm_and_sighup_interrupt_a_command_whose_sigint_was_ignored(sig: in
             proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err
+
+
+def test_python_m_gives_a_usage_error_its_exit_code_2(tmp_path) -> None:
+    """`python -m orchestrator.cli` runs cli.py as __main__, a second copy of the module:
+    the command's BadInput (orchestrator.cli's) is still a usage error, not a failure."""
+    from tests.helpers import moemesh_process
+
+    done = moemesh_process("status", "--mesh-dir", str(tmp_path / "none"), timeout_s=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("moemesh: no mesh is up") and "BadInput" not in done.stderr
