@@ -49,6 +49,7 @@ from orchestrator.claims import Claim, judge
 from .metrics import BOOTSTRAP
 from .paired import failed_charge, paired_changes
 from .quality import QualitySet, identical_set
+from .study_levels import LEVELS, level_in_world, pool_level
 from .worlds import World
 
 __all__ = ["QUALITY", "STUDY_METRICS", "Row", "analyse", "hierarchical_ci", "quality_effect",
@@ -214,6 +215,7 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
     scored = [k for *_, q in loaded if q for k in q.diffs if k != "exact"]
     rows = [*rows, *(Row(k, "exact", QUALITY) for k in dict.fromkeys(scored))]
     per_row: list[list[dict[str, Any]]] = [[] for _ in rows]
+    per_level: dict[tuple[str, str], list[dict[str, Any]]] = {}
     world_info = []
     for world, folder, rmeta, tokens, qset in loaded:
         by: dict[str, list[Any]] = {}
@@ -228,10 +230,17 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
             eff = (quality_effect(qset, row.policy, rmeta.seed) if row.metric == QUALITY
                    else world_effect(by, row, rmeta.seed))
             per_row[i].append({"world": world.name, **eff})
+        for label, mine in by.items():
+            for level in LEVELS:
+                per_level.setdefault((label, level), []).append(
+                    {"world": world.name, **level_in_world(mine, level, rmeta.seed)})
     clusters = [w.topology for w in worlds]
     return {**meta, "study_seed": study_seed, "worlds": world_info,
             "comparisons": [pool(r, per_row[i], clusters, seed=study_seed)
-                            for i, r in enumerate(rows)]}
+                            for i, r in enumerate(rows)],
+            "levels": [pool_level(label, level, ws, clusters, seed=study_seed)
+                       for (label, level), ws in per_level.items()
+                       if len(ws) == len(worlds)]}
 
 
 def run_worlds(worlds: Sequence[World], out: Path, run_one: Callable[[World, Path], None],

@@ -149,6 +149,7 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
                      f"{LABELS.get(c['metric'], c['metric'])} | {_pct(c['median_pct'])} | "
                      f"{_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | {_share(low)} | "
                      f"{_share(high)} | {c['worlds']} |")
+    lines += _level_lines(data.get("levels", ()))
     lines += ["", "## Worlds", "", "| world | topology seed | workload seed | wall s | "
               "faithful | folder |", "|---|---|---|---|---|---|"]
     for w in worlds:
@@ -169,6 +170,33 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
     if images:
         lines += ["## Forest plots", "", *[f"![{n}]({n})" for n in images], ""]
     return "\n".join(lines) + "\n"
+
+
+LEVEL_LABELS = {"local_exact": "local exact (home node, resident, fp16 or quantized)",
+                "local": "on the home node (any kind, substitutes included)"}
+
+
+def _level_lines(levels: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The arms' execution shares across worlds (experiments.study_levels)."""
+    if not levels:
+        return []
+    out = ["", "## Where experts ran, across worlds", "",
+           "Levels of one arm, not changes: the share of the measured tokens' expert "
+           "executions, per world with its CI (requests resampled), pooled with the "
+           "hierarchical CI. \"largest in\": the share of worlds where local exact is the "
+           "largest category of the run's execution mix.", "",
+           "| policy | executions | median | mean [hier. 95% CI] | range across worlds | "
+           "largest in |", "|---|---|---|---|---|---|"]
+    for lv in levels:
+        vals = [w["value_pct"] for w in lv["per_world"] if w["value_pct"] is not None]
+        span = f"{min(vals):.1f}–{max(vals):.1f}%" if vals else "–"
+        lo, hi = lv["hier_ci95_pct"]
+        mean = "–" if lv["mean_pct"] is None else f"{lv['mean_pct']:.1f}%"
+        ci = "" if lo is None or hi is None else f" [{lo:.1f}, {hi:.1f}]"
+        med = "–" if lv["median_pct"] is None else f"{lv['median_pct']:.1f}%"
+        out.append(f"| {lv['policy']} | {LEVEL_LABELS.get(lv['level'], lv['level'])} | "
+                   f"{med} | {mean}{ci} | {span} | {_share(lv['share_largest'])} |")
+    return out
 
 
 def write_study(out: Path, data: Mapping[str, Any]) -> Path:

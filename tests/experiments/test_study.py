@@ -274,6 +274,11 @@ def test_a_small_study_runs_end_to_end_and_resumes_without_rerunning(tmp_path) -
     assert (out / "forest_hetroute_vs_exact.svg").is_file()
     assert all(len(c["per_world"]) == 2 for c in data["comparisons"])
     assert (out / "forest_hetroute_vs_greedy.svg").is_file()
+    assert {(lv["policy"], lv["level"]) for lv in data["levels"]} == {
+        (p, level) for p in ("greedy", "hetroute") for level in ("local_exact", "local")}
+    assert all(lv["worlds"] == 2 and 0 <= w["value_pct"] <= 100
+               for lv in data["levels"] for w in lv["per_world"])
+    assert "## Where experts ran, across worlds" in (out / "study.md").read_text()
     for w in data["worlds"]:
         assert (out / w["folder"] / "report.md").is_file()
     again = moemesh_process(*args, "--resume", timeout_s=120)
@@ -339,3 +344,38 @@ def test_an_interrupted_study_starts_no_further_world_and_leaves_no_process(tmp_
     assert left == [], f"left running: {left}"
     assert os.path.isdir(out)
 
+
+
+def test_an_arms_execution_shares_are_pooled_across_worlds_with_the_largest_category() -> None:
+    """Levels (experiments.study_levels): a world's share counts the measured tokens'
+    executions (warm-up and failed tokens left out), its CI resamples requests, and the pooled
+    row says in how many worlds local exact was the largest category."""
+    from experiments.study_levels import level_in_world, pool_level
+
+    def world(local_exact: int, remote: int, seed: int) -> list:
+        tokens, _ = make_rows("h", 10.0, n_requests=30, seed=seed)
+        return [replace(t, local_exact=local_exact, remote_exact=remote, cpu_loaded=0,
+                        substitute=0, fallback=0, local=local_exact) for t in tokens]
+
+    mostly_home = level_in_world(world(3, 1, 0), "local_exact", seed=1)
+    assert mostly_home["value_pct"] == pytest.approx(75.0)
+    assert mostly_home["largest"] == "local_exact" and mostly_home["requests"] == 26
+    lo, hi = mostly_home["ci95_pct"]
+    assert lo == pytest.approx(75.0) and hi == pytest.approx(75.0)  # every request alike
+    mixed = world(1, 3, 1)
+    mixed[40:] = [replace(t, local_exact=4, remote_exact=0, local=4) for t in mixed[40:]]
+    spread = level_in_world(mixed, "local_exact", seed=1)
+    assert spread["ci95_pct"][0] < spread["value_pct"] < spread["ci95_pct"][1]
+    warm = [replace(t, local_exact=0, remote_exact=4) if t.warmup else t
+            for t in world(3, 1, 2)]
+    assert level_in_world(warm, "local_exact", seed=1)["value_pct"] == pytest.approx(75.0)
+    away = level_in_world(world(1, 3, 3), "local_exact", seed=1)
+    assert away["largest"] == "remote_exact"
+    per_world = [{"world": f"w{i}", **w} for i, w in enumerate([mostly_home, away])]
+    pooled = pool_level("h", "local_exact", per_world, [0, 1], seed=1)
+    assert pooled["share_largest"] == 0.5 and pooled["worlds"] == 2
+    assert pooled["mean_pct"] == pytest.approx(50.0)
+    assert pooled["hier_ci95_pct"][0] <= 25.0 + 1e-6 and pooled["hier_ci95_pct"][1] >= 75.0 - 1e-6
+    assert pool_level("h", "local", per_world, [0, 1], seed=1)["share_largest"] is None
+    empty = level_in_world([], "local", seed=1)
+    assert math.isnan(empty["value_pct"]) and empty["largest"] is None
