@@ -33,7 +33,7 @@ from .records import ChoiceRecord, LayerRecord
 from .settings import Settings
 from .tables import PlanView
 from .transport import RETRYABLE, Transport, classify, is_bug
-from .types import ModelShape
+from .types import ModelShape, access_ms
 
 __all__ = ["Executor", "Split"]
 
@@ -64,7 +64,7 @@ class Executor:
         if learnt is not None:
             count = getattr(transport, "uplink_backlog_bytes", None)
             self._backlog_probe = None if count is None else (
-                lambda: _over_rate(count(), learnt.rates().get(home, (None, None))[0]))
+                lambda: access_ms(count(), learnt.rates().get(home, (None, None))[0]))
         self.late_tasks: set[asyncio.Future] = set()  # requests past their limit (_late)
         self._ids = itertools.count()
 
@@ -314,8 +314,3 @@ class Executor:
 
 def _lowest_expert(output: tuple[int, int, Tensor]) -> int:
     return output[1]
-
-
-def _over_rate(nbytes: int, mbit: float | None) -> float:
-    """ms to send `nbytes` at `mbit` Mbit/s (0 where no rate is believed)."""
-    return 0.0 if not mbit or not nbytes else nbytes * 8 / (mbit * 1e3)

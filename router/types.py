@@ -27,6 +27,7 @@ __all__ = [
     "PlanRequest",
     "Replica",
     "Scales",
+    "access_ms",
 ]
 
 # How a chosen replica serves the expert the gate asked for (summary.json's "mix",
@@ -201,6 +202,13 @@ class ModelShape:
         )
 
 
+
+def access_ms(nbytes: float, mbit: float | None) -> float:
+    """ms to move nbytes through an access link of `mbit` Mbit/s (0 where there is none, or
+    no rate is believed)."""
+    return 0.0 if not mbit else nbytes * 8.0 / (mbit * 1e3)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeEstimate:
     """What the router believes about one node now (priors corrected online).
@@ -240,11 +248,11 @@ class NodeEstimate:
 
     def uplink_ms(self, nbytes: float) -> float:
         """nbytes out through this node's access link (0 without one)."""
-        return 0.0 if self.uplink_mbit is None else nbytes * 8.0 / (self.uplink_mbit * 1e3)
+        return access_ms(nbytes, self.uplink_mbit)
 
     def downlink_ms(self, nbytes: float) -> float:
         """nbytes in through this node's access link (0 without one)."""
-        return 0.0 if self.downlink_mbit is None else nbytes * 8.0 / (self.downlink_mbit * 1e3)
+        return access_ms(nbytes, self.downlink_mbit)
 
     @property
     def stable(self) -> bool:
