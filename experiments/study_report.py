@@ -25,6 +25,9 @@ LABELS = {"mean_latency": "mean token latency", "ttft": "first token (TTFT)",
           "decode_latency": "decode tokens", "traffic": "traffic per token",
           "p99_latency": "p99 token latency", "quality": "perplexity vs exact"}
 
+LEVEL_LABELS = {"local_exact": "local exact (home node, resident, fp16 or quantized)",
+                "local": "on the home node (any kind, substitutes included)"}
+
 
 def _pct(x: float | None, digits: int = 1) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}%"
@@ -90,6 +93,54 @@ def forest_plots(data: Mapping[str, Any], out: Path) -> list[str]:
         plt.close(fig)
         names.append(f"{stem}.png")
     return names
+
+
+def level_plot(levels: Sequence[Mapping[str, Any]], out: Path) -> str | None:
+    """levels.png and .svg: a panel per level, a row per world, each arm's share and its CI,
+    the pooled mean with its hierarchical CI below; returns the PNG's name (None: no levels)."""
+    kinds = list(dict.fromkeys(lv["level"] for lv in levels))
+    if not kinds:
+        return None
+    arms = list(dict.fromkeys(lv["policy"] for lv in levels))
+    worlds = [w["world"] for w in levels[0]["per_world"]]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(3.6 * len(kinds) + 1.5,
+                                                     0.32 * len(worlds) + 2.0),
+                             sharey=True, squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        for a, arm in enumerate(arms):
+            lv = next((x for x in levels if x["policy"] == arm and x["level"] == kind), None)
+            if lv is None:
+                continue
+            dy = (a - (len(arms) - 1) / 2) * 0.18
+            c = colours[a % len(colours)]
+            for y, w in enumerate(lv["per_world"]):
+                if w["value_pct"] is None:
+                    continue
+                lo, hi = w["ci95_pct"]
+                if lo is not None:
+                    ax.plot([lo, hi], [y + dy, y + dy], color=c, lw=1.2)
+                ax.plot([w["value_pct"]], [y + dy], "s", color=c, ms=4,
+                        label=arm if y == 0 else None)
+            lo, hi = lv["hier_ci95_pct"]
+            if lv["mean_pct"] is not None and lo is not None:
+                y = len(worlds) + 0.5 + dy
+                ax.plot([lo, hi], [y, y], color=c, lw=3)
+                ax.plot([lv["mean_pct"]], [y], "D", color=c, ms=5)
+        ax.set_title(LEVEL_LABELS.get(kind, kind).split(" (")[0], fontsize=9)
+        ax.set_xlabel("share of expert executions (%)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks([*range(len(worlds)), len(worlds) + 0.5],
+                          [*worlds, "mean (hier. CI)"])
+    axes[0][0].invert_yaxis()
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Where experts ran: per world (95% CI, requests resampled)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "levels.png", dpi=110)
+    fig.savefig(out / "levels.svg")
+    plt.close(fig)
+    return "levels.png"
 
 
 def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
@@ -172,10 +223,6 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-LEVEL_LABELS = {"local_exact": "local exact (home node, resident, fp16 or quantized)",
-                "local": "on the home node (any kind, substitutes included)"}
-
-
 def _level_lines(levels: Sequence[Mapping[str, Any]]) -> list[str]:
     """The arms' execution shares across worlds (experiments.study_levels)."""
     if not levels:
@@ -205,6 +252,9 @@ def write_study(out: Path, data: Mapping[str, Any]) -> Path:
 
     (out / "study.json").write_text(json.dumps(data, indent=1) + "\n")
     images = forest_plots(data, out)
+    levels = level_plot(data.get("levels", ()), out)
+    if levels is not None:
+        images.append(levels)
     path = out / "study.md"
     path.write_text(study_markdown(data, images))
     return path

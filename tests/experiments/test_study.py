@@ -207,6 +207,18 @@ def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
     assert "Partial study" not in md
     partial = write_study(tmp_path, {**data, "missing_worlds": ["t5-w9"]}).read_text()
     assert "**Partial study**: 1 of 5 worlds drawn are not complete on disk" in partial
+    assert not (tmp_path / "levels.png").exists()  # no levels, no plot
+    from experiments.study_levels import pool_level
+
+    shares = [{"world": f"w{i}", "value_pct": v, "ci95_pct": (v - 2, v + 2),
+               "replicates": np.array([v - 1, v + 1]), "largest": "local_exact"}
+              for i, v in enumerate([60.0, 70.0, 55.0, 65.0])]
+    levels = [pool_level("h", "local_exact", shares, [0, 0, 1, 1], seed=1)]
+    md = write_study(tmp_path, {**data, "levels": levels}).read_text()
+    assert (tmp_path / "levels.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![levels.png](levels.png)" in md
+    assert "| h | local exact (home node, resident, fp16 or quantized) | 62.5% | 62.5% [" in md
+    assert "| 55.0–70.0% | 100% |" in md
 
 
 def test_worlds_share_the_host_in_virtual_time_and_never_on_the_wall_clock(monkeypatch) -> None:
