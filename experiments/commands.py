@@ -50,6 +50,17 @@ def add_shorten_flags(p: argparse.ArgumentParser) -> None:
                        help="shorten the workload to this scenario time, e.g. 10s")
 
 
+def add_ladder_flags(p: argparse.ArgumentParser) -> None:
+    """--loads and --slo-target, the capacity ladder's flags (`run` and `study`)."""
+    p.add_argument("--loads", metavar="LIST",
+                   help="with --capacity: the offered loads, req/s (open loop) or users "
+                        "(closed loop), e.g. 10,20,40,80 (default: the scenario's "
+                        "capacity.loads, else its load x 5, 20, 40)")
+    p.add_argument("--slo-target", type=float, default=0.9, metavar="SHARE",
+                   help="with --capacity: the share of requests within the SLO a load must "
+                        "reach, e.g. 0.9")
+
+
 def _add_run_flags(p: argparse.ArgumentParser, both: bool = False,
                    resumable: bool = False) -> None:
     p.add_argument("scenario", type=Path, nargs="?" if resumable else None,
@@ -130,13 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "(not exact, not budget/redundancy variants unless named in "
                           "--policies) at each load of a ladder, --requests N requests per load "
                           "(default 16); writes capacity.json, capacity.md and capacity.png")
-    run.add_argument("--loads", metavar="LIST",
-                     help="with --capacity: the offered loads, req/s (open loop) or users "
-                          "(closed loop), e.g. 10,20,40,80 (default: the scenario's "
-                          "capacity.loads, else its load x 5, 20, 40)")
-    run.add_argument("--slo-target", type=float, default=0.9, metavar="SHARE",
-                     help="with --capacity: the share of requests within the SLO a load must "
-                          "reach, e.g. 0.9")
+    add_ladder_flags(run)
 
     rep = sub.add_parser("report", help="redraw a run's summary, report and plots from its "
                          "raw records (no rerun)")

@@ -190,10 +190,13 @@ def _num(x: float) -> float | None:
 
 
 def world_done(folder: Path) -> bool:
-    """Whether `folder` holds a complete run (summary drawn, no part missing, no error)."""
+    """Whether `folder` holds a complete run (summary drawn, no part missing, no error), or a
+    capacity ladder climbed to its end (capacity.json is written last)."""
     from .parts import missing
     from .runmeta import RunMeta
 
+    if (folder / "capacity.json").is_file():
+        return True
     try:
         meta = RunMeta.read(folder / "run.json")
     except (OSError, ValueError):

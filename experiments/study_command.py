@@ -25,7 +25,7 @@ from typing import Any
 
 from orchestrator.cli import add_command
 
-from .commands import _add_run_flags, _options, _prepare
+from .commands import _add_run_flags, _numbers, _options, _prepare, add_ladder_flags
 
 __all__ = ["register"]
 
@@ -56,6 +56,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run nothing: draw study.json and study.md from the worlds complete "
                         "in --out (a study still running or stopped), the others listed as "
                         "missing")
+    p.add_argument("--capacity", action="store_true",
+                   help="each world climbs the capacity ladder as `moemesh run --capacity` "
+                        "does (--requests N a load, default 16); the study pools each pair "
+                        "of arms' max throughput at the SLO across worlds")
+    add_ladder_flags(p)
     p.add_argument("--jobs", type=_positive, metavar="N",
                    help="worlds run at once, each its own mesh in its own process, e.g. 2 "
                         "(default: in virtual time as many as the host has cores and memory "
@@ -110,6 +115,7 @@ class WorldRunner:
     notes: list[str]
     scenario: Any
     gen: Any
+    ladder: dict[str, Any] | None = None  # --capacity: run_capacity's loads, target, requests
 
     def __call__(self, world: Any, folder: Path) -> None:
         from .worlds import world_scenario
@@ -135,6 +141,15 @@ class WorldRunner:
         from .live import open_live
         from .runner import run_experiment
 
+        if self.ladder is not None:  # a capacity world: every ladder folder afresh
+            from .capacity import run_capacity
+
+            run_clocked(run_capacity(ws, self.arms, open_live, folder,
+                                     replace(self.options, force=True),
+                                     notes=[*self.notes, f"study world {world.name}",
+                                            "capacity mode: no quality scoring"],
+                                     say=lambda _line: None, **self.ladder), ws)
+            return
         run_clocked(run_experiment(ws, self.arms, open_live, folder,
                                    replace(self.options, force=resume is None),
                                    notes=[*self.notes, f"study world {world.name}"],
@@ -161,7 +176,13 @@ def _study(args: argparse.Namespace) -> int:
 
     if args.clock == "both":
         raise ValueError("--clock both: not in a study (give virtual or realtime)")
-    scenario, arms, notes = _prepare(args)
+    ladder = _ladder(args)
+    scenario, arms, notes = _prepare(args if ladder is None else argparse.Namespace(
+        **{**vars(args), "requests": None}))
+    if ladder is not None:
+        from .capacity import capacity_arms
+
+        arms = capacity_arms(arms, scenario, chosen=bool(args.policies))
     gen = generator_of(scenario)
     worlds = draw_worlds(args.study_seed, args.topologies, args.seeds)
     labels = [a.label for a in arms]
@@ -169,8 +190,17 @@ def _study(args: argparse.Namespace) -> int:
     if len(claims) < len(scenario.claims):
         notes.append(f"{len(scenario.claims) - len(claims)} claim(s) name arms left out by "
                      f"--policies: not judged")
-    rows = rows_for(claims, labels, args.baseline)
-    options = replace(_options(args, scenario), quiet=True, link_probe=args.link_probe)
+    if ladder is None:
+        rows = rows_for(claims, labels, args.baseline)
+    else:
+        from .study_capacity import capacity_pairs
+
+        pairs = capacity_pairs(labels, args.baseline)
+        if claims:
+            notes.append(f"{len(claims)} claim(s) not judged: a capacity study compares max "
+                         f"throughput at the SLO, which no claim names")
+    options = replace(_options(args, scenario), quiet=True, link_probe=args.link_probe,
+                      **({} if ladder is None else {"quality_windows": 0}))
     out = args.out or Path("results") / f"{scenario.name}-study"
     t0 = time.monotonic()
     missing: list[str] = []
@@ -184,7 +214,8 @@ def _study(args: argparse.Namespace) -> int:
         claim_out(out, force=options.force, scenario=scenario.name,
                   resume=bool(args.resume))
         try:
-            ran = run_worlds(worlds, out, WorldRunner(arms, options, notes, scenario, gen),
+            ran = run_worlds(worlds, out, WorldRunner(arms, options, notes, scenario, gen,
+                                                      ladder),
                              quiet=args.quiet, jobs=_jobs(args.jobs, scenario, len(worlds)))
         except BaseException:
             finish_out(out, ok=False)
@@ -195,10 +226,21 @@ def _study(args: argparse.Namespace) -> int:
             "seeds": args.seeds, "generator": gen.to_json(), "arms": labels,
             "notes": notes, "wall_s": round(time.monotonic() - t0, 1), "ran": ran,
             "missing_worlds": missing}
-    data = analyse(out, worlds, rows, study_seed=args.study_seed, meta=meta)
+    if ladder is not None:
+        from .study_capacity import analyse_capacity
+
+        data = analyse_capacity(out, worlds, pairs, study_seed=args.study_seed, meta=meta)
+    else:
+        data = analyse(out, worlds, rows, study_seed=args.study_seed, meta=meta)
     path = write_study(out, data)
     if not args.no_run:
         finish_out(out, ok=True)
+    for c in data.get("capacity_comparisons", ()):
+        lo, hi = c["ci95_ratio"]
+        print(f"  {c['policy']} vs {c['baseline']} max throughput at SLO: median "
+              f"{_x(c['median_ratio'])}, geometric mean {_x(c['geomean_ratio'])} "
+              f"[{_x(lo)}, {_x(hi)}], higher in {_pct_share(c['share_higher'])} of "
+              f"{c['worlds']} worlds, surely in {_pct_share(c['share_surely_higher'])}")
     for c in data["comparisons"]:
         if c["metric"] == "mean_latency" or c["claim"]:
             lo, hi = c["hier_ci95_pct"]
@@ -210,6 +252,34 @@ def _study(args: argparse.Namespace) -> int:
           f"{out / 'study.json'}", file=sys.stderr if args.quiet else sys.stdout)
     json.dumps(data)  # fail here, not in a reader, if anything is not JSON
     return 0
+
+
+def _ladder(args: argparse.Namespace) -> dict[str, Any] | None:
+    """run_capacity's keywords from --capacity, --loads, --slo-target and --requests (None
+    without --capacity: the ladder's flags alone are bad input)."""
+    from .capacity import CAPACITY_REQUESTS
+
+    if not args.capacity:
+        if args.loads:
+            raise ValueError("--loads: only with --capacity")
+        return None
+    if args.duration is not None:
+        raise ValueError("--duration: not with --capacity (every load sends --requests N)")
+    requests = CAPACITY_REQUESTS if args.requests is None else args.requests
+    if requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {requests}")
+    if not 0 < args.slo_target <= 1:
+        raise ValueError(f"--slo-target must be in (0, 1], got {args.slo_target:g}")
+    return {"loads": _numbers(args.loads, "--loads") if args.loads else None,
+            "target": args.slo_target, "requests": requests}
+
+
+def _x(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}x"
+
+
+def _pct_share(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
 
 
 def _pct(x: float | None) -> str:

@@ -246,15 +246,124 @@ def _level_lines(levels: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def capacity_plot(data: Mapping[str, Any], out: Path) -> str:
+    """capacity.png and .svg of a capacity study: a row per world, each arm's capacity (the
+    highest load within the SLO) and its 95% bracket [sure_load, sure_miss)."""
+    worlds = [w["name"] for w in data["worlds"]]
+    arms = list(data["arms"])
+    unit = data["worlds"][0]["unit"] if data["worlds"] else ""
+    fig, ax = plt.subplots(figsize=(6.5, 0.4 * len(worlds) + 1.8))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    loads = [c[k] for caps in data["capacity"].values() for c in caps.values()
+             for k in ("load", "sure_load", "sure_miss") if c.get(k)]
+    floor = min(loads) / 2 if loads else 1.0
+    for a, arm in enumerate(arms):
+        dy = (a - (len(arms) - 1) / 2) * 0.18
+        c = colours[a % len(colours)]
+        for y, name in enumerate(worlds):
+            cap = data["capacity"][name].get(arm)
+            if cap is None:
+                continue
+            lo = cap["sure_load"] or floor
+            hi = cap["sure_miss"] or (max(loads) * 2 if loads else floor)
+            ax.plot([lo, hi], [y + dy, y + dy], color=c, lw=1.2, alpha=0.7)
+            ax.plot([cap["load"] or floor], [y + dy], "o" if cap["load"] else "x", color=c,
+                    ms=5, label=arm if y == 0 else None)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(worlds)), worlds)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"capacity ({unit}; x: no load passed; line: the 95% bracket)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle("Capacity per world: the highest load within the SLO", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "capacity.png", dpi=110)
+    fig.savefig(out / "capacity.svg")
+    plt.close(fig)
+    return "capacity.png"
+
+
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}x"
+
+
+def capacity_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
+    """study.md of a capacity study (experiments.study_capacity)."""
+    worlds = data["worlds"]
+    first = worlds[0] if worlds else {"slo_ms": math.nan, "target": math.nan, "unit": ""}
+    lines = [f"# Capacity study: {data['scenario']}", "",
+             f"{len(worlds)} worlds drawn as `moemesh study` draws them (study seed "
+             f"{data['study_seed']}; the scenario file's sha256: "
+             f"`{data.get('scenario_sha256') or 'unknown'}`), each climbing the capacity "
+             f"ladder: a policy's capacity is its highest load with at least "
+             f"{100 * first['target']:.0f}% of requests within the {first['slo_ms']:g} ms SLO, "
+             f"every lower load passing too; its throughput there is the max throughput at "
+             f"the SLO.", ""]
+    if data.get("missing_worlds"):
+        lines += [f"> **Partial study**: {len(data['missing_worlds'])} worlds are not complete "
+                  f"on disk and are left out ({', '.join(data['missing_worlds'])}).", ""]
+    if data.get("notes"):
+        lines += ["Runs: " + "; ".join(data["notes"]) + ".", ""]
+    lines += ["## Max throughput at the SLO, across worlds", "",
+              "Ratio of the policy's max throughput at the SLO to the baseline's. Geometric "
+              "mean with a 95% CI from the topologies resampled (which world one lands in; "
+              "within a world a capacity is a ladder step, read from its bracket). Higher: the "
+              "policy's capacity is the higher ladder load; surely higher: its 95% bracket "
+              "lies wholly above the baseline's. Exploratory: no claim names a capacity.", "",
+              "| policy | vs | median ratio | geometric mean [95% CI] | worlds with a ratio | "
+              "higher in | surely higher in |", "|---|---|---|---|---|---|---|"]
+    for c in data["capacity_comparisons"]:
+        lo, hi = c["ci95_ratio"]
+        ci = "" if lo is None or hi is None else f" [{lo:.2f}, {hi:.2f}]"
+        lines.append(f"| {c['policy']} | {c['baseline']} | {_ratio(c['median_ratio'])} | "
+                     f"{_ratio(c['geomean_ratio'])}{ci} | {c['worlds_with_ratio']} of "
+                     f"{c['worlds']} | {_share(c['share_higher'])} | "
+                     f"{_share(c['share_surely_higher'])} |")
+    arms = list(data["arms"])
+    lines += ["", f"## Capacity per world ({first['unit']}; tok/s at the SLO; the 95% "
+              "bracket)", "", "| world | " + " | ".join(arms) + " | wall s | faithful |",
+              "|---|" + "---|" * (len(arms) + 2)]
+    for w in worlds:
+        cells = []
+        for arm in arms:
+            cap = data["capacity"][w["name"]].get(arm)
+            if cap is None:
+                cells.append("–")
+                continue
+            load = "none" if cap["load"] is None else f"{cap['load']:g}"
+            tok = "" if cap["throughput_tok_s"] is None else f", {cap['throughput_tok_s']:.0f}"
+            sure = (f" [{cap['sure_load'] if cap['sure_load'] is not None else 0:g}, "
+                    f"{cap['sure_miss'] if cap['sure_miss'] is not None else '∞'})")
+            cells.append(f"{load}{tok}{sure}")
+        wall = "–" if w.get("wall_s") is None else f"{w['wall_s']:.0f}"
+        lines.append(f"| [{w['name']}]({w['folder']}/capacity.md) | " + " | ".join(cells)
+                     + f" | {wall} | {w.get('faithful')} |")
+    lines += ["", "## Per world", ""]
+    for c in data["capacity_comparisons"]:
+        lines += [f"### {c['policy']} vs {c['baseline']}", "",
+                  "| world | ratio | higher | surely higher | note |", "|---|---|---|---|---|"]
+        for w in c["per_world"]:
+            lines.append(f"| {w['world']} | {_ratio(w['ratio'])} | {w['higher']} | "
+                         f"{w['surely_higher']} | {w['note']} |")
+        lines.append("")
+    if images:
+        lines += ["## Plot", "", *[f"![{n}]({n})" for n in images], ""]
+    return "\n".join(lines) + "\n"
+
+
 def write_study(out: Path, data: Mapping[str, Any]) -> Path:
-    """study.json, study.md and the forest plots into `out`; returns study.md's path."""
+    """study.json, study.md and the plots into `out`; returns study.md's path."""
     import json
 
     (out / "study.json").write_text(json.dumps(data, indent=1) + "\n")
+    path = out / "study.md"
+    if data.get("kind") == "capacity":
+        path.write_text(capacity_markdown(data, [capacity_plot(data, out)]))
+        return path
     images = forest_plots(data, out)
     levels = level_plot(data.get("levels", ()), out)
     if levels is not None:
         images.append(levels)
-    path = out / "study.md"
     path.write_text(study_markdown(data, images))
     return path

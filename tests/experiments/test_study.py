@@ -391,3 +391,86 @@ def test_an_arms_execution_shares_are_pooled_across_worlds_with_the_largest_cate
     assert pool_level("h", "local", per_world, [0, 1], seed=1)["share_largest"] is None
     empty = level_in_world([], "local", seed=1)
     assert math.isnan(empty["value_pct"]) and empty["largest"] is None
+
+
+def _cap(load, tok, sure_load=None, sure_miss=None) -> dict:
+    return {"policy": "x", "load": load, "throughput_tok_s": tok, "crossing": None,
+            "limit": "slo", "limit_load": None, "skipped": [], "sure_load": sure_load,
+            "sure_miss": sure_miss}
+
+
+def test_a_capacity_study_pools_the_throughput_ratio_and_says_which_worlds_are_sure(
+        tmp_path) -> None:
+    """experiments.study_capacity: a world's ratio of max throughput at the SLO, 'higher'
+    from the ladder loads, 'surely higher' only where the 95% brackets do not overlap; the
+    pooled geometric mean and its CI over topologies; the written study and its plot."""
+    from experiments.study_capacity import capacity_pairs, pool_ratio, world_ratio
+
+    assert capacity_pairs(["e", "p", "h"]) == [("p", "e"), ("h", "e"), ("h", "p")]
+    assert capacity_pairs(["e", "p", "h"], "h") == [("e", "h"), ("p", "h")]
+    with pytest.raises(ValueError, match="--baseline: no arm 'z'"):
+        capacity_pairs(["e", "h"], "z")
+    sure = world_ratio({"h": _cap(20, 300.0, 10, 40), "e": _cap(2, 30.0, 2, 5)}, "h", "e")
+    assert sure["ratio"] == pytest.approx(10.0) and sure["higher"] and sure["surely_higher"]
+    overlap = world_ratio({"h": _cap(20, 300.0, None, 40), "e": _cap(2, 30.0, 2, 5)}, "h", "e")
+    assert overlap["higher"] and not overlap["surely_higher"]
+    none = world_ratio({"h": _cap(5, 80.0), "e": _cap(None, None, None, 2)}, "h", "e")
+    assert none["ratio"] is None and none["higher"] and none["note"] == "baseline passed no load"
+    same = world_ratio({"h": _cap(10, 150.0), "e": _cap(10, 100.0)}, "h", "e")
+    assert same["ratio"] == pytest.approx(1.5) and not same["higher"]
+    per_world = [{"world": f"w{i}", **w} for i, w in enumerate([sure, overlap, none, same])]
+    pooled = pool_ratio("h", "e", per_world, [0, 1, 2, 3], seed=1)
+    assert pooled["worlds"] == 4 and pooled["worlds_with_ratio"] == 3
+    assert pooled["geomean_ratio"] == pytest.approx((10 * 10 * 1.5) ** (1 / 3), rel=1e-3)
+    assert pooled["median_ratio"] == pytest.approx(10.0)
+    lo, hi = pooled["ci95_ratio"]
+    assert lo == pytest.approx(1.5, rel=1e-3) and hi == pytest.approx(10.0, rel=1e-3)
+    assert pooled["share_higher"] == 0.75 and pooled["share_surely_higher"] == 0.25
+
+    from experiments.study_report import write_study
+
+    caps = {"w0": {"h": _cap(20, 300.0, 10, 40), "e": _cap(2, 30.0, 2, 5)},
+            "w1": {"h": _cap(5, 80.0), "e": _cap(None, None, None, 2)}}
+    data = {"scenario": "s", "scenario_sha256": "cd" * 32, "study_seed": 1, "notes": [],
+            "kind": "capacity", "arms": ["e", "h"], "capacity": caps, "comparisons": [],
+            "worlds": [{"name": n, "folder": f"worlds/{n}", "wall_s": 5.0, "faithful": True,
+                        "slo_ms": 37.5, "target": 0.9, "unit": "req/s"} for n in caps],
+            "capacity_comparisons": [pool_ratio("h", "e", per_world[:1] + per_world[2:3],
+                                                [0, 1], seed=1)]}
+    md = write_study(tmp_path, data).read_text()
+    assert (tmp_path / "capacity.png").read_bytes()[:4] == b"\x89PNG"
+    assert "within the 37.5 ms SLO" in md and "| h | e | 10.00x | 10.00x [10.00, 10.00] |" in md
+    assert "| 1 of 2 | 100% | 50% |" in md
+    assert "| [w0](worlds/w0/capacity.md) | 2, 30 [2, 5) | 20, 300 [10, 40) | 5 | True |" in md
+    assert "| [w1](worlds/w1/capacity.md) | none [0, 2) | 5, 80 [0, ∞) |" in md
+
+
+@pytest.mark.slow
+def test_a_capacity_study_climbs_the_ladder_in_every_world(tmp_path) -> None:
+    """`moemesh study --capacity`: the world's ladder in its folder, the pair pooled, and
+    --no-run reads the world again without running it."""
+    import json
+
+    from tests.helpers import moemesh_process
+
+    path = _tiny_study(tmp_path, requests=3)
+    out = tmp_path / "cap"
+    args = ["study", str(path), "--topologies", "1", "--seeds", "1", "--capacity",
+            "--loads", "2,8", "--requests", "4", "--out", str(out), "--quiet"]
+    done = moemesh_process(*args, timeout_s=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((out / "study.json").read_text())
+    assert data["kind"] == "capacity" and data["comparisons"] == []
+    (pair,) = data["capacity_comparisons"]
+    assert (pair["policy"], pair["baseline"]) == ("hetroute", "greedy") and pair["worlds"] == 1
+    for w in data["worlds"]:
+        caps = json.loads((out / w["folder"] / "capacity.json").read_text())["capacity"]
+        assert set(caps) == {"greedy", "hetroute"} == set(data["capacity"][w["name"]])
+        assert caps["greedy"]["load"] in (None, 2.0, 8.0, *(8.0 * 2 ** k for k in range(1, 6)))
+    assert "not judged: a capacity study" in (out / "study.md").read_text()
+    again = moemesh_process(*args, "--no-run", timeout_s=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((out / "study.json").read_text())["capacity_comparisons"] == [pair]
+    bad = moemesh_process("study", str(path), "--loads", "2,8", "--out", str(tmp_path / "b"),
+                          timeout_s=60)
+    assert bad.returncode == 2 and "--loads: only with --capacity" in bad.stderr
