@@ -6,7 +6,8 @@ highest load within the SLO and its throughput, the 95% bracket `[sure_load, sur
 order given, or against `--baseline` alone):
 
 * per world: the ratio of the policy's max throughput at the SLO to the baseline's (the
-  papers' "2.13x tokens/s at the SLO"), whether its capacity is higher, and whether it is
+  papers' "2.13x tokens/s at the SLO"; only where both passed a load), whether its capacity
+  is higher or lower (a policy that passed no load counts as 0), and whether it is
   *surely* higher (its `sure_load` at or above the baseline's `sure_miss`: the brackets do
   not overlap);
 * pooled: the median ratio and the geometric mean with a 95% CI from the topologies
@@ -15,9 +16,10 @@ order given, or against `--baseline` alone):
   a bootstrap, so the CI covers which world one lands in, not the ladder's coarseness: the
   "surely higher" count is the within-world reading.
 
-A world where the baseline passes no load has no finite ratio: it counts in "higher" and is
-left out of the mean (its cell says so). Exploratory: no claim metric is a capacity, so the
-verdicts are read against the papers by hand.
+A world where either passed no load has no ratio: it counts in "higher" or "lower" (or
+neither) and is left out of the ratio's mean and median, which therefore describe only the
+worlds where both passed; read them beside the counts. Exploratory: no claim metric is a
+capacity, so the verdicts are read against the papers by hand.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def world_ratio(caps: Mapping[str, Mapping[str, Any]], policy: str, baseline: st
     """One world's reading of `policy` against `baseline` from capacity.json's `capacity`."""
     mine, theirs = caps.get(policy), caps.get(baseline)
     if mine is None or theirs is None:
-        return {"ratio": None, "higher": None, "surely_higher": None, "note": "not run"}
+        return {"ratio": None, "higher": None, "lower": None, "surely_higher": None,
+                "note": "not run"}
     tp, tb = mine["throughput_tok_s"], theirs["throughput_tok_s"]
     ratio = tp / tb if tp is not None and tb else None
     note = ("baseline passed no load" if tb is None and tp is not None
@@ -59,6 +62,7 @@ def world_ratio(caps: Mapping[str, Mapping[str, Any]], policy: str, baseline: st
     surely = (mine["sure_load"] is not None and theirs["sure_miss"] is not None
               and mine["sure_load"] >= theirs["sure_miss"])
     return {"ratio": ratio, "higher": (mine["load"] or 0.0) > (theirs["load"] or 0.0),
+            "lower": (mine["load"] or 0.0) < (theirs["load"] or 0.0),
             "surely_higher": surely, "note": note,
             "policy_load": mine["load"], "baseline_load": theirs["load"],
             "policy_tok_s": tp, "baseline_tok_s": tb}
@@ -82,6 +86,7 @@ def pool_ratio(policy: str, baseline: str, per_world: Sequence[Mapping[str, Any]
                        _num(math.exp(hi) if math.isfinite(hi) else math.nan)],
         "worlds": len(judged), "worlds_with_ratio": len(finite),
         "share_higher": sum(bool(w["higher"]) for w in judged) / len(judged) if judged else None,
+        "share_lower": sum(bool(w["lower"]) for w in judged) / len(judged) if judged else None,
         "share_surely_higher": (sum(bool(w["surely_higher"]) for w in judged) / len(judged)
                                 if judged else None),
         "per_world": [{k: (_num(v) if isinstance(v, float) else v) for k, v in w.items()}
@@ -100,7 +105,7 @@ def analyse_capacity(out: Path, worlds: Sequence[World], pairs: Sequence[tuple[s
         caps = data["capacity"]
         capacities[world.name] = caps
         world_info.append({**world.to_json(), "folder": f"worlds/{world.name}",
-                           "wall_s": data.get("wall_s"),
+                           "wall_s": data.get("wall_s"), "commit": _commit(folder, data),
                            "faithful": all(p.get("faithful", True) for p in data["points"]),
                            "slo_ms": data["slo_ms"], "target": data["target"],
                            "unit": data["unit"]})
@@ -111,3 +116,12 @@ def analyse_capacity(out: Path, worlds: Sequence[World], pairs: Sequence[tuple[s
             "capacity": capacities, "comparisons": [],
             "capacity_comparisons": [pool_ratio(p, b, per_pair[i], clusters, seed=study_seed)
                                      for i, (p, b) in enumerate(pairs)]}
+
+
+def _commit(folder: Path, data: Mapping[str, Any]) -> str | None:
+    """The code's commit the world's first load ran at (its run.json), if it says."""
+    try:
+        first = folder / data["points"][0]["folder"] / "run.json"
+        return json.loads(first.read_text()).get("host", {}).get("commit")
+    except (OSError, ValueError, IndexError, KeyError):
+        return None

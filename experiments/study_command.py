@@ -239,8 +239,10 @@ def _study(args: argparse.Namespace) -> int:
         lo, hi = c["ci95_ratio"]
         print(f"  {c['policy']} vs {c['baseline']} max throughput at SLO: median "
               f"{_x(c['median_ratio'])}, geometric mean {_x(c['geomean_ratio'])} "
-              f"[{_x(lo)}, {_x(hi)}], higher in {_pct_share(c['share_higher'])} of "
-              f"{c['worlds']} worlds, surely in {_pct_share(c['share_surely_higher'])}")
+              f"[{_x(lo)}, {_x(hi)}] where both passed a load ({c['worlds_with_ratio']} "
+              f"worlds); higher in {_pct_share(c['share_higher'])} of {c['worlds']} worlds "
+              f"(surely in {_pct_share(c['share_surely_higher'])}), lower in "
+              f"{_pct_share(c['share_lower'])}")
     for c in data["comparisons"]:
         if c["metric"] == "mean_latency" or c["claim"]:
             lo, hi = c["hier_ci95_pct"]

@@ -311,15 +311,16 @@ def capacity_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
               "within a world a capacity is a ladder step, read from its bracket). Higher: the "
               "policy's capacity is the higher ladder load; surely higher: its 95% bracket "
               "lies wholly above the baseline's. Exploratory: no claim names a capacity.", "",
-              "| policy | vs | median ratio | geometric mean [95% CI] | worlds with a ratio | "
-              "higher in | surely higher in |", "|---|---|---|---|---|---|---|"]
+              "| policy | vs | median ratio | geometric mean [95% CI] | worlds with a ratio "
+              "(both passed a load) | higher in | lower in | surely higher in |",
+              "|---|---|---|---|---|---|---|---|"]
     for c in data["capacity_comparisons"]:
         lo, hi = c["ci95_ratio"]
         ci = "" if lo is None or hi is None else f" [{lo:.2f}, {hi:.2f}]"
         lines.append(f"| {c['policy']} | {c['baseline']} | {_ratio(c['median_ratio'])} | "
                      f"{_ratio(c['geomean_ratio'])}{ci} | {c['worlds_with_ratio']} of "
                      f"{c['worlds']} | {_share(c['share_higher'])} | "
-                     f"{_share(c['share_surely_higher'])} |")
+                     f"{_share(c.get('share_lower'))} | {_share(c['share_surely_higher'])} |")
     arms = list(data["arms"])
     lines += ["", f"## Capacity per world ({first['unit']}; tok/s at the SLO; the 95% "
               "bracket)", "", "| world | " + " | ".join(arms) + " | wall s | faithful |",
@@ -342,10 +343,11 @@ def capacity_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
     lines += ["", "## Per world", ""]
     for c in data["capacity_comparisons"]:
         lines += [f"### {c['policy']} vs {c['baseline']}", "",
-                  "| world | ratio | higher | surely higher | note |", "|---|---|---|---|---|"]
+                  "| world | ratio | higher | lower | surely higher | note |",
+                  "|---|---|---|---|---|---|"]
         for w in c["per_world"]:
             lines.append(f"| {w['world']} | {_ratio(w['ratio'])} | {w['higher']} | "
-                         f"{w['surely_higher']} | {w['note']} |")
+                         f"{w.get('lower')} | {w['surely_higher']} | {w['note']} |")
         lines.append("")
     if images:
         lines += ["## Plot", "", *[f"![{n}]({n})" for n in images], ""]

@@ -426,6 +426,9 @@ def test_a_capacity_study_pools_the_throughput_ratio_and_says_which_worlds_are_s
     lo, hi = pooled["ci95_ratio"]
     assert lo == pytest.approx(1.5, rel=1e-3) and hi == pytest.approx(10.0, rel=1e-3)
     assert pooled["share_higher"] == 0.75 and pooled["share_surely_higher"] == 0.25
+    assert pooled["share_lower"] == 0.0
+    worse = world_ratio({"h": _cap(None, None, None, 2), "e": _cap(10, 100.0)}, "h", "e")
+    assert worse["lower"] and not worse["higher"] and worse["note"] == "policy passed no load"
 
     from experiments.study_report import write_study
 
@@ -440,7 +443,7 @@ def test_a_capacity_study_pools_the_throughput_ratio_and_says_which_worlds_are_s
     md = write_study(tmp_path, data).read_text()
     assert (tmp_path / "capacity.png").read_bytes()[:4] == b"\x89PNG"
     assert "within the 37.5 ms SLO" in md and "| h | e | 10.00x | 10.00x [10.00, 10.00] |" in md
-    assert "| 1 of 2 | 100% | 50% |" in md
+    assert "| 1 of 2 | 100% | 0% | 50% |" in md
     assert "| [w0](worlds/w0/capacity.md) | 2, 30 [2, 5) | 20, 300 [10, 40) | 5 | True |" in md
     assert "| [w1](worlds/w1/capacity.md) | none [0, 2) | 5, 80 [0, ∞) |" in md
 
