@@ -325,10 +325,8 @@ def _run(args: argparse.Namespace) -> int:
             args = _recorded(args, resume)
     elif args.scenario is None:
         raise ValueError("give a SCENARIO file (or --resume DIR to finish a stopped run)")
-    if args.capacity:
+    if ladder_of(args) is not None:
         return _capacity(args)
-    if args.loads:
-        raise ValueError("--loads: only with --capacity")
     if args.clock == "both":
         return _both(args)
     scenario, arms, notes = _prepare(args)
@@ -403,29 +401,54 @@ def _numbers(text: str, flag: str) -> list[float]:
     return values
 
 
-def _capacity(args: argparse.Namespace) -> int:
-    """`moemesh run --capacity` (experiments.capacity)."""
-    from dataclasses import replace
+def ladder_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """run_capacity's keywords (loads, target, requests) from --capacity, --loads,
+    --slo-target and --requests; None without --capacity, where --loads is bad input."""
+    from .capacity import CAPACITY_REQUESTS
 
-    from .capacity import CAPACITY_REQUESTS, capacity_arms, capacity_lines, run_capacity
-    from .live import open_live
-
+    if not args.capacity:
+        if args.loads:
+            raise ValueError("--loads: only with --capacity")
+        return None
     if args.duration is not None:
         raise ValueError("--duration: not with --capacity (every load sends --requests N)")
     requests = CAPACITY_REQUESTS if args.requests is None else args.requests
     if requests < 1:
         raise ValueError(f"--requests must be >= 1, got {requests}")
+    if not 0 < args.slo_target <= 1:
+        raise ValueError(f"--slo-target must be in (0, 1], got {args.slo_target:g}")
+    return {"loads": _numbers(args.loads, "--loads") if args.loads else None,
+            "target": args.slo_target, "requests": requests}
+
+
+def prepare_ladder(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+    """The scenario, its capacity arms and notes for a ladder: --requests counts each load's
+    requests (not the scenario's), and --tdf is the dilation the ladder scales from."""
+    from dataclasses import replace
+
+    from .capacity import capacity_arms
+
     scenario, arms, notes = _prepare(argparse.Namespace(**{**vars(args), "requests": None}))
     if args.tdf is not None:  # the flag's dilation is the base, not the scenario's capacity's
         scenario = replace(scenario, capacity=replace(scenario.capacity, time_dilation=None))
+    return scenario, capacity_arms(arms, scenario, chosen=bool(args.policies)), notes
+
+
+def _capacity(args: argparse.Namespace) -> int:
+    """`moemesh run --capacity` (experiments.capacity)."""
+    from dataclasses import replace
+
+    from .capacity import capacity_lines, run_capacity
+    from .live import open_live
+
+    ladder = ladder_of(args)
+    assert ladder is not None
+    scenario, arms, notes = prepare_ladder(args)
     options = replace(_options(args, scenario), quality_windows=0)
-    loads = _numbers(args.loads, "--loads") if args.loads else None
     out = args.out or Path("results") / f"{scenario.name}-capacity"
-    arms = capacity_arms(arms, scenario, chosen=bool(args.policies))
     data = run_clocked(run_capacity(scenario, arms, open_live, out, options,
-                                    loads=loads, target=args.slo_target, requests=requests,
-                                    notes=[*notes, "capacity mode: no quality scoring"]),
-                       scenario)
+                                    notes=[*notes, "capacity mode: no quality scoring"],
+                                    **ladder), scenario)
     print(f"moemesh run --capacity: {scenario.name} done in {data['wall_s']:.0f} s; max "
           f"throughput at SLO ({options.slo_for(scenario):g} ms, {args.slo_target:.0%} of "
           f"requests):")

@@ -25,7 +25,14 @@ from typing import Any
 
 from orchestrator.cli import add_command
 
-from .commands import _add_run_flags, _numbers, _options, _prepare, add_ladder_flags
+from .commands import (
+    _add_run_flags,
+    _options,
+    _prepare,
+    add_ladder_flags,
+    ladder_of,
+    prepare_ladder,
+)
 
 __all__ = ["register"]
 
@@ -176,13 +183,8 @@ def _study(args: argparse.Namespace) -> int:
 
     if args.clock == "both":
         raise ValueError("--clock both: not in a study (give virtual or realtime)")
-    ladder = _ladder(args)
-    scenario, arms, notes = _prepare(args if ladder is None else argparse.Namespace(
-        **{**vars(args), "requests": None}))
-    if ladder is not None:
-        from .capacity import capacity_arms
-
-        arms = capacity_arms(arms, scenario, chosen=bool(args.policies))
+    ladder = ladder_of(args)
+    scenario, arms, notes = _prepare(args) if ladder is None else prepare_ladder(args)
     gen = generator_of(scenario)
     worlds = draw_worlds(args.study_seed, args.topologies, args.seeds)
     labels = [a.label for a in arms]
@@ -254,26 +256,6 @@ def _study(args: argparse.Namespace) -> int:
           f"{out / 'study.json'}", file=sys.stderr if args.quiet else sys.stdout)
     json.dumps(data)  # fail here, not in a reader, if anything is not JSON
     return 0
-
-
-def _ladder(args: argparse.Namespace) -> dict[str, Any] | None:
-    """run_capacity's keywords from --capacity, --loads, --slo-target and --requests (None
-    without --capacity: the ladder's flags alone are bad input)."""
-    from .capacity import CAPACITY_REQUESTS
-
-    if not args.capacity:
-        if args.loads:
-            raise ValueError("--loads: only with --capacity")
-        return None
-    if args.duration is not None:
-        raise ValueError("--duration: not with --capacity (every load sends --requests N)")
-    requests = CAPACITY_REQUESTS if args.requests is None else args.requests
-    if requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {requests}")
-    if not 0 < args.slo_target <= 1:
-        raise ValueError(f"--slo-target must be in (0, 1], got {args.slo_target:g}")
-    return {"loads": _numbers(args.loads, "--loads") if args.loads else None,
-            "target": args.slo_target, "requests": requests}
 
 
 def _x(x: float | None) -> str:
