@@ -35,10 +35,11 @@ from orchestrator.markers import (
     record,
     recorded,
     remove_recorded,
+    restore,
     update,
 )
 
-__all__ = ["claim_out", "finish_out"]
+__all__ = ["claim_out", "finish_out", "hand_back", "prior_claim"]
 
 
 def claim_out(out: Path, *, force: bool = False, scenario: str = "", resume: bool = False
@@ -102,3 +103,16 @@ def finish_out(out: Path, ok: bool) -> None:
     wrote = [p.name for p in Path(out).iterdir() if p.name not in kept and "\n" not in p.name]
     record(out, *sorted(wrote))
     update(out, status="finished" if ok else "failed")
+
+
+def prior_claim(out: Path) -> dict | None:
+    """The marker `out` holds now (None: none), for `hand_back`."""
+    return marker(Path(out))
+
+
+def hand_back(out: Path, prior: dict | None) -> None:
+    """Give back a folder a resume claimed and then refused (another commit, scenario or
+    arms): its marker as the stopped run left it, so that it reads as that run again, not as
+    one in progress (a retry in the same process would see its own pid and refuse)."""
+    if prior:
+        restore(Path(out), prior)

@@ -53,7 +53,7 @@ from .fidelity import (
     probe_uplinks,
 )
 from .looplag import arm_lag
-from .outdir import claim_out, finish_out
+from .outdir import claim_out, finish_out, hand_back, prior_claim
 from .parts import OVERHEAD, PartStream, RunFolder
 from .progress import RunProgress
 from .repeats import rep_label, rep_orders
@@ -680,6 +680,7 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
     options = options or RunOptions()
     if not arms:
         raise ValueError("no policy to run")
+    before = prior_claim(out) if resume is not None else None  # handed back if refused
     run_id = claim_out(out, force=options.force, scenario=scenario.name,  # never over data
                        resume=resume is not None)
     t_all = time.monotonic()
@@ -697,7 +698,11 @@ async def run_experiment(scenario: Scenario, arms: Sequence[Arm], open_mesh: Mes
         if command is not None:
             run.meta.command = dict(command)
         if resume is not None:
-            scenario = run.resume(resume)
+            try:
+                scenario = run.resume(resume)
+            except ValueError:  # not the same run: the folder stays the stopped run's
+                hand_back(out, before)
+                raise
         run.write()  # run.json from the start: a run killed in its first part says so
         if all(run.folder.done(k) for k in run.keys):  # a resume with nothing left to run
             progress.note("every part is on disk already")

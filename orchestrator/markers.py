@@ -34,7 +34,7 @@ from typing import Any
 
 __all__ = ["MANIFEST", "MARKER", "NotOurs", "describe", "mark", "marker", "new_id",
            "owner_alive", "private_dir", "record", "recorded", "remove_ours", "remove_recorded",
-           "require_ours", "update"]
+           "require_ours", "restore", "update"]
 
 MARKER = ".moemesh-marker"
 MANIFEST = ".moemesh-manifest"
@@ -151,6 +151,11 @@ def update(folder: Path, **fields: Any) -> None:
     if data is None:
         return
     data.update(fields)
+    restore(folder, data)
+
+
+def restore(folder: Path, data: dict[str, Any]) -> None:
+    """Write `data` as the folder's marker, whole (one read earlier, given back)."""
     tmp = Path(folder) / f"{MARKER}.tmp"
     tmp.write_text(json.dumps(data) + "\n")
     os.replace(tmp, Path(folder) / MARKER)

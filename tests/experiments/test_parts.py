@@ -139,3 +139,36 @@ def test_a_resume_keeps_the_runs_no_link_probe() -> None:
     del cmd["flags"]["no_link_probe"]
     old = _recorded(argparse.Namespace(resume=Path("out")), argparse.Namespace(command=cmd))
     assert not old.no_link_probe
+
+
+def test_a_refused_resume_hands_the_folder_back_as_the_stopped_run_left_it(
+        tmp_path: Path) -> None:
+    """A resume refused after its claim (another commit) leaves the marker as it was: a
+    retry in the same process (a study's world, run afresh) may then replace the folder,
+    where before it saw its own pid 'writing' it and refused."""
+    import asyncio
+
+    from experiments.outdir import claim_out, finish_out
+    from experiments.runner import RunOptions, run_experiment
+    from orchestrator.arms import load_experiment
+    from orchestrator.markers import marker
+    from tests.helpers import ROOT
+
+    scenario, arms = load_experiment(ROOT / "experiments" / "scenarios" / "quickstart.yaml")
+    out = tmp_path / "run"
+    claim_out(out, scenario=scenario.name)
+    (out / "run.json").write_text(json.dumps({
+        "scenario": scenario.name, "host": {"commit": "0000000"}, "scenario_data": {},
+        "arms": [], "parts": {"planned": ["a"], "done": []}}))
+    finish_out(out, ok=False)  # a stopped run, as a Ctrl-C leaves it
+    before = marker(out)
+
+    def no_mesh(*_args: Any) -> Any:
+        raise AssertionError("a refused resume must not start a mesh")
+
+    old = RunMeta.read(out / "run.json")
+    with pytest.raises(ValueError, match="commit differs"):
+        asyncio.run(run_experiment(scenario, arms, no_mesh, out, RunOptions(quiet=True),
+                                   resume=old))
+    assert marker(out) == before
+    assert claim_out(out, force=True, scenario=scenario.name)  # afresh, as a study retries
