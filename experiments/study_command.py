@@ -237,14 +237,17 @@ def _study(args: argparse.Namespace) -> int:
     path = write_study(out, data)
     if not args.no_run:
         finish_out(out, ok=True)
+    from .study_report import fmt_ratio as ratio
+    from .study_report import fmt_share as share
+
     for c in data.get("capacity_comparisons", ()):
         lo, hi = c["ci95_ratio"]
         print(f"  {c['policy']} vs {c['baseline']} max throughput at SLO: median "
-              f"{_x(c['median_ratio'])}, geometric mean {_x(c['geomean_ratio'])} "
-              f"[{_x(lo)}, {_x(hi)}] where both passed a load ({c['worlds_with_ratio']} "
-              f"worlds); higher in {_pct_share(c['share_higher'])} of {c['worlds']} worlds "
-              f"(surely in {_pct_share(c['share_surely_higher'])}), lower in "
-              f"{_pct_share(c['share_lower'])}")
+              f"{ratio(c['median_ratio'])}, geometric mean {ratio(c['geomean_ratio'])} "
+              f"[{ratio(lo)}, {ratio(hi)}] where both passed a load ({c['worlds_with_ratio']} "
+              f"worlds); higher in {share(c['share_higher'])} of {c['worlds']} worlds "
+              f"(surely in {share(c['share_surely_higher'])}), lower in "
+              f"{share(c['share_lower'])}")
     for c in data["comparisons"]:
         if c["metric"] == "mean_latency" or c["claim"]:
             lo, hi = c["hier_ci95_pct"]
@@ -256,14 +259,6 @@ def _study(args: argparse.Namespace) -> int:
           f"{out / 'study.json'}", file=sys.stderr if args.quiet else sys.stdout)
     json.dumps(data)  # fail here, not in a reader, if anything is not JSON
     return 0
-
-
-def _x(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}x"
-
-
-def _pct_share(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.0f}%"
 
 
 def _pct(x: float | None) -> str:

@@ -38,10 +38,11 @@ def level_in_world(tokens: Sequence[Any], level: str, seed: int,
     per_request: dict[tuple[int, int], list[int]] = {}
     mix = dict.fromkeys(MIX_KEYS, 0)
     for t in done:
-        hit, total = per_request.setdefault((t.rep, t.request), [0, 0]), sum(t.mix().values())
+        kinds = t.mix()
+        hit = per_request.setdefault((t.rep, t.request), [0, 0])
         hit[0] += getattr(t, level)
-        hit[1] += total
-        for k, v in t.mix().items():
+        hit[1] += sum(kinds.values())
+        for k, v in kinds.items():
             mix[k] += v
     counts = np.array(list(per_request.values()), dtype=float).reshape(-1, 2)
     if not counts[:, 1].sum():

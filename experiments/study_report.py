@@ -38,7 +38,7 @@ def _ci(pair: Sequence[float | None]) -> str:
     return "–" if lo is None or hi is None else f"[{lo:+.1f}, {hi:+.1f}]"
 
 
-def _share(x: float | None) -> str:
+def fmt_share(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.0f}%"
 
 
@@ -51,6 +51,17 @@ def _pairs(data: Mapping[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]
     for c in data["comparisons"]:
         out.setdefault((c["policy"], c["baseline"]), []).append(c)
     return out
+
+
+def _save(fig: Any, out: Path, stem: str, title: str) -> str:
+    """Title, lay out and write `fig` as STEM.png and STEM.svg in `out`; returns the PNG's
+    name."""
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / f"{stem}.png", dpi=110)
+    fig.savefig(out / f"{stem}.svg")
+    plt.close(fig)
+    return f"{stem}.png"
 
 
 def forest_plots(data: Mapping[str, Any], out: Path) -> list[str]:
@@ -84,14 +95,9 @@ def forest_plots(data: Mapping[str, Any], out: Path) -> list[str]:
         axes[0][0].set_yticks([*range(len(worlds)), len(worlds) + 0.5],
                               [*worlds, "mean (hier. CI)"])
         axes[0][0].invert_yaxis()
-        fig.suptitle(f"{policy} vs {base}: per world (paired 95% CI; filled: excludes 0)",
-                     fontsize=10)
-        fig.tight_layout()
-        stem = f"forest_{_slug(policy)}_vs_{_slug(base)}"
-        fig.savefig(out / f"{stem}.png", dpi=110)
-        fig.savefig(out / f"{stem}.svg")
-        plt.close(fig)
-        names.append(f"{stem}.png")
+        names.append(_save(fig, out, f"forest_{_slug(policy)}_vs_{_slug(base)}",
+                           f"{policy} vs {base}: per world (paired 95% CI; filled: "
+                           f"excludes 0)"))
     return names
 
 
@@ -135,12 +141,7 @@ def level_plot(levels: Sequence[Mapping[str, Any]], out: Path) -> str | None:
                           [*worlds, "mean (hier. CI)"])
     axes[0][0].invert_yaxis()
     axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle("Where experts ran: per world (95% CI, requests resampled)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / "levels.png", dpi=110)
-    fig.savefig(out / "levels.svg")
-    plt.close(fig)
-    return "levels.png"
+    return _save(fig, out, "levels", "Where experts ran: per world (95% CI, requests resampled)")
 
 
 def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
@@ -183,7 +184,7 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
             lines.append(f"| {cl['policy']} {cl['direction']} than {cl['baseline']} on "
                          f"{cl['metric']}{more} | {_pct(c['median_pct'])} | "
                          f"{_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | "
-                         f"{_share(c['share_held'])} | {_share(c['share_reversed'])} | "
+                         f"{fmt_share(c['share_held'])} | {fmt_share(c['share_reversed'])} | "
                          f"**{c['verdict']}** |")
     else:
         lines.append("The scenario states no claims (`claims:`): the comparisons below are "
@@ -198,8 +199,8 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
                      else (c["share_reversed"], c["share_held"]))
         lines.append(f"| {c['policy']} | {c['baseline']} | "
                      f"{LABELS.get(c['metric'], c['metric'])} | {_pct(c['median_pct'])} | "
-                     f"{_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | {_share(low)} | "
-                     f"{_share(high)} | {c['worlds']} |")
+                     f"{_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | {fmt_share(low)} | "
+                     f"{fmt_share(high)} | {c['worlds']} |")
     lines += _level_lines(data.get("levels", ()))
     lines += ["", "## Worlds", "", "| world | topology seed | workload seed | wall s | "
               "faithful | folder |", "|---|---|---|---|---|---|"]
@@ -242,7 +243,7 @@ def _level_lines(levels: Sequence[Mapping[str, Any]]) -> list[str]:
         ci = "" if lo is None or hi is None else f" [{lo:.1f}, {hi:.1f}]"
         med = "–" if lv["median_pct"] is None else f"{lv['median_pct']:.1f}%"
         out.append(f"| {lv['policy']} | {LEVEL_LABELS.get(lv['level'], lv['level'])} | "
-                   f"{med} | {mean}{ci} | {span} | {_share(lv['share_largest'])} |")
+                   f"{med} | {mean}{ci} | {span} | {fmt_share(lv['share_largest'])} |")
     return out
 
 
@@ -276,15 +277,10 @@ def capacity_plot(data: Mapping[str, Any], out: Path) -> str:
     ax.tick_params(labelsize=7)
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.suptitle("Capacity per world: the highest load within the SLO", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / "capacity.png", dpi=110)
-    fig.savefig(out / "capacity.svg")
-    plt.close(fig)
-    return "capacity.png"
+    return _save(fig, out, "capacity", "Capacity per world: the highest load within the SLO")
 
 
-def _ratio(x: float | None) -> str:
+def fmt_ratio(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}x"
 
 
@@ -317,10 +313,10 @@ def capacity_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
     for c in data["capacity_comparisons"]:
         lo, hi = c["ci95_ratio"]
         ci = "" if lo is None or hi is None else f" [{lo:.2f}, {hi:.2f}]"
-        lines.append(f"| {c['policy']} | {c['baseline']} | {_ratio(c['median_ratio'])} | "
-                     f"{_ratio(c['geomean_ratio'])}{ci} | {c['worlds_with_ratio']} of "
-                     f"{c['worlds']} | {_share(c['share_higher'])} | "
-                     f"{_share(c.get('share_lower'))} | {_share(c['share_surely_higher'])} |")
+        lines.append(f"| {c['policy']} | {c['baseline']} | {fmt_ratio(c['median_ratio'])} | "
+                     f"{fmt_ratio(c['geomean_ratio'])}{ci} | {c['worlds_with_ratio']} of "
+                     f"{c['worlds']} | {fmt_share(c['share_higher'])} | "
+                     f"{fmt_share(c.get('share_lower'))} | {fmt_share(c['share_surely_higher'])} |")
     arms = list(data["arms"])
     lines += ["", f"## Capacity per world ({first['unit']}; tok/s at the SLO; the 95% "
               "bracket)", "", "| world | " + " | ".join(arms) + " | wall s | faithful |",
@@ -346,7 +342,7 @@ def capacity_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
                   "| world | ratio | higher | lower | surely higher | note |",
                   "|---|---|---|---|---|---|"]
         for w in c["per_world"]:
-            lines.append(f"| {w['world']} | {_ratio(w['ratio'])} | {w['higher']} | "
+            lines.append(f"| {w['world']} | {fmt_ratio(w['ratio'])} | {w['higher']} | "
                          f"{w.get('lower')} | {w['surely_higher']} | {w['note']} |")
         lines.append("")
     if images:
