@@ -19,7 +19,14 @@ mesh (`moemesh topology random --nodes N --seed 31`, scaled for tiny-moe with
   measures); `watch_cpu_s` is the watcher's own CPU, not in `cpu_s`;
 * `floor_ms_per_token`: the model's own decode step in this process (`bench.engine`'s
   in-process figure, median: tiny-moe `forward` of one token with a KV cache), what the emulation
-  costs at the least.
+  costs at the least;
+* `wakes_per_advance`, `reports_per_advance`: processes the clock woke per advance (their
+  timers were due), idle and busy reports it read per advance (run.json `clock_stats`);
+* `clock_floor_speedup`: the speed a mesh with this run's events would reach if it did nothing
+  but move its clock: virtual seconds over (advances x one clock round), the round measured
+  in the same bench (`bench.clock`, `clock_round_us`: 4 processes, one woken a round, as
+  in these runs). A run cannot be faster than this whatever its nodes cost; the clock's
+  events are the emulated ones (a link's departure, a device's end), so they are not merged.
 
     python -m bench.scale [--json] [--nodes 5,10,20,40] [--per-node-rps 0.4]
                           [--batching none,iteration] [--duration 15s] [--large]
@@ -193,10 +200,25 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
         "advances": stats.get("advances"),
         "advances_per_token": round(stats["advances"] / tokens, 2)
         if tokens and stats.get("advances") is not None else None,
+        **_per_advance(stats),
         "pss_mib_per_node": round(sum(node_peaks) / len(node_peaks) / 1024, 1)
         if node_peaks else None,
         "watch_interval_s": every, "watch_cpu_s": round(sum(spent), 2),
     }
+
+
+def _per_advance(stats: dict[str, Any]) -> dict[str, float | None]:
+    advances = stats.get("advances") or 0
+    return {f"{k}_per_advance": round(stats[k] / advances, 3)
+            if advances and stats.get(k) is not None else None for k in ("wakes", "reports")}
+
+
+def clock_floor_speedup(point: dict[str, Any], round_us: float) -> float | None:
+    """Virtual seconds over the wall the run's clock advances alone take (see the module
+    docstring); None without advances."""
+    if not point.get("advances") or not point.get("virtual_s") or not round_us > 0:
+        return None
+    return round(point["virtual_s"] / (point["advances"] * round_us * 1e-6), 2)
 
 
 def floor_ms(tokens: int = 32) -> float:
@@ -216,21 +238,28 @@ def floor_ms(tokens: int = 32) -> float:
 
 def run_grid(nodes: Sequence[int], per_node_rps: float, modes: Sequence[str],
              duration_s: float, max_rows: int = DEFAULT_MAX_ROWS) -> list[dict[str, Any]]:
+    from bench.clock import run_bench
+
     floor = round(floor_ms(), 4)
+    round_us = run_bench()["clock_round_us"]
     points = []
     for n in nodes:
         for mode in modes:
             point = run_point(n, round(per_node_rps * n, 4), mode, duration_s, max_rows)
             point["floor_ms_per_token"] = floor
+            point["clock_round_us"] = round_us
+            point["clock_floor_speedup"] = clock_floor_speedup(point, round_us)
             points.append(point)
             print(f"bench scale: {n} nodes, {mode}: {point['virtual_speedup']}x real time, "
-                  f"{point['cpu_ms_per_token']} ms CPU a token", file=sys.stderr)
+                  f"{point['cpu_ms_per_token']} ms CPU a token (the clock alone: "
+                  f"{point['clock_floor_speedup']}x)", file=sys.stderr)
     return points
 
 
 def _table(points: Sequence[dict[str, Any]]) -> str:
     cols = ("nodes", "rate_rps", "batching", "tokens", "virtual_speedup", "cpu_ms_per_token",
-            "advances_per_token", "pss_mib_per_node", "floor_ms_per_token", "wall_s")
+            "advances_per_token", "clock_floor_speedup", "pss_mib_per_node",
+            "floor_ms_per_token", "wall_s")
     rows = [cols] + [tuple(str(p.get(c)) for c in cols) for p in points]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True))

@@ -392,7 +392,7 @@ class _Run:
         self.meta.dense = {arm.label: self._dense_record(arm) for arm in self.arms}
         # iteration-level batching (router.batching): the arms whose dense part is at home
         self.meta.batching = {**self.scenario.batching.to_json(), "arms": [
-            a.label for a in self.arms if self.scenario.batching.on and a.dense == "home"]}
+            a.label for a in self.arms if a.batching_of(self.scenario).on]}
         # the mesh starts (and its links are probed) on the placement that leaves the fewest
         # nodes empty: the probe sends experts' work to every node (EdgeShard's stages leave
         # some with none); each arm puts its own placement before it runs
@@ -415,11 +415,12 @@ class _Run:
         return out
 
     async def use(self, mesh: MeshTarget, arm: Arm) -> None:
-        want = (arm.placement_key(self.scenario), arm.settings, arm.dense)
+        want = (arm.placement_key(self.scenario), arm.settings, arm.dense,
+                arm.batching_of(self.scenario))
         if want != self.current:
             await mesh.use_placement(self.placements[want[0]],
                                      arm.router_settings(self.scenario),
-                                     self.dense_of(arm))
+                                     self.dense_of(arm), want[3])
             self.current = want
 
     async def _links_set_elsewhere(self, mesh: MeshTarget, key: str) -> None:

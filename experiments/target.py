@@ -10,11 +10,14 @@ Link values are ONE-WAY (A→B), as in the topology.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from netem.spec import LinkSpec
 from orchestrator.faults import Fault
 from orchestrator.topology import Topology
+
+if TYPE_CHECKING:
+    from router.batching import Batching
 
 __all__ = ["MeshTarget", "zero_links"]
 
@@ -32,10 +35,12 @@ class MeshTarget(Protocol):
 
     async def use_placement(self, by_node: Mapping[str, Sequence[Mapping[str, Any]]],
                             router_settings: Mapping[str, Any] | None = None,
-                            dense: Mapping[str, Any] | None = None) -> None:
+                            dense: Mapping[str, Any] | None = None,
+                            batching: Batching | None = None) -> None:
         """Hold exactly these experts (node → PUT /v1/placement entries); the home nodes'
-        routers learn it too, with these `router.Settings` overrides and where the dense part
-        runs (`dense`: {"pipelines": [[node per layer]]}, None: at home) (PUT /v1/mesh)."""
+        routers learn it too, with these `router.Settings` overrides, where the dense part
+        runs (`dense`: {"pipelines": [[node per layer]]}, None: at home) and how the homes
+        step (`batching`, None: the scenario's) (PUT /v1/mesh)."""
         ...
 
     async def use_links(self, links: Mapping[tuple[str, str], LinkSpec] | None) -> None:

@@ -14,6 +14,7 @@ ablations (no redundancy, no lookahead, another quality budget). An entry of a s
       - {policy: greedy, placement: edgeshard, dense: pipeline, label: edgeshard}
       - {policy: hetroute, dense: aggregate, label: hetroute-moving}
       - {policy: hetroute, variants: [fp16], label: hetroute-fp16}
+      - {policy: hetroute, batching: none, label: hetroute-unbatched}
 
 Mapping keys: `policy` (required), `label` (default: built from the rest), `placement`,
 `redundancy` (the placement's memory ratio), `budget_pct` (the per-token quality budget sent
@@ -23,7 +24,10 @@ layer at the request's home node; `pipeline`, EdgeShard's stages, which needs `p
 edgeshard`: the token's activations go from stage to stage, router.pipeline; `aggregate`,
 HetRoute's moving aggregation server: each layer's answers gather on the node its one-step
 lookahead picks, the layer's KV cache following, router.aggregate), `variants` (the precisions
-the arm's placement may use, fp16 among them: the scenario's otherwise).
+the arm's placement may use, fp16 among them: the scenario's otherwise), `batching` (the
+home's iteration-level batching for this arm, router.batching: `none`, `iteration` or a
+mapping {mode, max_rows, prefill_chunk}; the scenario's otherwise), so one study pairs an
+arm batched and unbatched on the same worlds and requests.
 
 `load_experiment(path)` reads a scenario whose list uses these forms (`load_scenario`, here
 too, goes through it, so every command reads the same files): the plain router names are handed to
@@ -50,6 +54,7 @@ from orchestrator.scenario import (
     scenario_from_data,
 )
 from orchestrator.yamlio import Loc, describe, load_yaml
+from router.batching import Batching
 from router.policies import MESH_POLICIES as ROUTERS_ON_MESH
 from router.policies import POLICIES as ROUTERS
 
@@ -60,7 +65,7 @@ __all__ = ["DENSE_MODES", "Arm", "PlacementKey", "arms_of", "load_experiment", "
            "parse_arm"]
 
 _KEYS = ("label", "policy", "placement", "redundancy", "budget_pct", "settings", "dense",
-         "variants")
+         "variants", "batching")
 # where the dense part runs (router.pipeline, router.aggregate)
 DENSE_MODES = ("home", "pipeline", "aggregate")
 PIPELINE_PLACEMENT = "edgeshard"  # the one placement that cuts the model into stages
@@ -84,6 +89,14 @@ class Arm:
     settings: tuple[tuple[str, Any], ...] = ()
     dense: str = "home"
     variants: tuple[str, ...] | None = None  # the placement's precisions (None: the scenario's)
+    batching: Batching | None = None  # the home's batching (None: the scenario's)
+
+    def batching_of(self, scenario: Scenario) -> Batching:
+        """The batching this arm's homes run: its own, else the scenario's; none where the
+        dense part is not at home (router.batching)."""
+        if self.dense != "home":
+            return Batching()
+        return self.batching if self.batching is not None else scenario.batching
 
     def placement_of(self, scenario: Scenario) -> str:
         return self.placement or scenario.placement.policy
@@ -146,7 +159,8 @@ class Arm:
         return {"label": self.label, "policy": self.policy, "placement": self.placement,
                 "redundancy": self.redundancy, "budget_pct": self.budget_pct,
                 "settings": dict(self.settings), "dense": self.dense,
-                **({"variants": list(self.variants)} if self.variants is not None else {})}
+                **({"variants": list(self.variants)} if self.variants is not None else {}),
+                **({"batching": self.batching.to_json()} if self.batching is not None else {})}
 
 
 def _label(policy: str, placement: str | None, redundancy: float | None,
@@ -205,6 +219,14 @@ def _variants(value: Any) -> tuple[str, ...]:
     return tuple(v for v in VARIANTS if v in value)  # the canonical order
 
 
+def _batching(value: Any) -> Batching:
+    """An arm's `batching`: a mode's name (its other fields the defaults) or the scenario
+    key's mapping."""
+    if isinstance(value, str):
+        value = {"mode": value}
+    return Batching.from_json(value)  # BadRouterInput (a ValueError) names the field
+
+
 def parse_arm(item: Any) -> Arm:
     """One entry of `policies:` (see the module docstring); ValueError names the bad part."""
     if isinstance(item, str):
@@ -258,14 +280,19 @@ def parse_arm(item: Any) -> Arm:
     variants = data.get("variants")
     if variants is not None:
         variants = _variants(variants)
+    batching = _batching(data["batching"]) if "batching" in data else None
+    if batching is not None and batching.on and dense != "home":
+        raise ValueError(f"batching: {batching.mode} needs the dense part at home (dense: "
+                         f"{dense} steps each request on its own, router.batching)")
     label = data.get("label") or _label(policy, placement, redundancy, budget, settings,
                                         variants)
-    if dense != "home" and not data.get("label"):
-        label += f" [dense={dense}]"
+    if not data.get("label"):
+        label += f" [dense={dense}]" if dense != "home" else ""
+        label += f" [batching={batching.mode}]" if batching is not None else ""
     if not isinstance(label, str):
         raise ValueError(f"label: must be text, got {describe(label)}")
     return Arm(label, policy, placement, redundancy, budget, tuple(sorted(settings.items())),
-               dense, variants)
+               dense, variants, batching)
 
 
 def arms_of(scenario: Scenario, items: list[Any] | tuple[Any, ...] | None = None

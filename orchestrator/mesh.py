@@ -46,6 +46,7 @@ from orchestrator.faults import Fault
 from orchestrator.lifetime import to_the_end, together, undone_on_error
 from orchestrator.markers import mark
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure
+from router.batching import Batching
 from services.client import ClientSettings, NodeClient
 from services.device import builtin_profiles
 from services.errors import NodeRefused, NodeTimeout, NodeUnreachable
@@ -130,6 +131,7 @@ class LiveMesh:
         self.placement = _placement_by_node(placement, scenario.topology.names)
         self.router_settings: dict[str, Any] = {}
         self.dense: dict[str, Any] | None = None  # PUT /v1/mesh's `dense` (router.pipeline)
+        self.batching = scenario.batching  # the homes' (router.batching; an arm's own)
         self.token = token
         shaper = shaper or scenario.shaper
         if runtime.name == "local":
@@ -260,8 +262,8 @@ class LiveMesh:
                              **self.router_settings},
                 **({"dense": self.dense} if self.dense else {}),
                 # a dense part off the home steps each request on its own (router.batching)
-                **({"batching": self.scenario.batching.to_json()}
-                   if self.scenario.batching.on and not self.dense else {})}
+                **({"batching": self.batching.to_json()}
+                   if self.batching.on and not self.dense else {})}
 
     async def _push_router_mesh(self, names: Sequence[str] | None = None) -> None:
         """PUT /v1/mesh on `names` (default: every node that is up)."""
@@ -349,12 +351,15 @@ class LiveMesh:
 
     async def use_placement(self, by_node: Mapping[str, Sequence[Mapping[str, Any]]],
                             router_settings: Mapping[str, Any] | None = None,
-                            dense: Mapping[str, Any] | None = None) -> None:
-        """Hold exactly these experts from now on; routers learn it (with these settings, and
-        `dense`: where the dense part runs, router.pipeline; None: at home)."""
+                            dense: Mapping[str, Any] | None = None,
+                            batching: Batching | None = None) -> None:
+        """Hold exactly these experts from now on; routers learn it (with these settings,
+        `dense`: where the dense part runs, router.pipeline, None: at home; and `batching`,
+        the homes' stepping, None: the scenario's)."""
         self.placement = _placement_by_node(by_node, self.scenario.topology.names)
         self.router_settings = dict(router_settings or {})
         self.dense = dict(dense) if dense else None
+        self.batching = batching if batching is not None else self.scenario.batching
         await together(*(self._push_placement(n) for n in self.endpoints
                                if n not in self.down))
         await self._push_router_mesh()

@@ -195,6 +195,8 @@ class Authority:
         self.on_death: Callable[[str], None] | None = None
         self.deaths: list[dict[str, Any]] = []
         self.advances = 0  # clock moves in virtual time
+        self.wakes = 0  # processes woken by those moves (their timers were due)
+        self.reports = 0  # idle and busy reports read in virtual time
         self.virtual_s = 0.0  # virtual seconds passed in virtual mode
         self.wall_s = 0.0  # wall seconds spent in virtual mode
         self._mode = REALTIME
@@ -275,7 +277,8 @@ class Authority:
             if self._mode == VIRTUAL:
                 virtual_s += self.clock.now() - self._mode_since[0]
                 wall_s += time.monotonic() - self._mode_since[1]
-            return {"advances": self.advances, "virtual_s": round(virtual_s, 6),
+            return {"advances": self.advances, "wakes": self.wakes, "reports": self.reports,
+                    "virtual_s": round(virtual_s, 6),
                     "wall_s": round(wall_s, 3),
                     "virtual_speedup": round(virtual_s / wall_s, 4) if wall_s > 0 else None,
                     "deaths": list(self.deaths)}
@@ -398,6 +401,8 @@ class Authority:
             self._progress = time.monotonic()
             msg = msgpack.unpackb(raw)
             kind = msg[0]
+            if kind in ("idle", "busy") and self._mode == VIRTUAL:
+                self.reports += 1
             if kind == "idle":
                 part.idle = True
                 part.deadline = math.inf if msg[1] is None else float(msg[1])
@@ -480,6 +485,7 @@ class Authority:
             if part.deadline <= value:
                 part.idle = False
                 part.deadline = math.inf
+                self.wakes += 1
                 self._tell(part, WAKE)
 
     def _watch(self) -> None:

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.scale import add_arguments, main, scenario_data, watch_interval_s
+from bench.scale import (
+    add_arguments,
+    clock_floor_speedup,
+    main,
+    scenario_data,
+    watch_interval_s,
+)
 from orchestrator.scenario import scenario_from_data
 from orchestrator.yamlio import Loc
 
@@ -30,6 +36,13 @@ def test_the_memory_watcher_samples_a_large_mesh_less_often() -> None:
     assert 100 * 0.005 / watch_interval_s(100) <= 0.05  # the watcher: <= 5% of one core
 
 
+def test_the_clock_floor_is_virtual_time_over_the_rounds_it_took() -> None:
+    # 2,000 advances of 100 us each: 0.2 s of wall for 1 s of virtual time
+    assert clock_floor_speedup({"advances": 2000, "virtual_s": 1.0}, 100.0) == 5.0
+    assert clock_floor_speedup({"advances": 0, "virtual_s": 1.0}, 100.0) is None
+    assert clock_floor_speedup({"advances": 10, "virtual_s": 1.0}, 0.0) is None
+
+
 @pytest.mark.slow
 def test_a_small_grid_prints_points_of_the_agreed_shape(capsys: pytest.CaptureFixture) -> None:
     import argparse
@@ -44,5 +57,8 @@ def test_a_small_grid_prints_points_of_the_agreed_shape(capsys: pytest.CaptureFi
     assert (p["nodes"], p["rate_rps"], p["batching"]) == (3, 1.2, "iteration")
     assert p["tokens"] > 0 and p["virtual_speedup"] > 0 and p["cpu_ms_per_token"] > 0
     assert p["advances_per_token"] > 0 and p["floor_ms_per_token"] > 0
+    assert p["wakes_per_advance"] >= 1 and p["reports_per_advance"] >= p["wakes_per_advance"]
+    # the run did more than move its clock, so it is slower than the clock's floor
+    assert p["clock_round_us"] > 0 and p["clock_floor_speedup"] > p["virtual_speedup"]
     assert p["pss_mib_per_node"] is None or p["pss_mib_per_node"] > 0
     assert p["watch_interval_s"] == 0.5 and p["watch_cpu_s"] >= 0

@@ -281,6 +281,9 @@ def test_two_processes_over_http_on_virtual_time_are_exact() -> None:
     assert hour == 3600.0
     assert wall_s < 20.0  # an hour and five seconds of virtual time
     assert stats["advances"] >= 13 and stats["virtual_speedup"] > 100
+    # every move wakes the process whose timer was due; each woken process reports again
+    assert stats["wakes"] >= stats["advances"]
+    assert stats["reports"] >= stats["wakes"]
     assert stats["deaths"] == []
     assert timing.on_shared_clock() is False  # the process's clock is the host's again
 

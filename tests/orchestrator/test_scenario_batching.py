@@ -75,7 +75,7 @@ def test_routers_are_told_to_batch_only_where_the_dense_part_is_at_home(tmp_path
     mesh = LiveMesh.__new__(LiveMesh)  # router_mesh reads only what is set below
     mesh.scenario, mesh.placement, mesh.router_settings = scenario, {}, {}
     mesh.endpoints = {n.name: _Endpoint() for n in scenario.topology.nodes}
-    mesh.dense = None
+    mesh.dense, mesh.batching = None, scenario.batching
     assert mesh.router_mesh()["batching"] == {"mode": "iteration", "max_rows": 64,
                                               "prefill_chunk": 0}
     mesh.dense = {"aggregate": True}
@@ -84,3 +84,62 @@ def test_routers_are_told_to_batch_only_where_the_dense_part_is_at_home(tmp_path
 
 class _Endpoint:
     address, port = "127.0.0.1", 8000
+
+
+ARMS = """\
+batching: {mode: iteration, max_rows: 64}
+policies:
+  - hetroute
+  - {policy: hetroute, batching: none, label: hetroute-unbatched}
+  - {policy: greedy, batching: {mode: iteration, max_rows: 8, prefill_chunk: 4}}
+  - {policy: greedy, placement: edgeshard, dense: pipeline, label: edgeshard}
+"""
+
+
+def test_an_arm_may_step_otherwise_than_its_scenario(tmp_path: Path) -> None:
+    """`batching` of an arm: so one study pairs the same policy batched and not."""
+    from orchestrator.arms import load_experiment
+
+    path = tmp_path / "scen.yaml"
+    path.write_text(TOPO + ARMS)
+    scenario, arms = load_experiment(path)
+    by = {a.label: a for a in arms}
+    assert list(by) == ["hetroute", "hetroute-unbatched",
+                        "greedy [batching=iteration]", "edgeshard"]
+    assert by["hetroute"].batching_of(scenario) == Batching("iteration", 64)
+    assert by["hetroute-unbatched"].batching_of(scenario) == Batching()
+    assert by["greedy [batching=iteration]"].batching_of(scenario) == Batching("iteration", 8, 4)
+    assert by["edgeshard"].batching_of(scenario) == Batching()  # pipelined: per request
+    assert by["hetroute-unbatched"].to_json()["batching"]["mode"] == "none"
+    assert "batching" not in by["hetroute"].to_json()
+
+
+@pytest.mark.parametrize(("arm", "expected"), [
+    ("{policy: hetroute, batching: continuous}",
+     "batching.mode: must be one of none, iteration, got 'continuous'"),
+    ("{policy: hetroute, batching: {mode: iteration, max_rows: 0}}",
+     "batching.max_rows: must be an integer >= 1, got 0"),
+    ("{policy: greedy, placement: edgeshard, dense: pipeline, batching: iteration}",
+     "batching: iteration needs the dense part at home (dense: pipeline steps each request on "
+     "its own, router.batching)"),
+])
+def test_a_bad_arm_batching_names_its_line(tmp_path: Path, arm: str, expected: str) -> None:
+    path = tmp_path / "scen.yaml"
+    path.write_text(TOPO + f"policies:\n  - greedy\n  - {arm}\n")
+    with pytest.raises(InputError) as info:
+        load_scenario(path)
+    assert str(info.value) == f"{path}:{L + 3}: policies[1]: {expected}"
+
+
+def test_the_routers_are_told_the_arms_batching(tmp_path: Path) -> None:
+    from orchestrator.mesh import LiveMesh
+
+    path = tmp_path / "scen.yaml"
+    path.write_text(TOPO + "batching: {mode: iteration, max_rows: 64}\n")
+    mesh = LiveMesh.__new__(LiveMesh)
+    mesh.scenario, mesh.placement, mesh.router_settings = load_scenario(path), {}, {}
+    mesh.endpoints = {n.name: _Endpoint() for n in mesh.scenario.topology.nodes}
+    mesh.dense, mesh.batching = None, Batching()  # an arm's `batching: none`
+    assert "batching" not in mesh.router_mesh()
+    mesh.batching = Batching("iteration", 8)
+    assert mesh.router_mesh()["batching"]["max_rows"] == 8
