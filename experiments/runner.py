@@ -415,12 +415,11 @@ class _Run:
         return out
 
     async def use(self, mesh: MeshTarget, arm: Arm) -> None:
-        want = (arm.placement_key(self.scenario), arm.settings, arm.dense,
-                arm.batching_of(self.scenario))
+        key, batching = arm.placement_key(self.scenario), arm.batching_of(self.scenario)
+        want = (key, arm.settings, arm.dense, batching)
         if want != self.current:
-            await mesh.use_placement(self.placements[want[0]],
-                                     arm.router_settings(self.scenario),
-                                     self.dense_of(arm), want[3])
+            await mesh.use_placement(self.placements[key], arm.router_settings(self.scenario),
+                                     self.dense_of(arm), batching)
             self.current = want
 
     async def _links_set_elsewhere(self, mesh: MeshTarget, key: str) -> None:

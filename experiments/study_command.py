@@ -178,7 +178,7 @@ def _study(args: argparse.Namespace) -> int:
 
     from .outdir import claim_out, finish_out
     from .study import analyse, rows_for, run_worlds, world_done
-    from .study_report import write_study
+    from .study_report import fmt_pct, fmt_ratio, fmt_share, write_study
     from .worlds import draw_worlds, generator_of
 
     if args.clock == "both":
@@ -237,23 +237,20 @@ def _study(args: argparse.Namespace) -> int:
     path = write_study(out, data)
     if not args.no_run:
         finish_out(out, ok=True)
-    from .study_report import fmt_ratio as ratio
-    from .study_report import fmt_share as share
-
     for c in data.get("capacity_comparisons", ()):
         lo, hi = c["ci95_ratio"]
         print(f"  {c['policy']} vs {c['baseline']} max throughput at SLO: median "
-              f"{ratio(c['median_ratio'])}, geometric mean {ratio(c['geomean_ratio'])} "
-              f"[{ratio(lo)}, {ratio(hi)}] where both passed a load ({c['worlds_with_ratio']} "
-              f"worlds); higher in {share(c['share_higher'])} of {c['worlds']} worlds "
-              f"(surely in {share(c['share_surely_higher'])}), lower in "
-              f"{share(c['share_lower'])}")
+              f"{fmt_ratio(c['median_ratio'])}, geometric mean {fmt_ratio(c['geomean_ratio'])} "
+              f"[{fmt_ratio(lo)}, {fmt_ratio(hi)}] where both passed a load "
+              f"({c['worlds_with_ratio']} worlds); higher in {fmt_share(c['share_higher'])} of "
+              f"{c['worlds']} worlds (surely in {fmt_share(c['share_surely_higher'])}), lower in "
+              f"{fmt_share(c['share_lower'])}")
     for c in data["comparisons"]:
         if c["metric"] == "mean_latency" or c["claim"]:
             lo, hi = c["hier_ci95_pct"]
             print(f"  {c['policy']} vs {c['baseline']} {c['metric']}: median "
-                  f"{_pct(c['median_pct'])}, mean {_pct(c['mean_pct'])} [{_pct(lo)}, "
-                  f"{_pct(hi)}], significant lower in {_share(c, 'lower')} of "
+                  f"{fmt_pct(c['median_pct'])}, mean {fmt_pct(c['mean_pct'])} [{fmt_pct(lo)}, "
+                  f"{fmt_pct(hi)}], significant lower in {_share_lower(c)} of "
                   f"{c['worlds']} worlds" + (f": {c['verdict']}" if c["verdict"] else ""))
     print(f"moemesh study: {len(worlds)} worlds in {data['wall_s']:.0f} s: {path}, "
           f"{out / 'study.json'}", file=sys.stderr if args.quiet else sys.stdout)
@@ -261,10 +258,8 @@ def _study(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{x:+.1f}%"
+def _share_lower(c: dict[str, Any]) -> str:
+    """The share of worlds where the policy was surely lower than its baseline."""
+    from .study_report import fmt_share
 
-
-def _share(c: dict[str, Any], way: str) -> str:
-    share = c["share_held"] if c["direction"] == way else c["share_reversed"]
-    return "–" if share is None else f"{100 * share:.0f}%"
+    return fmt_share(c["share_held"] if c["direction"] == "lower" else c["share_reversed"])

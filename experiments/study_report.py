@@ -29,7 +29,7 @@ LEVEL_LABELS = {"local_exact": "local exact (home node, resident, fp16 or quanti
                 "local": "on the home node (any kind, substitutes included)"}
 
 
-def _pct(x: float | None, digits: int = 1) -> str:
+def fmt_pct(x: float | None, digits: int = 1) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}%"
 
 
@@ -182,8 +182,8 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
             cl = c["claim"]
             more = f" by > {cl['min_effect_pct']:g}%" if cl.get("min_effect_pct") else ""
             lines.append(f"| {cl['policy']} {cl['direction']} than {cl['baseline']} on "
-                         f"{cl['metric']}{more} | {_pct(c['median_pct'])} | "
-                         f"{_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | "
+                         f"{cl['metric']}{more} | {fmt_pct(c['median_pct'])} | "
+                         f"{fmt_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | "
                          f"{fmt_share(c['share_held'])} | {fmt_share(c['share_reversed'])} | "
                          f"**{c['verdict']}** |")
     else:
@@ -198,8 +198,8 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
         low, high = ((c["share_held"], c["share_reversed"]) if c["direction"] == "lower"
                      else (c["share_reversed"], c["share_held"]))
         lines.append(f"| {c['policy']} | {c['baseline']} | "
-                     f"{LABELS.get(c['metric'], c['metric'])} | {_pct(c['median_pct'])} | "
-                     f"{_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | {fmt_share(low)} | "
+                     f"{LABELS.get(c['metric'], c['metric'])} | {fmt_pct(c['median_pct'])} | "
+                     f"{fmt_pct(c['mean_pct'])} {_ci(c['hier_ci95_pct'])} | {fmt_share(low)} | "
                      f"{fmt_share(high)} | {c['worlds']} |")
     lines += _level_lines(data.get("levels", ()))
     lines += ["", "## Worlds", "", "| world | topology seed | workload seed | wall s | "
@@ -215,7 +215,7 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
                                            for c in comps) + " |",
                   "|---|" + "---|" * len(comps)]
         for i, w in enumerate(comps[0]["per_world"]):
-            cells = [f"{_pct(c['per_world'][i]['change_pct'])} "
+            cells = [f"{fmt_pct(c['per_world'][i]['change_pct'])} "
                      f"{_ci(c['per_world'][i]['ci95_pct'])}" for c in comps]
             lines.append(f"| {w['world']} | " + " | ".join(cells) + " |")
         lines.append("")

@@ -286,9 +286,10 @@ def parse_arm(item: Any) -> Arm:
                          f"{dense} steps each request on its own, router.batching)")
     label = data.get("label") or _label(policy, placement, redundancy, budget, settings,
                                         variants)
-    if not data.get("label"):
-        label += f" [dense={dense}]" if dense != "home" else ""
-        label += f" [batching={batching.mode}]" if batching is not None else ""
+    if not data.get("label") and dense != "home":
+        label += f" [dense={dense}]"
+    if not data.get("label") and batching is not None:
+        label += f" [batching={batching.mode}]"
     if not isinstance(label, str):
         raise ValueError(f"label: must be text, got {describe(label)}")
     return Arm(label, policy, placement, redundancy, budget, tuple(sorted(settings.items())),
