@@ -17,7 +17,7 @@ FROM ${BASE_IMAGE} AS deps
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG EXTRA_REQUIREMENTS=""
-COPY pyproject.toml docker/requirements.py docker/install-deps.sh /build/
+COPY pyproject.toml requirements.lock docker/requirements.py docker/install-deps.sh /build/
 COPY docker/wheels/ /build/wheels/
 RUN EXTRA_REQUIREMENTS="${EXTRA_REQUIREMENTS}" sh /build/install-deps.sh /opt/moemesh /build
 
@@ -40,7 +40,7 @@ RUN groupadd --system --gid 10001 moemesh \
 COPY --from=deps /opt/moemesh /opt/moemesh
 COPY docker/healthcheck.py /opt/moemesh/healthcheck.py
 WORKDIR /app
-COPY pyproject.toml README.md /app/
+COPY pyproject.toml README.md requirements.lock /app/
 COPY moe /app/moe
 COPY netem /app/netem
 COPY services /app/services

@@ -3,7 +3,8 @@
 #
 #   docker/fetch-wheels.sh [--clean]     # -> docker/wheels/*.whl (about 280 MB, git-ignored)
 #
-# The list is pyproject.toml's runtime dependencies (docker/requirements.py) plus pip itself
+# The list is pyproject.toml's runtime dependencies (docker/requirements.py) plus pip itself,
+# at the versions requirements.lock pins (the ones CI tested)
 # (a base image without pip runs pip straight from its wheel), for the image's Python and
 # platform, not the host's: CPython 3.11 (Debian bookworm's), manylinux for this machine's
 # architecture. pip uses the host's own configuration (index, find-links, proxy), so a host
@@ -53,6 +54,6 @@ started=$SECONDS
 echo "fetch-wheels: $(grep -c . "$req") requirements for CPython $pyver ($abi) on $arch -> $dest"
 "$py" -m pip download --quiet --disable-pip-version-check --dest "$dest" \
     --only-binary=:all: --implementation cp --python-version "$pyver" --abi "$abi" --abi abi3 \
-    --abi none "${platforms[@]}" -r "$req" 2> >(grep -v "is neither a file nor a directory" >&2)
+    --abi none "${platforms[@]}" -r "$req" -c requirements.lock 2> >(grep -v "is neither a file nor a directory" >&2)
 count=$(find "$dest" -maxdepth 1 -name '*.whl' | wc -l)
 echo "fetch-wheels: $count wheels, $(du -sh "$dest" | cut -f1), in $((SECONDS - started))s"

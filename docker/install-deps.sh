@@ -7,7 +7,8 @@
 # only, run straight from the pip wheel, so neither the network nor a pip in the base image is
 # needed. Without wheels, the base image's pip installs from the index it is configured for
 # (PyPI; PIP_INDEX_URL / PIP_EXTRA_INDEX_URL build arguments change that), as for any image.
-# EXTRA_REQUIREMENTS (space-separated) adds requirements to the list.
+# EXTRA_REQUIREMENTS (space-separated) adds requirements to the list. Every version is the one
+# BUILD_DIR/requirements.lock pins (a pip constraints file: the versions CI tested).
 set -eu
 venv=$1
 build=$2
@@ -27,13 +28,14 @@ if ls "$build"/wheels/*.whl >/dev/null 2>&1; then
     echo "install-deps: from $(ls "$build"/wheels/*.whl | wc -l) local wheels (no network)"
     "$venv/bin/python" "$pip_wheel/pip" install --no-index --find-links "$build/wheels" \
         --no-cache-dir --disable-pip-version-check --root-user-action=ignore \
-        -r "$build/requirements.txt"
+        -r "$build/requirements.txt" -c "$build/requirements.lock"
 else
     python3 -m pip --version >/dev/null 2>&1 \
         || die "no wheels in wheels/ and no pip in the base image: run docker/fetch-wheels.sh"
     echo "install-deps: from the package index (no local wheels)"
     python3 -m pip --python "$venv/bin/python" install --no-cache-dir \
-        --disable-pip-version-check --root-user-action=ignore -r "$build/requirements.txt"
+        --disable-pip-version-check --root-user-action=ignore -r "$build/requirements.txt" \
+        -c "$build/requirements.lock"
 fi
 # What nothing here runs (about 250 MB): the dependencies' test suites, torch's C++ headers,
 # C++ test binaries and protoc (torch_shm_manager stays).

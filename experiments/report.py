@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.lockfile import versions_note
 from orchestrator.placement.edgeshard import stage_runs
 from orchestrator.runclock import RunClock
 from router.records import MIX_KEYS
@@ -371,6 +372,10 @@ def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[s
                       f"{_f(t.get('mesh_start_s'), 3)} s)"),
         ("host", ", ".join(f"{k} {v}" for k, v in meta.host.items())),
     ]
+    if meta.versions:
+        facts.append(("versions (packages that can change results)",
+                      ", ".join(f"{k} {v or 'absent'}" for k, v in meta.versions.items())
+                      + f"; lock {(meta.lock_sha256 or 'none')[:12]}"))
     trace = meta.trace
     if trace:
         facts.append(("routing trace", f"{trace['file']} ({trace['format']}, "
@@ -382,9 +387,21 @@ def _header_lines(meta: RunMeta, faithful: tuple[bool, Sequence[str]]) -> list[s
                       "; ".join(f"{k} {a:g} → {b:g}" for k, (a, b) in load.items())
                       + f" on {meta.host.get('cpus', '?')} CPUs"))
     lines += _table(["", ""], [(k, v) for k, v in facts])
-    for note in meta.notes:
+    for note in [*meta.notes, *_resumed_versions(meta)]:
         lines += ["", f"Note: {note}."]
     return lines
+
+
+def _resumed_versions(meta: RunMeta) -> list[str]:
+    """A resumed run whose kept parts were made with other package versions says so."""
+    out = []
+    for entry in meta.resumed:
+        before = entry.get("versions_before")
+        note = before and versions_note(f"resumed at {entry.get('at', '?')}: the parts kept "
+                                        f"against the rest", before, meta.versions)
+        if note:
+            out.append(note)
+    return out
 
 
 def _missing_lines(meta: RunMeta) -> list[str]:

@@ -58,6 +58,10 @@ class RunMeta:
     notes: tuple[str, ...] = ()
     started: str = ""
     host: dict[str, Any] = field(default_factory=dict)  # versions, cpus, commit
+    # the versions of the packages that can change results, and the lock's hash
+    # (orchestrator.lockfile)
+    versions: dict[str, Any] = field(default_factory=dict, metadata=OPTIONAL)
+    lock_sha256: str | None = field(default=None, metadata=OPTIONAL)
     scenario_data: dict[str, Any] = field(default_factory=dict)  # the scenario as run
     scenario_sha256: str | None = None  # the scenario file's (orchestrator.claims)
     claims: tuple[dict[str, Any], ...] = ()  # pre-registered claims (experiments.prereg)

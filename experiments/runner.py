@@ -33,6 +33,7 @@ import aiohttp
 import numpy as np
 
 from moe.vocab import is_number
+from orchestrator import lockfile
 from orchestrator.arms import Arm, PlacementKey
 from orchestrator.faults import FaultRecord, FaultTimeline
 from orchestrator.runclock import RunClock
@@ -328,6 +329,7 @@ class _Run:
             arms=tuple(a.to_json() for a in arms), workload=plan.describe(),
             heldout_sha256=plan.text_sha256, notes=tuple(notes),
             started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), host=_host(),
+            versions=lockfile.versions(), lock_sha256=lockfile.lock_sha256(),
             scenario_data=jsonable(scenario_to_data(scenario)),
             # the scenario file's sha256 and its pre-registered claims (orchestrator.claims)
             scenario_sha256=scenario.source_sha256 or None,
@@ -589,6 +591,10 @@ class _Run:
 
         check(old, self.meta, self.out)
         kept = self.resume_from(old)
+        note = lockfile.versions_note(f"--resume {self.out}: this process against the run's",
+                                      self.meta.versions, old.versions)
+        if note:
+            self.progress.note(note)
         self.progress.note(f"resuming {self.out}: {len(kept)} of {len(self.keys)} parts on disk"
                            + (f" ({', '.join(kept)})" if kept else ""))
         if old.calibration is not None:
@@ -624,8 +630,11 @@ class _Run:
             self.links += [tuple(x) for x in part.get("links") or ()]
             if key == OVERHEAD:
                 m.overhead = part.get("overhead")
-        m.resumed = (*old.resumed, {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": done,
-                                    "commit": m.host.get("commit")})
+        entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": done,
+                 "commit": m.host.get("commit")}
+        if lockfile.differences(m.versions, old.versions):
+            entry["versions_before"] = old.versions  # the parts kept were made with these
+        m.resumed = (*old.resumed, entry)
         return done
 
     def _render(self, out: Path) -> RunMeta:

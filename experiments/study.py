@@ -228,6 +228,7 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
         world_info.append({**world.to_json(), "folder": f"worlds/{world.name}",
                            "wall_s": rmeta.timings.get("total_s"),
                            "commit": rmeta.host.get("commit"),
+                           "versions": rmeta.versions,
                            "faithful": summary.get("faithful")})
         for i, row in enumerate(rows):
             eff = (quality_effect(qset, row.policy, rmeta.seed) if row.metric == QUALITY
@@ -239,11 +240,24 @@ def analyse(out: Path, worlds: Sequence[World], rows: Sequence[Row], *, study_se
                     {"world": world.name, **level_in_world(mine, level, rmeta.seed)})
     clusters = [w.topology for w in worlds]
     return {**meta, "study_seed": study_seed, "worlds": world_info,
+            "version_notes": version_notes([(w.name, m.versions) for w, _, m, *_ in loaded]),
             "comparisons": [pool(r, per_row[i], clusters, seed=study_seed)
                             for i, r in enumerate(rows)],
             "levels": [pool_level(label, level, ws, clusters, seed=study_seed)
                        for (label, level), ws in per_level.items()
                        if len(ws) == len(worlds)]}
+
+
+def version_notes(worlds: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """One sentence for each world whose result-changing package versions differ from the
+    first world's (study.json `version_notes`): its rows may differ for that reason alone."""
+    from orchestrator.lockfile import versions_note
+
+    if not worlds:
+        return []
+    first, want = worlds[0]
+    return [note for name, have in worlds[1:]
+            if (note := versions_note(f"world {name} against world {first}", have, want))]
 
 
 def run_worlds(worlds: Sequence[World], out: Path, run_one: Callable[[World, Path], None],

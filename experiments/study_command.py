@@ -237,6 +237,8 @@ def _study(args: argparse.Namespace) -> int:
     path = write_study(out, data)
     if not args.no_run:
         finish_out(out, ok=True)
+    for note in data.get("version_notes", ()):
+        print(f"moemesh study: {note}", file=sys.stderr)
     for c in data.get("capacity_comparisons", ()):
         lo, hi = c["ci95_ratio"]
         print(f"  {c['policy']} vs {c['baseline']} max throughput at SLO: median "

@@ -162,6 +162,7 @@ def study_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
                   f"figures below are over the {len(worlds)} that are.", ""]
     if data.get("notes"):
         lines += ["Runs: " + "; ".join(data["notes"]) + ".", ""]
+    lines += [f"**Versions differ**: {n}.\n" for n in data.get("version_notes", ())]
     lines += ["Per world, each policy is compared with its baseline paired by request (the "
               "report's bootstrap). Pooled: the **median** of the per-world changes; the "
               "**share** of worlds whose paired 95% CI is beyond 0 in the claimed direction "
@@ -301,6 +302,7 @@ def capacity_markdown(data: Mapping[str, Any], images: Sequence[str]) -> str:
                   f"on disk and are left out ({', '.join(data['missing_worlds'])}).", ""]
     if data.get("notes"):
         lines += ["Runs: " + "; ".join(data["notes"]) + ".", ""]
+    lines += [f"**Versions differ**: {n}.\n" for n in data.get("version_notes", ())]
     lines += ["## Max throughput at the SLO, across worlds", "",
               "Ratio of the policy's max throughput at the SLO to the baseline's. Geometric "
               "mean with a 95% CI from the topologies resampled (which world one lands in; "

@@ -28,6 +28,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.cli import add_command
 
@@ -272,6 +273,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "features: {...}}")
 
 
+def _say_lock(lock: Path | None, drift: list[tuple[str, str | None, str | None]],
+              out: Any) -> None:
+    """Whether the installed packages are the lock's (the versions CI tested)."""
+    if lock is None:
+        print("\npackages against the lock: no requirements.lock beside the sources "
+              "(a wheel install): not compared", file=out)
+        return
+    if not drift:
+        print(f"\npackages against the lock ({lock.name}): every installed one is at the "
+              f"lock's version", file=out)
+        return
+    print(f"\npackages against the lock ({lock.name}): {len(drift)} differ from the versions "
+          f"CI tested; results may differ (fix: python3 -m pip install -c {lock} -e "
+          f"'.[dev]'):", file=out)
+    for name, have, want in drift:
+        print(f"  {name}: installed {have}, locked {want}", file=out)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     """check this machine for moemesh's optional parts and say how to get them
 
@@ -280,12 +299,18 @@ def _doctor(args: argparse.Namespace) -> int:
     prints what works, what does not and the command that fixes it, and what runs killed hard
     left behind (`moemesh clean`). It changes nothing and exits 0.
     """
+    from orchestrator import lockfile
     from orchestrator.clean import find
 
     parts, feats = checks(), features()
     left = find()  # what runs killed hard left behind (`moemesh clean`)
+    lock, drift = lockfile.lock_path(), lockfile.against_lock()
     if args.json:
         print(json.dumps({
+            "lock": {"path": str(lock) if lock else None, "sha256": lockfile.lock_sha256(),
+                     "differ": [{"package": n, "installed": h, "locked": w}
+                                for n, h, w in drift]},
+            "versions": lockfile.versions(),
             "checks": [asdict(c) for c in parts],
             "features": {f.name: {"ok": f.ok, "what": f.what,
                                   "missing": [c.part for c in f.missing]} for f in feats},
@@ -305,6 +330,7 @@ def _doctor(args: argparse.Namespace) -> int:
         state = "yes" if f.ok else "no, missing " + ", ".join(c.part for c in f.missing)
         print(f"  {f.what}: {state}", file=out)
     print("  app shaper, local runtime, experiments: yes (they need nothing optional)", file=out)
+    _say_lock(lock, drift, out)
     if left.leftovers:
         print(f"\nleft behind by runs killed hard ({len(left.leftovers)}; `moemesh clean` "
               "removes them):", file=out)

@@ -245,6 +245,15 @@ def _check_bounds(text: str, file: str) -> None:
             if stack:
                 stack[-1].size += size
                 stack[-1].done_item(scalar)
+    except yaml.MarkedYAMLError as exc:
+        # libyaml >= 0.2.5 (PyYAML 6.0.4's) scans flow collections ahead and stops at its own
+        # depth limit before the events above reach MAX_DEPTH: the same refusal, our words
+        if "nesting depth" not in (exc.problem or ""):
+            raise
+        mark = exc.problem_mark
+        raise InputError(f"lists and mappings nested more than {MAX_DEPTH} deep", file=file,
+                         line=mark.line + 1 if mark is not None else None,
+                         field=(stack[-1].child() if stack else "")[:40] + "…") from None
     finally:
         loader.dispose()
 

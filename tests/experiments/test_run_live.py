@@ -21,6 +21,7 @@ import pytest
 from experiments.live import open_live
 from experiments.rows import TokenRow, read_rows
 from experiments.runner import RunOptions, run_experiment
+from orchestrator import lockfile
 from orchestrator.arms import load_experiment
 from orchestrator.chaos import Invariants
 from tests.helpers import ROOT, moemesh, moemesh_process, processes_with
@@ -85,6 +86,13 @@ def test_shortened_quickstart(tmp_path: Path) -> None:
         assert p["quality_delta_pct"] is not None
     text = (out / "report.md").read_text()
     assert "Emulator overhead: the first 2 requests" in text and "| time dilation | 2" in text
+    # the packages that can change results, at this process's versions, and the lock's hash
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["versions"] == lockfile.versions()
+    assert {"torch", "numpy", "msgpack", "aiohttp", "PyYAML"} <= set(meta["versions"])
+    assert all(meta["versions"][k] for k in ("torch", "numpy", "msgpack", "aiohttp"))
+    assert meta["lock_sha256"] == lockfile.lock_sha256() and len(meta["lock_sha256"]) == 64
+    assert "versions (packages that can change results)" in text
     assert all((out / f).is_file() for f in ("latency_cdf.png", "bars.png", "mix.png",
                                              "latency_time.png", "run.json", "overhead.csv"))
     # the report is redrawn from the raw records alone, to the same summary

@@ -477,3 +477,13 @@ def test_a_capacity_study_climbs_the_ladder_in_every_world(tmp_path) -> None:
     bad = moemesh_process("study", str(path), "--loads", "2,8", "--out", str(tmp_path / "b"),
                           timeout_s=60)
     assert bad.returncode == 2 and "--loads: only with --capacity" in bad.stderr
+
+
+def test_a_world_made_with_other_package_versions_is_named() -> None:
+    from experiments.study import version_notes
+
+    same = {"torch": "2.13.0", "numpy": "2.4.6"}
+    assert version_notes([("a", same), ("b", dict(same))]) == []
+    notes = version_notes([("a", same), ("b", {**same, "numpy": "2.5.0"}), ("c", same)])
+    assert len(notes) == 1 and notes[0].startswith("world b against world a")
+    assert "numpy 2.5.0 against 2.4.6" in notes[0]
