@@ -67,8 +67,13 @@ def run_clock(scenario: Scenario) -> RunClock:
 
 def run_clocked(main: Coroutine[Any, Any, T], scenario: Scenario) -> T:
     """asyncio.run(main), on a virtual clock when the scenario runs in virtual time."""
-    from netem.virtual import run_on_clock
+    from netem.virtual import run_on_clock, run_on_partition
 
+    if scenario.workers is not None:  # the mesh in this process's partition
+        if scenario.clock != "virtual":
+            raise ValueError(f"workers: a partition runs in virtual time only; this run is on "
+                             f"the {scenario.clock} clock")
+        return run_on_partition(main)
     return run_on_clock(main, virtual=scenario.clock == "virtual")
 
 

@@ -70,6 +70,11 @@ def _add_run_flags(p: argparse.ArgumentParser, both: bool = False,
                    help="override the scenario's runtime, e.g. local (netns needs root)")
     p.add_argument("--shaper", choices=["tc", "app", "auto"],
                    help="override the scenario's link shaper, e.g. app (tc needs sch_netem)")
+    p.add_argument("--workers", type=int, metavar="K",
+                   help="run the mesh in K partition processes, each a group of nodes on one "
+                        "loop with its own virtual clock, e.g. 1: the whole mesh in this "
+                        "process (local runtime, virtual clock; default: the scenario's "
+                        "workers, else one process a node)")
     add_shorten_flags(p)
     p.add_argument("--policies", metavar="LIST",
                    help="run only these arms of the scenario, comma-separated, e.g. "
@@ -211,6 +216,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
         changes["runtime"] = args.runtime
     if args.shaper:
         changes["shaper"] = args.shaper
+    if getattr(args, "workers", None) is not None:
+        changes["workers"] = args.workers
     if args.tdf == "auto":
         changes["auto_dilation"] = True
     elif args.tdf is not None:

@@ -31,11 +31,13 @@ __all__ = ["make_runtime", "open_live"]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def make_runtime(name: str, token: str) -> Runtime:
+def make_runtime(name: str, token: str, workers: int | None = None) -> Runtime:
     """The runtime by name (orchestrator.runtimes); local and netns node processes can import
-    this checkout even when it is not installed."""
+    this checkout even when it is not installed. `workers`: the mesh in partitions."""
     from orchestrator.runtimes import make_runtime as by_name
 
+    if workers is not None:
+        return by_name(name, token, workers=workers)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
                                          if p)}
     return by_name(name, token, **({"env": env} if name in ("local", "netns") else {}))
@@ -49,7 +51,7 @@ async def open_live(scenario: Scenario, placement: Mapping[str, Sequence[Mapping
     from orchestrator.mesh import LiveMesh
 
     token = os.environ.get("MOEMESH_TOKEN") or secrets.token_hex(16)
-    runtime = make_runtime(scenario.runtime, token)
+    runtime = make_runtime(scenario.runtime, token, scenario.workers)
     token = getattr(runtime, "token", None) or token  # docker may bring its own
     health_s = max(180.0, 30.0 * len(scenario.topology.nodes))
     # A container node's first PUT /v1/links with shaper auto runs the tc probe in a child

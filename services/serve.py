@@ -23,7 +23,7 @@ from .logcap import LogCap
 from .node import Node, freeze_heap
 from .settings import NodeSettings
 
-__all__ = ["NODE_EXTENSIONS", "ready_line", "serve"]
+__all__ = ["NODE_EXTENSIONS", "build_node", "ready_line", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ def ready_line(node: Node) -> str:
             f"{len(node.tiers.placement())} experts placed)")
 
 
-async def _main(settings: NodeSettings, agent: Agent | None = None) -> int:
+def build_node(settings: NodeSettings) -> Node:
+    """The node `moemesh node` serves: the expert service and what packages above add."""
     try:
         import torch
 
@@ -48,6 +49,11 @@ async def _main(settings: NodeSettings, agent: Agent | None = None) -> int:
     node = Node(settings)
     for extend in NODE_EXTENSIONS:
         extend(node)
+    return node
+
+
+async def _main(settings: NodeSettings, agent: Agent | None = None) -> int:
+    node = build_node(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -35,6 +35,7 @@ from .participant import CLOCK_DIR_ENV, CLOCK_ENV, Agent, VirtualLoop, agent_fro
 
 __all__ = ["CLOCK_DIR_ENV", "CLOCK_ENV", "Agent", "Authority", "ClockStalled", "VirtualLoop",
            "agent_from_env", "clock_held", "current", "current_agent", "run_on_clock",
+           "run_on_partition",
            "set_current_agent", "virtual_phase"]
 
 T = TypeVar("T")
@@ -107,6 +108,43 @@ def run_on_clock(main: Coroutine[Any, Any, T], *, virtual: bool,
             os.environ.pop(CLOCK_ENV, None)
         else:
             os.environ[CLOCK_ENV] = saved
+
+
+def run_on_partition(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on one partition holding the whole mesh (`workers: 1`): the nodes
+    the runtime starts live on this loop, whose clock is its own (`partition`)."""
+    from . import authority as _authority
+    from .partition import PartitionClock, PartitionLoop
+
+    clock = PartitionClock()
+    _authority.use(clock)
+    timing.use_shared_clock(clock.now)
+    stalled: list[str] = []
+
+    async def guarded() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def fail(message: str) -> None:
+            stalled.append(message)
+            task.cancel(message)
+
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, PartitionLoop)
+        loop.on_stall = fail
+        try:
+            return await main
+        except asyncio.CancelledError:
+            if stalled:
+                raise ClockStalled(stalled[0]) from None
+            raise
+
+    try:
+        with asyncio.Runner(loop_factory=lambda: PartitionLoop(clock)) as runner:
+            return runner.run(guarded())
+    finally:
+        timing.use_shared_clock(None)
+        _authority.use(None)
 
 
 def clock_held(why: str) -> contextlib.AbstractContextManager[None]:

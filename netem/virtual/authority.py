@@ -51,7 +51,7 @@ import msgpack
 from .participant import CLOCK_ENV, MODE, WAKE
 from .shared import REALTIME, VIRTUAL, SharedClock
 
-__all__ = ["Authority", "current", "virtual_origin"]
+__all__ = ["Authority", "current", "use", "virtual_origin"]
 
 STALL_S = 60.0  # wall seconds without progress before the mesh is reported stuck
 _Endpoint = tuple[str, int]
@@ -163,6 +163,13 @@ _CURRENT: Authority | None = None
 def current() -> Authority | None:
     """The authority of the run in this process, if any (runtimes announce nodes to it)."""
     return _CURRENT
+
+
+def use(clock: Any) -> None:
+    """Make `clock` (an Authority or a partition's clock, the same interface) the process's
+    current one, or none."""
+    global _CURRENT
+    _CURRENT = clock
 
 
 class Authority:

@@ -17,6 +17,10 @@ RUNTIMES = ("local", "netns", "docker", "swarm")
 def make_runtime(name: str, token: str, **options: Any) -> Any:
     """The runtime called `name`; `options` go to the local and netns constructors, `token`
     (the mesh token) to the container runtimes, which hand it to the nodes themselves."""
+    if name == "local" and options.get("workers") is not None:
+        from orchestrator.runtimes.partition import PartitionRuntime
+
+        return PartitionRuntime()
     if name == "local":
         from orchestrator.runtimes.local import LocalRuntime
 

@@ -1,0 +1,289 @@
+"""A partition: several nodes of the mesh on one event loop whose virtual clock is its own.
+
+With one process per node, every move of the clock is a round through the authority (a wake,
+an idle report, about 100 µs of the host's time and one process at a time). A partition holds
+a group of nodes, each still its own aiohttp server on its own socket, in one process on one
+`PartitionLoop`: when nothing in the process is left to run, the loop moves its own clock to
+its earliest timer, a heap pop. With the whole mesh in one partition (`workers: 1`) the
+controller is the partition: the driver, the fault timeline and every node share its loop.
+
+The loop moves the clock only when the process is really idle, by the same rules the
+authority applies across processes: nothing runnable, no thread work out (a device batch),
+no bytes left to write (a full send buffer, a connect in progress) and every TCP connection
+balanced, what one end sent read by the other (a byte still in the kernel would wake the loop
+once it lands; the clock must not move past it meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import selectors
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .authority import virtual_origin
+from .shared import REALTIME, VIRTUAL
+
+__all__ = ["PartitionClock", "PartitionLoop"]
+
+_perf = time.perf_counter
+STALL_S = 60.0  # wall seconds a virtual-time loop may wait for bytes or threads before it fails
+
+
+class PartitionClock:
+    """The partition's clock, the authority's interface for the runtimes and the runner
+    (`netem.virtual.current()`): real time while processes start, virtual for the run."""
+
+    def __init__(self) -> None:
+        self.mode = REALTIME
+        self._v0, self._w0 = 2.0 ** 21, _perf()  # real time counted from 2**21 s, as shared
+        self.advances = 0  # clock moves in virtual time (each one event instant)
+        self.virtual_s = 0.0
+        self.wall_s = 0.0
+        self._since = (0.0, 0.0)
+        self.deaths: list[dict[str, Any]] = []
+
+    def now(self) -> float:
+        return self._v0 if self.mode == VIRTUAL else self._v0 + (_perf() - self._w0)
+
+    @property
+    def virtual(self) -> bool:
+        return self.mode == VIRTUAL
+
+    def advance(self, to: float) -> None:
+        if to > self._v0:
+            self._v0 = to
+            self.advances += 1
+
+    # -- the authority's interface ----------------------------------------------------------
+    def go_virtual(self) -> float:
+        if self.mode == VIRTUAL:
+            return self._v0
+        start = virtual_origin(self.now())
+        self.mode, self._v0 = VIRTUAL, start
+        self._since = (start, time.monotonic())
+        return start
+
+    def go_realtime(self) -> None:
+        if self.mode == REALTIME:
+            return
+        self._account()
+        self.mode, self._w0 = REALTIME, _perf()
+
+    def _account(self) -> None:
+        self.virtual_s += self._v0 - self._since[0]
+        self.wall_s += time.monotonic() - self._since[1]
+        self._since = (self._v0, time.monotonic())
+
+    def stats(self) -> dict[str, Any]:
+        """run.json's clock_stats (the authority's keys, and the partition's)."""
+        virtual_s, wall_s = self.virtual_s, self.wall_s
+        if self.mode == VIRTUAL:
+            virtual_s += self._v0 - self._since[0]
+            wall_s += time.monotonic() - self._since[1]
+        return {"advances": self.advances, "wakes": 0, "reports": 0,
+                "virtual_s": round(virtual_s, 6), "wall_s": round(wall_s, 3),
+                "virtual_speedup": round(virtual_s / wall_s, 4) if wall_s > 0 else None,
+                "deaths": list(self.deaths), "workers": 1, "windows": self.advances,
+                "lookahead_ms": None}
+
+    # nodes live in this process: nothing to expect or hold (the runtimes call these)
+    def expect(self, name: str) -> None:
+        pass
+
+    def forget(self, name: str) -> None:
+        pass
+
+    def expect_exit(self, name: str) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def held(self, why: str) -> Iterator[None]:
+        yield
+
+
+class _Counted(socket.socket):
+    """A TCP socket of the partition: what it sent and read, for the balance check."""
+
+    _book: _Book
+    _key: tuple[tuple[str, int], tuple[str, int]]
+    sent = 0
+    received = 0
+
+    def close(self) -> None:
+        if self.fileno() >= 0:
+            self._book.gone(self)
+        super().close()
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        n = super().send(data, flags)
+        self.sent += n
+        return n
+
+    def sendmsg(self, buffers: Any, *args: Any) -> int:
+        n = super().sendmsg(buffers, *args)
+        self.sent += n
+        return n
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        self.received += len(data)
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        n = super().recv_into(buffer, nbytes, flags)
+        self.received += n
+        return n
+
+
+class _Book:
+    """The partition's open TCP sockets by (local, peer) address: both ends of a connection
+    inside the process are balanced when each has read what the other sent."""
+
+    def __init__(self) -> None:
+        self.socks: dict[tuple, _Counted] = {}
+        self.closed: set[tuple] = set()  # sockets closed since (their peer's bytes: lost)
+
+    def wrap(self, sock: socket.socket) -> socket.socket:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            return sock
+        try:
+            key = ((str(sock.getsockname()[0]), int(sock.getsockname()[1])),
+                   (str(sock.getpeername()[0]), int(sock.getpeername()[1])))
+        except OSError:
+            return sock
+        new = _Counted(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        new.setblocking(False)
+        new._book, new._key = self, key
+        self.socks[key] = new
+        self.closed.discard(key)
+        return new
+
+    def gone(self, sock: _Counted) -> None:
+        if self.socks.get(sock._key) is sock:
+            del self.socks[sock._key]
+            self.closed.add(sock._key)
+
+    def in_flight(self) -> bool:
+        """Whether a byte one socket sent is not yet read by its peer in this process (a
+        peer not accepted yet counts as reading nothing; one outside the process, or closed,
+        is not waited for)."""
+        socks = self.socks
+        for key, sock in socks.items():
+            if not sock.sent:
+                continue
+            peer = socks.get((key[1], key[0]))
+            if peer is None:
+                if key[1] in _LISTENING and (key[1], key[0]) not in self.closed:
+                    return True  # sent to a server of ours that has not accepted it yet
+                continue
+            if peer.received < sock.sent:
+                return True
+        return False
+
+
+_LISTENING: set[tuple[str, int]] = set()  # this process's servers, for `in_flight`
+
+
+class _Selector(selectors.EpollSelector):
+    """Epoll, but in virtual time a wait with nothing left to do moves the clock instead."""
+
+    def __init__(self, clock: PartitionClock, book: _Book) -> None:
+        super().__init__()
+        self.clock, self.book = clock, book
+        self.loop: PartitionLoop | None = None
+        self._writers: set[int] = set()
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = super().register(fileobj, events, data)
+        self._note(key.fd, events)
+        return key
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        key = super().modify(fileobj, events, data)
+        self._note(key.fd, events)
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        key = super().unregister(fileobj)
+        self._writers.discard(key.fd)
+        return key
+
+    def _note(self, fd: int, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._writers.add(fd)
+        else:
+            self._writers.discard(fd)
+
+    def select(self, timeout: float | None = None) -> list:
+        if not self.clock.virtual or (timeout is not None and timeout <= 0):
+            return super().select(timeout)
+        loop = self.loop
+        assert loop is not None
+        waited = time.monotonic()
+        while True:
+            events = super().select(0)
+            if events:
+                return events
+            if not (loop.threads or self._writers or self.book.in_flight()):
+                due = loop.next_deadline()
+                if math.isfinite(due):
+                    self.clock.advance(due)
+                    return []
+                # no timer, nothing out: only the outside (a signal, a subprocess) can wake it
+                return super().select(1.0)
+            events = super().select(0.001 if self.book.in_flight() else 1.0)
+            if events:
+                return events
+            if time.monotonic() - waited > STALL_S and loop.on_stall is not None:
+                loop.on_stall(f"the partition waited {STALL_S:g} s of wall time for "
+                              f"{loop.threads} thread job(s), {len(self._writers)} socket(s) "
+                              f"with bytes to write, or bytes in flight")
+                waited = time.monotonic()
+
+
+class PartitionLoop(asyncio.SelectorEventLoop):
+    """asyncio's selector loop on a partition's own clock (module docstring)."""
+
+    def __init__(self, clock: PartitionClock) -> None:
+        self.clock = clock
+        self.book = _Book()
+        self.threads = 0
+        self.on_stall: Callable[[str], None] | None = None
+        selector = _Selector(clock, self.book)
+        super().__init__(selector)
+        selector.loop = self
+
+    def time(self) -> float:
+        return self.clock.now()
+
+    def next_deadline(self) -> float:
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        return scheduled[0].when() if scheduled else math.inf
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any
+                        ) -> asyncio.Future:
+        fut = super().run_in_executor(executor, func, *args)
+        self.threads += 1
+
+        def back(_: asyncio.Future) -> None:
+            self.threads -= 1
+
+        fut.add_done_callback(back)
+        return fut
+
+    def _make_socket_transport(self, sock: socket.socket, protocol: Any, waiter: Any = None,
+                               *, extra: Any = None, server: Any = None) -> Any:
+        return super()._make_socket_transport(self.book.wrap(sock), protocol, waiter,
+                                              extra=extra, server=server)
+
+    async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
+        server = await super().create_server(*args, **kwargs)
+        for sock in server.sockets:
+            name = sock.getsockname()
+            _LISTENING.add((str(name[0]), int(name[1])))
+        return server
