@@ -121,32 +121,46 @@ class _Counted(socket.socket):
 
     def send(self, data: Any, flags: int = 0) -> int:
         n = super().send(data, flags)
-        self.sent += n
+        if n:
+            self.sent += n
+            self._book.sent(self)
         return n
 
     def sendmsg(self, buffers: Any, *args: Any) -> int:
         n = super().sendmsg(buffers, *args)
-        self.sent += n
+        if n:
+            self.sent += n
+            self._book.sent(self)
         return n
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data = super().recv(bufsize, flags)
-        self.received += len(data)
+        if data:
+            self.received += len(data)
+            self._book.read(self)
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         n = super().recv_into(buffer, nbytes, flags)
-        self.received += n
+        if n:
+            self.received += n
+            self._book.read(self)
         return n
 
 
+def _reverse(key: tuple) -> tuple:
+    return key[1], key[0]
+
+
 class _Book:
-    """The partition's open TCP sockets by (local, peer) address: both ends of a connection
-    inside the process are balanced when each has read what the other sent."""
+    """The partition's open TCP sockets by (local, peer) address, and the senders whose bytes
+    a socket of this process has yet to read (`owed`: sender key → bytes it sent), kept as
+    they change so that the idle check is one look."""
 
     def __init__(self) -> None:
         self.socks: dict[tuple, _Counted] = {}
-        self.closed: set[tuple] = set()  # sockets closed since (their peer's bytes: lost)
+        self.owed: dict[tuple, int] = {}
+        self.closed: set[tuple] = set()  # sockets closed since: nothing sent to them is owed
 
     def wrap(self, sock: socket.socket) -> socket.socket:
         if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
@@ -163,30 +177,38 @@ class _Book:
         self.closed.discard(key)
         return new
 
+    def sent(self, sock: _Counted) -> None:
+        """Bytes to a reader in this process (a peer socket, or one of our servers that has
+        not accepted the connection yet) are owed until it reads them."""
+        key = sock._key
+        peer = self.socks.get(_reverse(key))
+        if peer is not None:
+            if peer.received < sock.sent:
+                self.owed[key] = sock.sent
+        elif key[1] in _LISTENING and _reverse(key) not in self.closed:
+            self.owed[key] = sock.sent
+
+    def read(self, sock: _Counted) -> None:
+        sender = _reverse(sock._key)
+        owed = self.owed.get(sender)
+        if owed is not None and owed <= sock.received:
+            del self.owed[sender]
+
     def gone(self, sock: _Counted) -> None:
-        if self.socks.get(sock._key) is sock:
-            del self.socks[sock._key]
-            self.closed.add(sock._key)
+        """What was sent to a closed socket and not read, nobody will read; what it sent
+        itself is still read by its peer."""
+        key = sock._key
+        if self.socks.get(key) is sock:
+            del self.socks[key]
+            self.closed.add(key)
+        self.owed.pop(_reverse(key), None)
 
     def in_flight(self) -> bool:
-        """Whether a byte one socket sent is not yet read by its peer in this process (a
-        peer not accepted yet counts as reading nothing; one outside the process, or closed,
-        is not waited for)."""
-        socks = self.socks
-        for key, sock in socks.items():
-            if not sock.sent:
-                continue
-            peer = socks.get((key[1], key[0]))
-            if peer is None:
-                if key[1] in _LISTENING and (key[1], key[0]) not in self.closed:
-                    return True  # sent to a server of ours that has not accepted it yet
-                continue
-            if peer.received < sock.sent:
-                return True
-        return False
+        """Whether a byte one socket of this process sent is not yet read by its reader."""
+        return bool(self.owed)
 
 
-_LISTENING: set[tuple[str, int]] = set()  # this process's servers, for `in_flight`
+_LISTENING: set[tuple[str, int]] = set()  # this process's servers, for `_Book.sent`
 
 
 class _Selector(selectors.EpollSelector):
