@@ -28,8 +28,14 @@ mesh (`moemesh topology random --nodes N --seed 31`, scaled for tiny-moe with
   in these runs). A run cannot be faster than this whatever its nodes cost; the clock's
   events are the emulated ones (a link's departure, a device's end), so they are not merged.
 
+* `workers`, `windows`, `lookahead_ms`: how the mesh ran (None: a process a node, the
+  reference; 1: the whole mesh in one partition, netem.virtual.partition, where a window is
+  one event instant and there is no lookahead); `speedup_vs_processes`: a partitioned point's
+  virtual speed over the reference point's (same nodes, batching and bench).
+
     python -m bench.scale [--json] [--nodes 5,10,20,40] [--per-node-rps 0.4]
                           [--batching none,iteration] [--duration 15s] [--large]
+                          [--workers processes,1]
 
 `--large` adds a 100-node point (minutes; memory: a process per node).
 """
@@ -61,7 +67,8 @@ DEFAULT_MAX_ROWS = 256
 
 
 def scenario_data(nodes: int, rate_rps: float, batching: str, duration_s: float,
-                  max_rows: int = DEFAULT_MAX_ROWS) -> dict[str, Any]:
+                  max_rows: int = DEFAULT_MAX_ROWS, workers: int | None = None
+                  ) -> dict[str, Any]:
     """The scenario of one point (plain data, topology inline)."""
     from experiments.scaling import tiny_scaled
     from orchestrator.randomtopo import random_topology
@@ -80,6 +87,8 @@ def scenario_data(nodes: int, rate_rps: float, batching: str, duration_s: float,
     }
     if batching != "none":
         data["batching"] = {"mode": batching, "max_rows": max_rows}
+    if workers is not None:
+        data["workers"] = workers
     return data
 
 
@@ -131,11 +140,16 @@ def watch_interval_s(nodes: int) -> float:
 
 
 def _watch(pid: int, peaks: dict[int, int], stop: threading.Event, every_s: float,
-           spent: list[float]) -> None:
-    """Peak PSS of each node process under `pid` until `stop`; the thread's CPU seconds
-    go to `spent`."""
+           spent: list[float], partitioned: bool = False) -> None:
+    """Peak PSS of each node process under `pid` until `stop` (`partitioned`: of `pid`
+    itself, which holds every node); the thread's CPU seconds go to `spent`."""
     t0 = time.thread_time()
     while not stop.wait(every_s):
+        if partitioned:
+            kib = _pss_kib(pid)
+            if kib is not None:
+                peaks[pid] = max(peaks.get(pid, 0), kib)
+            continue
         for child in _descendants(pid):
             if child not in peaks and not _is_node(child):
                 continue
@@ -146,14 +160,15 @@ def _watch(pid: int, peaks: dict[int, int], stop: threading.Event, every_s: floa
 
 
 def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
-              max_rows: int = DEFAULT_MAX_ROWS, timeout_s: float = 3600) -> dict[str, Any]:
+              max_rows: int = DEFAULT_MAX_ROWS, timeout_s: float = 3600,
+              workers: int | None = None) -> dict[str, Any]:
     """One `moemesh run` of the point's scenario; its figures (see the module docstring)."""
     from orchestrator.yamlio import dump_yaml
 
     with tempfile.TemporaryDirectory(prefix="moemesh-scale-") as tmp:
         path = Path(tmp) / "scenario.yaml"
         path.write_text(dump_yaml(scenario_data(nodes, rate_rps, batching, duration_s,
-                                                max_rows)))
+                                                max_rows, workers)))
         out = Path(tmp) / "out"
         cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--quiet",
                "--quality-windows", "0", "--no-link-probe", "--out", str(out)]
@@ -167,8 +182,8 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
         spent: list[float] = []
         stop = threading.Event()
         every = watch_interval_s(nodes)
-        watcher = threading.Thread(target=_watch, args=(proc.pid, peaks, stop, every, spent),
-                                   daemon=True)
+        watcher = threading.Thread(target=_watch, args=(proc.pid, peaks, stop, every, spent,
+                                                        workers is not None), daemon=True)
         watcher.start()
         try:
             log, _ = proc.communicate(timeout=timeout_s)
@@ -191,8 +206,12 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     stats = meta.clock_stats or {}
     node_peaks = list(peaks.values())
+    if workers is not None and node_peaks:  # one process holds them all
+        node_peaks = [node_peaks[0] / nodes]
     return {
-        "nodes": nodes, "rate_rps": rate_rps, "batching": batching, "tokens": tokens,
+        "nodes": nodes, "rate_rps": rate_rps, "batching": batching, "workers": workers,
+        "lookahead_ms": stats.get("lookahead_ms"), "windows": stats.get("windows"),
+        "tokens": tokens,
         "virtual_speedup": stats.get("virtual_speedup"),
         "virtual_s": stats.get("virtual_s"), "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
@@ -237,7 +256,11 @@ def floor_ms(tokens: int = 32) -> float:
 
 
 def run_grid(nodes: Sequence[int], per_node_rps: float, modes: Sequence[str],
-             duration_s: float, max_rows: int = DEFAULT_MAX_ROWS) -> list[dict[str, Any]]:
+             duration_s: float, max_rows: int = DEFAULT_MAX_ROWS,
+             workers: Sequence[int | None] = (None,)) -> list[dict[str, Any]]:
+    """Every point; `workers`: None, a process per node (the reference), or K partitions.
+    A partitioned point's `speedup_vs_processes` is its virtual speed over the reference
+    point's of the same nodes and batching, in the same bench."""
     from bench.clock import run_bench
 
     floor = round(floor_ms(), 4)
@@ -245,21 +268,35 @@ def run_grid(nodes: Sequence[int], per_node_rps: float, modes: Sequence[str],
     points = []
     for n in nodes:
         for mode in modes:
-            point = run_point(n, round(per_node_rps * n, 4), mode, duration_s, max_rows)
-            point["floor_ms_per_token"] = floor
-            point["clock_round_us"] = round_us
-            point["clock_floor_speedup"] = clock_floor_speedup(point, round_us)
-            points.append(point)
-            print(f"bench scale: {n} nodes, {mode}: {point['virtual_speedup']}x real time, "
-                  f"{point['cpu_ms_per_token']} ms CPU a token (the clock alone: "
-                  f"{point['clock_floor_speedup']}x)", file=sys.stderr)
+            ref = None
+            for k in workers:
+                point = run_point(n, round(per_node_rps * n, 4), mode, duration_s, max_rows,
+                                  workers=k)
+                point["floor_ms_per_token"] = floor
+                point["clock_round_us"] = round_us
+                point["clock_floor_speedup"] = (clock_floor_speedup(point, round_us)
+                                                if k is None else None)
+                ref = point if k is None else ref
+                point["speedup_vs_processes"] = _ratio(point, ref)
+                points.append(point)
+                print(f"bench scale: {n} nodes, {mode}, "
+                      f"{'a process a node' if k is None else f'{k} worker(s)'}: "
+                      f"{point['virtual_speedup']}x real time, {point['cpu_ms_per_token']} ms "
+                      f"CPU a token", file=sys.stderr)
     return points
 
 
+def _ratio(point: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
+    if ref is None or point is ref or not ref.get("virtual_speedup") or not point.get(
+            "virtual_speedup"):
+        return None
+    return round(point["virtual_speedup"] / ref["virtual_speedup"], 3)
+
+
 def _table(points: Sequence[dict[str, Any]]) -> str:
-    cols = ("nodes", "rate_rps", "batching", "tokens", "virtual_speedup", "cpu_ms_per_token",
-            "advances_per_token", "clock_floor_speedup", "pss_mib_per_node",
-            "floor_ms_per_token", "wall_s")
+    cols = ("nodes", "rate_rps", "batching", "workers", "tokens", "virtual_speedup",
+            "speedup_vs_processes", "cpu_ms_per_token", "advances_per_token",
+            "clock_floor_speedup", "pss_mib_per_node", "floor_ms_per_token", "wall_s")
     rows = [cols] + [tuple(str(p.get(c)) for c in cols) for p in points]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True))
@@ -299,6 +336,22 @@ def _duration(text: str) -> float:
     return value
 
 
+def _workers(text: str) -> list[int | None]:
+    out: list[int | None] = []
+    for v in (v.strip() for v in text.split(",") if v.strip()):
+        if v == "processes":
+            out.append(None)
+        elif v == "1":
+            out.append(1)
+        else:
+            raise argparse.ArgumentTypeError(
+                f"workers are 'processes' (a process a node) or 1 (the whole mesh in one "
+                f"partition; more partitions side by side are not built yet), got {v!r}")
+    if not out:
+        raise argparse.ArgumentTypeError(f"want e.g. processes,1, got {text!r}")
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the points as a JSON list")
     p.add_argument("--nodes", type=_ints, default=list(DEFAULT_NODES),
@@ -313,6 +366,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"rows a batched step may carry, e.g. {DEFAULT_MAX_ROWS} (the default)")
     p.add_argument("--duration", type=_duration, default=15.0,
                    help="scenario time of each run, e.g. 15s (the default)")
+    p.add_argument("--workers", type=_workers, default=[None, 1],
+                   help="how each point runs the mesh: processes (a process a node, the "
+                        "reference) and/or 1 (one partition), e.g. processes,1 (the default: "
+                        "both, and their ratio)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -325,7 +382,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.per_node_rps > 0:
         raise ValueError(f"--per-node-rps must be > 0, got {args.per_node_rps}")
     nodes = list(args.nodes) + ([LARGE_NODES] if args.large else [])
-    points = run_grid(nodes, args.per_node_rps, args.batching, args.duration, args.max_rows)
+    points = run_grid(nodes, args.per_node_rps, args.batching, args.duration, args.max_rows,
+                      args.workers)
     print(json.dumps(points, indent=2) if args.json else _table(points))
     return 0
 

@@ -43,6 +43,19 @@ def test_the_clock_floor_is_virtual_time_over_the_rounds_it_took() -> None:
     assert clock_floor_speedup({"advances": 10, "virtual_s": 1.0}, 0.0) is None
 
 
+def test_workers_are_the_reference_or_one_partition() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).workers == [None, 1]
+    assert parser.parse_args(["--workers", "processes"]).workers == [None]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--workers", "2"])
+    assert scenario_data(4, 1.6, "none", 2.0, workers=1)["workers"] == 1
+    assert "workers" not in scenario_data(4, 1.6, "none", 2.0)
+
+
 @pytest.mark.slow
 def test_a_small_grid_prints_points_of_the_agreed_shape(capsys: pytest.CaptureFixture) -> None:
     import argparse
@@ -52,9 +65,16 @@ def test_a_small_grid_prints_points_of_the_agreed_shape(capsys: pytest.CaptureFi
     assert main(parser.parse_args(["--json", "--nodes", "3", "--duration", "2s",
                                    "--batching", "iteration"])) == 0
     points = json.loads(capsys.readouterr().out)
-    assert len(points) == 1
-    p = points[0]
-    assert (p["nodes"], p["rate_rps"], p["batching"]) == (3, 1.2, "iteration")
+    assert len(points) == 2  # a process a node, then the same point in one partition
+    p, one = points
+    assert (p["nodes"], p["rate_rps"], p["batching"], p["workers"]) == (3, 1.2, "iteration",
+                                                                          None)
+    # the same emulated run: its tokens and virtual time; its speed against the reference
+    assert (one["workers"], one["tokens"], one["virtual_s"]) == (1, p["tokens"], p["virtual_s"])
+    assert one["speedup_vs_processes"] == pytest.approx(
+        one["virtual_speedup"] / p["virtual_speedup"], rel=1e-2)
+    assert one["pss_mib_per_node"] > 0 and one["lookahead_ms"] is None
+    assert p["speedup_vs_processes"] is None and p["lookahead_ms"] is None
     assert p["tokens"] > 0 and p["virtual_speedup"] > 0 and p["cpu_ms_per_token"] > 0
     assert p["advances_per_token"] > 0 and p["floor_ms_per_token"] > 0
     assert p["wakes_per_advance"] >= 1 and p["reports_per_advance"] >= p["wakes_per_advance"]
