@@ -477,9 +477,6 @@ class Scenario:
         if self.runtime != "local" or self.clock not in ("virtual", "auto"):
             raise ValueError(f"workers: a partition needs runtime local and clock virtual, "
                              f"this is runtime {self.runtime}, clock {self.clock}")
-        if any(f.action == "node-down" for f in self.faults):
-            raise ValueError("workers: a node-down fault inside a partition is not built yet "
-                             "(leave workers out: one process a node)")
 
     def virtual_blocker(self, here: bool = True) -> str | None:
         """Why this scenario cannot run in virtual time (None: it can). `here`: this host's

@@ -18,17 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import math
 import selectors
 import socket
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .authority import virtual_origin
 from .shared import REALTIME, VIRTUAL
 
-__all__ = ["PartitionClock", "PartitionLoop"]
+__all__ = ["NODE", "PartitionClock", "PartitionLoop"]
+
+# The node of the partition that the running code belongs to (None: the controller). Every
+# task, callback and connection a node's server or its own tasks make inherit it, so that a
+# crash can end exactly that node's part of the shared loop (`PartitionLoop.crash`).
+NODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("moemesh_node", default=None)
 
 _perf = time.perf_counter
 STALL_S = 60.0  # wall seconds a virtual-time loop may wait for bytes or threads before it fails
@@ -276,9 +283,35 @@ class PartitionLoop(asyncio.SelectorEventLoop):
         self.book = _Book()
         self.threads = 0
         self.on_stall: Callable[[str], None] | None = None
+        # per node: its tasks, its connections' transports, its servers (weakly: what ends
+        # is forgotten)
+        self._owned: dict[str, tuple[weakref.WeakSet, weakref.WeakSet, list]] = {}
         selector = _Selector(clock, self.book)
         super().__init__(selector)
         selector.loop = self
+        self.set_task_factory(_owned_task)
+
+    def _of(self, node: str) -> tuple[weakref.WeakSet, weakref.WeakSet, list]:
+        owned = self._owned.get(node)
+        if owned is None:
+            owned = self._owned[node] = (weakref.WeakSet(), weakref.WeakSet(), [])
+        return owned
+
+    def crash(self, node: str) -> int:
+        """End `node` as a killed process ends: its servers stop listening, its connections
+        close under their peers, its tasks are cancelled. Returns the tasks cancelled."""
+        tasks, transports, servers = self._owned.pop(node, ((), (), ()))
+        for server in servers:
+            for sock in server.sockets:
+                name = sock.getsockname()
+                _LISTENING.discard((str(name[0]), int(name[1])))
+            server.close()
+        for transport in list(transports):
+            transport.abort()
+        alive = [t for t in list(tasks) if not t.done()]
+        for task in alive:
+            task.cancel(f"node {node} crashed")
+        return len(alive)
 
     def time(self) -> float:
         return self.clock.now()
@@ -300,12 +333,29 @@ class PartitionLoop(asyncio.SelectorEventLoop):
 
     def _make_socket_transport(self, sock: socket.socket, protocol: Any, waiter: Any = None,
                                *, extra: Any = None, server: Any = None) -> Any:
-        return super()._make_socket_transport(self.book.wrap(sock), protocol, waiter,
-                                              extra=extra, server=server)
+        transport = super()._make_socket_transport(self.book.wrap(sock), protocol, waiter,
+                                                   extra=extra, server=server)
+        node = NODE.get()
+        if node is not None:
+            self._of(node)[1].add(transport)
+        return transport
 
     async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
         server = await super().create_server(*args, **kwargs)
         for sock in server.sockets:
             name = sock.getsockname()
             _LISTENING.add((str(name[0]), int(name[1])))
+        node = NODE.get()
+        if node is not None:
+            self._of(node)[2].append(server)
         return server
+
+
+def _owned_task(loop: PartitionLoop, coro: Any, context: contextvars.Context | None = None
+                ) -> asyncio.Task:
+    """asyncio's task, remembered as its node's (the node of the context it runs in)."""
+    task = asyncio.Task(coro, loop=loop, context=context)
+    node = context.get(NODE) if context is not None else NODE.get()
+    if node is not None:
+        loop._of(node)[0].add(task)
+    return task

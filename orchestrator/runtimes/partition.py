@@ -7,20 +7,26 @@ as under `local`; only the process is shared. On a partition's loop
 a round through an authority. The process-per-node runtimes stay the reference: a run here
 must give the rows a `local` run gives (tests/experiments/test_partition_identity.py).
 
-A node-down fault (a crash) is not built here yet: it needs every task, connection and
-thread job of one node ended at once inside a shared loop. Such a scenario runs on `local`.
+A node runs in a context of its own (`netem.virtual.partition.NODE`), which every task and
+connection it makes inherits; node-down (a crash) ends exactly those at the instant it is due
+(`PartitionLoop.crash`: its server stops listening, its connections close under their peers,
+its tasks are cancelled), and node-up builds it afresh from its state folder, on its port, as
+a restarted process would.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import contextvars
 import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from netem.virtual.partition import NODE, PartitionLoop
 from orchestrator.runtimes.base import (
     Endpoint,
     NodeLaunch,
@@ -86,7 +92,9 @@ class PartitionRuntime(Runtime):
         # a free port of its own; revived, the one its peers know
         settings = replace(_settings(launch), port=self._ports.get(name, 0))
         node = build_node(settings)
-        await node.start()
+        own = contextvars.copy_context()
+        own.run(NODE.set, name)
+        await asyncio.get_running_loop().create_task(node.start(), context=own)
         self._nodes[name] = node
         self._ports[name] = node.port
 
@@ -97,9 +105,17 @@ class PartitionRuntime(Runtime):
                 await node.stop()
 
     async def kill(self, name: str) -> None:
+        """node-down: the node ends at once, as a killed process does (module docstring)."""
         node_named(self._launches, name)
-        raise RuntimeFailure(f"node-down {name}: a node crash inside a partition is not built "
-                             f"yet; run this scenario with workers unset (one process a node)")
+        node = self._nodes.pop(name, None)
+        if node is None:
+            return
+        loop = asyncio.get_running_loop()
+        if not isinstance(loop, PartitionLoop):
+            raise RuntimeFailure(f"node-down {name}: the partition runtime runs on a "
+                                 f"partition's loop (netem.virtual.run_on_partition)")
+        loop.crash(name)
+        node.device.close()  # its thread job, if one is out, ends unheard
 
     async def revive(self, name: str) -> Endpoint:
         node_named(self._launches, name)

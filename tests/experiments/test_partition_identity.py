@@ -1,6 +1,7 @@
 """The whole mesh in one partition (`--workers 1`, netem.virtual.partition) gives the rows the
 process-per-node reference (the `local` runtime) gives, row for row and column for column but
-the host's own time, on the scenarios people run; and runs twice to the bit."""
+the host's own time, on the scenarios people run, a node crash and a link cut included; and
+runs twice to the bit."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ CASES = {
     "fg-access-6s": ("fg-access.yaml", "--duration", "6s", "--quality-windows", "0"),
     "paper-load-6s": ("hetroute-paper-load.yaml", "--policies", "greedy,hetroute",
                       "--duration", "6s", "--quality-windows", "0"),
+    # a WAN link cut and a node crash (killed and revived inside the partition)
+    "mesh10-crash": (str(ROOT / "docker" / "scenarios" / "mesh10.yaml"), "--runtime", "local",
+                     "--quality-windows", "0"),
 }
 
 
@@ -51,6 +55,11 @@ def test_one_partition_gives_the_process_per_node_rows(tmp_path: Path, case: str
     assert "workers" not in ref["clock_stats"]
     assert one["clock_stats"]["workers"] == 1 and one["clock_stats"]["advances"] > 0
     assert one["scenario_data"]["workers"] == 1 and "workers" not in ref["scenario_data"]
+    def timeline(meta: dict) -> list:  # every fault at its instant, and how it went
+        return [{k: v for k, v in e.items() if k != "wall_time"}
+                for events in meta["faults"].values() for e in events]
+
+    assert timeline(one) == timeline(ref)
     if case == "tiny-quick":  # and again: the same rows to the bit
         _run(tmp_path / "again", scenario, *flags, "--workers", "1")
         assert _rows(tmp_path / "again") == got
@@ -71,14 +80,3 @@ def test_workers_it_cannot_honour_are_refused_naming_the_key(changes: dict, need
     with pytest.raises(ValueError, match=r"^workers: .*" + needle):
         replace(scenario, **changes)
 
-
-def test_a_node_crash_in_a_partition_is_refused_before_the_run() -> None:
-    from dataclasses import replace
-
-    from orchestrator.arms import load_experiment
-    from orchestrator.faults import Fault
-
-    scenario, _ = load_experiment(SCENARIOS / "tiny-quick.yaml")
-    crash = Fault(at_s=1.0, action="node-down", target=(scenario.topology.names[0],))
-    with pytest.raises(ValueError, match="node-down fault inside a partition"):
-        replace(scenario, workers=1, faults=(crash,))
