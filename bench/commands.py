@@ -49,7 +49,7 @@ def standalone(module: str, handler: Callable[[argparse.Namespace], int],
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Every `moemesh bench` target, and `lab bench-links` where the `lab` group exists."""
-    from . import clock, engine, restart, scale
+    from . import clock, engine, lookahead, restart, scale
     from .links import add_arguments
 
     group = bench_subparsers(sub)
@@ -83,6 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_target(sub, "restart", restart.command, arguments=restart.add_arguments)
     add_target(sub, "clock", clock.command, arguments=clock.add_arguments)
     add_target(sub, "scale", scale.main, arguments=scale.add_arguments)
+    add_target(sub, "lookahead", lookahead.command, arguments=lookahead.add_arguments)
 
     lab = sub.choices.get("lab")
     if lab is not None:
