@@ -23,7 +23,8 @@ WRITTEN = ["format", "scenario", "description", "model", "model_mode", "seed", "
            "overhead", "load", "trace", "options", "run_id", "repeats", "command",
            "clock_stats", "parts", "dense", "batching", "fidelity"]
 OPTIONAL = {"command", "calibration", "resumed", "clock_stats", "parts", "error", "dense",
-            "batching", "fidelity", "runtime_notes", "loop_lag", "node_deaths"}
+            "batching", "fidelity", "runtime_notes", "loop_lag", "node_deaths", "versions",
+            "lock_sha256"}
 
 
 def full() -> RunMeta:
@@ -36,7 +37,8 @@ def full() -> RunMeta:
                    error="FaultError: x", dense={"a": {"mode": "home"}},
                    batching={"mode": "none", "arms": []}, fidelity={"configured": {}},
                    runtime_notes=("note",), loop_lag={"a": {"n1": {"p99_ms": 1.0}}},
-                   node_deaths={"a": [{"node": "n1"}]})
+                   node_deaths={"a": [{"node": "n1"}]}, versions={"torch": "2.13.0"},
+                   lock_sha256="0" * 64)
 
 
 def test_what_the_runner_writes_reads_back_as_the_same_record() -> None:
