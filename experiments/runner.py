@@ -64,7 +64,7 @@ from .runmeta import RunMeta, jsonable
 from .target import MeshTarget, zero_links
 from .workload import WorkloadPlan, plan_workload
 
-__all__ = ["MeshFactory", "RunOptions", "run_experiment", "shorten"]
+__all__ = ["MeshFactory", "RunOptions", "code_commit", "run_experiment", "shorten"]
 
 FAULT_FINISH_S = 120.0  # the longest an event due before the workload's end may take to finish
 QUALITY_LIMIT_S = 120.0  # one /v1/score call (times the time dilation)
@@ -283,12 +283,21 @@ def _host() -> dict[str, Any]:
         import torch
 
         out["torch"] = torch.__version__
+    commit = code_commit()
+    if commit is not None:
+        out["commit"] = commit
+    return out
+
+
+def code_commit() -> str | None:
+    """The checkout's commit (`git rev-parse --short HEAD`), None outside a git checkout:
+    run.json's `host.commit`, which a resume and a study's cluster worker compare."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=5, cwd=Path(__file__).parent)
         if commit.returncode == 0:
-            out["commit"] = commit.stdout.strip()
-    return out
+            return commit.stdout.strip()
+    return None
 
 
 # ----------------------------------------------------------------------------- the run

@@ -46,14 +46,15 @@ import numpy as np
 
 from orchestrator.claims import Claim, judge
 
+from .executors import Executor
 from .metrics import BOOTSTRAP
 from .paired import failed_charge, paired_changes
 from .quality import QualitySet, identical_set
 from .study_levels import LEVELS, level_in_world, pool_level
 from .worlds import World
 
-__all__ = ["QUALITY", "STUDY_METRICS", "Row", "analyse", "hierarchical_ci", "quality_effect",
-           "rows_for", "world_done", "world_effect"]
+__all__ = ["QUALITY", "STUDY_METRICS", "Row", "WorldsTally", "analyse", "hierarchical_ci",
+           "quality_effect", "rows_for", "run_worlds", "world_done", "world_effect"]
 
 STUDY_METRICS = ("mean_latency", "ttft", "decode_latency", "traffic")
 QUALITY = "quality"  # an arm's perplexity change against exact (baseline "exact")
@@ -260,12 +261,59 @@ def version_notes(worlds: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
             if (note := versions_note(f"world {name} against world {first}", have, want))]
 
 
+class WorldsTally:
+    """The study's progress bar: worlds running, done and failed, and a line per world."""
+
+    def __init__(self, bar: Any, task: Any, quiet: bool) -> None:
+        self.bar, self.task, self.quiet = bar, task, quiet
+        self.walls: dict[str, float] = {}
+        self.running: set[str] = set()
+        self.failures: dict[str, str] = {}
+
+    def started(self, name: str, *, retry: bool = False) -> None:
+        if name in self.walls or name in self.failures:
+            return  # told after it ended (a cluster's news may come late)
+        self.running.add(name)
+        if retry:
+            self.say(f"{name}: started again (its worker died)")
+        self._show()
+
+    def finished(self, name: str, wall: float) -> None:
+        self.running.discard(name)
+        self.walls[name] = wall
+        self.say(f"{name}: {wall:.0f} s")
+        self.bar.advance(self.task)
+        self._show()
+
+    def failed(self, name: str, reason: str) -> None:
+        self.running.discard(name)
+        self.failures[name] = reason
+        self.say(f"{name}: failed: {reason}")
+        self._show()
+
+    def note(self, text: str) -> None:
+        """A line the study prints even when quiet (a world's environment differed)."""
+        self.bar.console.print(f"moemesh study: {text}", highlight=False, soft_wrap=True)
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            self.bar.console.print(text, highlight=False, soft_wrap=True)
+
+    def _show(self) -> None:
+        self.bar.update(self.task, description=f"worlds: {len(self.running)} running, "
+                                               f"{len(self.walls)} done, "
+                                               f"{len(self.failures)} failed")
+
+
 def run_worlds(worlds: Sequence[World], out: Path, run_one: Callable[[World, Path], None],
-               *, quiet: bool = False, jobs: int = 1) -> list[dict[str, Any]]:
-    """Run every world not complete on disk (`run_one(world, folder)`), `jobs` at a time
-    (`jobs` > 1: each in a worker process, so `run_one` must pickle), with a rich progress
-    bar; returns per world {"world", "ran", "wall_s"}, in the worlds' order. A world that
-    fails stops the study once the worlds already running have ended (each is resumable)."""
+               *, quiet: bool = False, executor: Executor | None = None
+               ) -> list[dict[str, Any]]:
+    """Run every world not complete on disk (`run_one(world, folder)`) where `executor` says
+    (default: here, one at a time; `jobs` > 1: each in a worker process, so `run_one` must
+    pickle; `ray`: experiments.executors), with a rich progress bar; returns per world
+    {"world", "ran", "wall_s"} (on Ray also its host and attempts), in the worlds' order. Here
+    a world that fails stops the study once the worlds already running have ended; on Ray the
+    others finish first (each is resumable)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -276,34 +324,27 @@ def run_worlds(worlds: Sequence[World], out: Path, run_one: Callable[[World, Pat
         TimeRemainingColumn,
     )
 
-    walls: dict[str, float | None] = {}
-    todo = []
-    for world in worlds:
-        if world_done(out / "worlds" / world.name):
-            walls[world.name] = None
-        else:
-            todo.append(world)
-    console = Console(stderr=True)
+    executor = executor or Executor()
+    todo = [w for w in worlds if not world_done(out / "worlds" / w.name)]
+    where: dict[str, dict[str, Any]] = {}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
                   disable=quiet) as bar:
-        task = bar.add_task(f"worlds ({min(jobs, max(1, len(todo)))} at a time)",
-                            total=len(worlds), completed=len(worlds) - len(todo))
+        tally = WorldsTally(bar, bar.add_task("worlds", total=len(worlds),
+                                              completed=len(worlds) - len(todo)), quiet)
+        if executor.kind == "ray":
+            from .executors import run_on_ray
 
-        def finished(world: World, wall: float) -> None:
-            walls[world.name] = wall
-            if not quiet:
-                bar.console.print(f"{world.name}: {wall:.0f} s")
-            bar.advance(task)
-
-        if jobs <= 1:
+            where = run_on_ray(todo, out, run_one, tally, executor.address)
+        elif executor.jobs <= 1:
             for world in todo:
-                bar.update(task, description=f"world {world.name}")
-                finished(world, _timed(run_one, world, out / "worlds" / world.name))
+                tally.started(world.name)
+                tally.finished(world.name, _timed(run_one, world, out / "worlds" / world.name))
         else:
-            _run_pooled(todo, out, run_one, jobs, finished)
-    return [{"world": w.name, "ran": walls[w.name] is not None,
-             "wall_s": round(walls[w.name] or 0.0, 1)} for w in worlds]
+            _run_pooled(todo, out, run_one, executor.jobs, tally)
+    walls = tally.walls
+    return [{"world": w.name, "ran": w.name in walls, "wall_s": round(walls.get(w.name, 0.0), 1),
+             **where.get(w.name, {})} for w in worlds]
 
 
 def _timed(run_one: Callable[[World, Path], None], world: World, folder: Path) -> float:
@@ -313,7 +354,7 @@ def _timed(run_one: Callable[[World, Path], None], world: World, folder: Path) -
 
 
 def _run_pooled(todo: Sequence[World], out: Path, run_one: Callable[[World, Path], None],
-                jobs: int, finished: Callable[[World, float], None]) -> None:
+                jobs: int, tally: WorldsTally) -> None:
     """The worlds in `jobs` worker processes (spawned: a fresh interpreter, no inherited
     threads or clock); the first failure cancels what has not started and is raised. An
     interrupt (Ctrl-C, SIGTERM) stops it all: no further world starts, and each worker gets one
@@ -327,6 +368,9 @@ def _run_pooled(todo: Sequence[World], out: Path, run_one: Callable[[World, Path
                              initargs=(stop,)) as pool:
         running = {pool.submit(_pooled_world, run_one, w, out / "worlds" / w.name): w
                    for w in todo}
+        for world in todo[:jobs]:
+            tally.started(world.name)
+        queued = list(todo[jobs:])
         try:
             while running:
                 done, _ = wait(running, return_when=FIRST_EXCEPTION)
@@ -334,7 +378,9 @@ def _run_pooled(todo: Sequence[World], out: Path, run_one: Callable[[World, Path
                     world = running.pop(fut)
                     if fut.exception() is not None:
                         raise fut.exception()
-                    finished(world, fut.result())
+                    tally.finished(world.name, fut.result())
+                    if queued:
+                        tally.started(queued.pop(0).name)
         except BaseException as exc:
             stop.set()
             for other in running:

@@ -73,6 +73,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: in virtual time as many as the host has cores and memory "
                         "for, about 4 GiB a world; on the wall clock 1, which it must stay: "
                         "worlds running side by side would distort each other's latencies)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where the worlds run: local (this host, --jobs at a time) or ray "
+                        "(one Ray task a world on a cluster, one CPU per mesh process; "
+                        "docs/cluster.md) (default: local)")
+    p.add_argument("--address", metavar="ADDR",
+                   help="--executor ray: the cluster's head, e.g. 10.0.0.5:6379 (default: "
+                        "RAY_ADDRESS, else the cluster `ray start` made on this host, else "
+                        "one started for the study on this host)")
 
 
 def _positive(text: str) -> int:
@@ -123,6 +131,17 @@ class WorldRunner:
     scenario: Any
     gen: Any
     ladder: dict[str, Any] | None = None  # --capacity: run_capacity's loads, target, requests
+
+    def processes(self, world: Any) -> int:
+        """The processes the world's run takes: one a node and the controller, or with
+        `workers: 1` the controller alone, the mesh inside it (a cluster executor holds a CPU
+        for each)."""
+        from .worlds import world_scenario
+
+        ws = world_scenario(self.scenario, self.gen, world)
+        if ws.workers is None:
+            return len(ws.topology.nodes) + 1
+        return 1 if ws.workers == 1 else ws.workers + 1
 
     def __call__(self, world: Any, folder: Path) -> None:
         from .worlds import world_scenario
@@ -176,6 +195,7 @@ def _study(args: argparse.Namespace) -> int:
     """
     from orchestrator.arms import load_experiment
 
+    from .executors import Executor
     from .outdir import claim_out, finish_out
     from .study import analyse, rows_for, run_worlds, world_done
     from .study_report import fmt_pct, fmt_ratio, fmt_share, write_study
@@ -183,11 +203,18 @@ def _study(args: argparse.Namespace) -> int:
 
     if args.clock == "both":
         raise ValueError("--clock both: not in a study (give virtual or realtime)")
+    if args.executor == "ray" and args.jobs is not None:
+        raise ValueError("--jobs: not with --executor ray (the cluster's CPUs say how many "
+                         "worlds run at once)")
+    executor = Executor(args.executor, address=args.address)
+    executor.check()
     ladder = ladder_of(args)
     scenario, arms, notes = _prepare(args) if ladder is None else prepare_ladder(args)
     gen = generator_of(scenario)
     worlds = draw_worlds(args.study_seed, args.topologies, args.seeds)
     labels = [a.label for a in arms]
+    if executor.kind == "local":
+        executor = replace(executor, jobs=_jobs(args.jobs, scenario, len(worlds)))
     claims = [c for c in scenario.claims if c.policy in labels and c.baseline in labels]
     if len(claims) < len(scenario.claims):
         notes.append(f"{len(scenario.claims) - len(claims)} claim(s) name arms left out by "
@@ -218,7 +245,7 @@ def _study(args: argparse.Namespace) -> int:
         try:
             ran = run_worlds(worlds, out, WorldRunner(arms, options, notes, scenario, gen,
                                                       ladder),
-                             quiet=args.quiet, jobs=_jobs(args.jobs, scenario, len(worlds)))
+                             quiet=args.quiet, executor=executor)
         except BaseException:
             finish_out(out, ok=False)
             raise

@@ -3,7 +3,7 @@
 - Tests marked `slow` (end-to-end runs of real processes, seconds each) are left out unless
   `--run-slow` is given or a `-m` expression selects by markers itself (`-m lab`, `-m docker`):
   `python3 -m pytest` is the quick run, `python3 -m pytest --run-slow` everything (CI).
-- Tests marked docker, netns, lab or uml need something of the machine; without it they are
+- Tests marked docker, netns, lab, uml or ray need something of the machine; without it they are
   skipped with the missing part and its fix, or fail where CI says the part must be there
   (tests/helpers/machine.py; `moemesh doctor` runs the same checks).
 """

@@ -19,6 +19,7 @@ def test_a_missing_part_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.parametrize(("group", "switch"), [
     ("docker", "MOEMESH_DOCKER_REQUIRED"), ("netns", "MOEMESH_NETNS_REQUIRED"),
     ("lab", "MOEMESH_LAB_REQUIRED"), ("uml", "MOEMESH_LAB_REQUIRED"),
+    ("ray", "MOEMESH_RAY_REQUIRED"),
 ])
 def test_the_switch_turns_the_skip_into_a_failure(
     group: str, switch: str, monkeypatch: pytest.MonkeyPatch,

@@ -6,6 +6,8 @@
                            where bridged traffic is filtered; `netns(bridge=False)`: no bridge
     lab                    tc-netem in this kernel (inside the UML kernel lab, or a host with it)
     uml                    what booting the kernel lab takes: kmod, the user-mode-linux package
+    ray                    Ray importable (the `cluster` extra; `moemesh study --executor ray`),
+                           checked here: it is an install, not a part of the machine
 
 Where a part is missing the test is skipped with one line naming the part and the command that
 fixes it, unless the group's switch is set (CI sets them after installing the parts): then the
@@ -14,6 +16,7 @@ skip is a failure. MOEMESH_IN_LAB=1 (inside the lab) requires the lab group.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -27,6 +30,7 @@ SWITCHES = {
     "netns": "MOEMESH_NETNS_REQUIRED",
     "lab": "MOEMESH_LAB_REQUIRED",
     "uml": "MOEMESH_LAB_REQUIRED",
+    "ray": "MOEMESH_RAY_REQUIRED",
 }
 GROUPS = tuple(SWITCHES)
 
@@ -49,6 +53,10 @@ def missing(group: str, *, bridge: bool = True) -> str:
         return doctor.feature("tc").reason()
     if group == "uml":
         return doctor.feature("lab").reason()
+    if group == "ray":
+        from experiments.executors import INSTALL
+
+        return "" if importlib.util.find_spec("ray") else f"Ray is not installed: {INSTALL}"
     raise ValueError(f"unknown test group {group!r} (known: {', '.join(GROUPS)})")
 
 
