@@ -338,12 +338,18 @@ class LeakProbe:
     (node processes get their state folder there), the runtime's network namespaces
     (`ip netns list`), qdiscs and links on its devices (`tc qdisc show`, `ip -o link`), its
     containers (`docker ps -aq`). `own(runtime, endpoints)` learns those identities while
-    the mesh is up."""
+    the mesh is up. A process that was already there when the probe was made (this
+    process's own helpers, such as multiprocessing's resource tracker) is not the run's."""
 
     work_dir: Path
     namespaces: set[str] = field(default_factory=set)
     devices: set[str] = field(default_factory=set)  # interface name prefixes
     containers: set[str] = field(default_factory=set)
+    before: frozenset[tuple[int, str]] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if not self.before:
+            self.before = frozenset(self._found())
 
     def own(self, runtime: Any, endpoints: Mapping[str, Any]) -> None:
         self.namespaces |= {ep.netns for ep in endpoints.values() if ep.netns}
@@ -359,6 +365,11 @@ class LeakProbe:
                     continue
 
     def processes(self) -> list[str]:
+        return [f"process {p}: {line[:120]}" for p, line in sorted(self._found())
+                if (p, line) not in self.before]
+
+    def _found(self) -> set[tuple[int, str]]:
+        """(pid, command line) of each process below this one or naming `work_dir`."""
         parents = _proc_children()
         me, mine = os.getpid(), set()
         frontier = {me}
@@ -367,7 +378,7 @@ class LeakProbe:
             mine |= frontier
         folder = str(self.work_dir)
         named = {p for p in parents if p != me and folder in _cmdline(p)}
-        return [f"process {p}: {_cmdline(p)[:120]}" for p in sorted(mine | named)]
+        return {(p, _cmdline(p)) for p in mine | named}
 
     def left(self) -> list[str]:
         out = self.processes()

@@ -190,3 +190,21 @@ def test_leak_probe_knows_a_runtimes_own_names() -> None:
     probe.own(SimpleNamespace(container_id=ids.__getitem__), {"edge1": SimpleNamespace(netns=None)})
     assert probe.containers == {"0123456789ab"}
     assert probe.left() == []  # none of them exists on this host
+
+
+def test_leak_probe_does_not_count_a_process_that_was_there_before(tmp_path: Path) -> None:
+    """multiprocessing's resource tracker outlives every run of the process that started it."""
+    earlier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        probe = LeakProbe(tmp_path)
+        assert probe.left() == []
+        later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            left = probe.left()
+            assert len(left) == 1 and str(later.pid) in left[0], left
+        finally:
+            later.kill()
+            later.wait()
+    finally:
+        earlier.kill()
+        earlier.wait()
