@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 from netem import timing
@@ -58,6 +58,27 @@ class ClockStalled(RuntimeError):
     """The mesh stopped making progress in virtual time (the message says on what)."""
 
 
+async def _stoppable(main: Coroutine[Any, Any, T],
+                     hook: Callable[[Callable[[str], None]], None]) -> T:
+    """`main`, ended by ClockStalled when the clock stalls: `hook(fail)` hands the clock the
+    function it calls then, on the loop's thread, with what stalled."""
+    task = asyncio.current_task()
+    assert task is not None
+    stalled: list[str] = []
+
+    def fail(message: str) -> None:
+        stalled.append(message)
+        task.cancel(message)
+
+    hook(fail)
+    try:
+        return await main
+    except asyncio.CancelledError:
+        if stalled:
+            raise ClockStalled(stalled[0]) from None
+        raise
+
+
 def run_on_clock(main: Coroutine[Any, Any, T], *, virtual: bool,
                  stall_s: float | None = None) -> T:
     """`asyncio.run(main)`, with a virtual-time authority when `virtual` (module docstring)."""
@@ -72,16 +93,9 @@ def run_on_clock(main: Coroutine[Any, Any, T], *, virtual: bool,
     os.environ.update(authority.env())  # the node processes it starts inherit it
     agent = Agent(authority.folder)
     timing.use_shared_clock(agent.clock.now)
-    stalled: list[str] = []
 
-    async def guarded() -> T:
-        task = asyncio.current_task()
-        assert task is not None
+    def hook(fail: Callable[[str], None]) -> None:
         loop = asyncio.get_running_loop()
-
-        def fail(message: str) -> None:
-            stalled.append(message)
-            task.cancel(message)
 
         def on_stall(message: str) -> None:  # on the authority's thread
             authority.mark_busy("controller")
@@ -90,16 +104,10 @@ def run_on_clock(main: Coroutine[Any, Any, T], *, virtual: bool,
         authority.on_stall = on_stall
         authority.on_death = _say_death
         agent.register("controller")
-        try:
-            return await main
-        except asyncio.CancelledError:
-            if stalled:
-                raise ClockStalled(stalled[0]) from None
-            raise
 
     try:
         with asyncio.Runner(loop_factory=lambda: VirtualLoop(agent)) as runner:
-            return runner.run(guarded())
+            return runner.run(_stoppable(main, hook))
     finally:
         agent.close()
         authority.close()
@@ -119,29 +127,15 @@ def run_on_partition(main: Coroutine[Any, Any, T]) -> T:
     clock = PartitionClock()
     _authority.use(clock)
     timing.use_shared_clock(clock.now)
-    stalled: list[str] = []
 
-    async def guarded() -> T:
-        task = asyncio.current_task()
-        assert task is not None
-
-        def fail(message: str) -> None:
-            stalled.append(message)
-            task.cancel(message)
-
+    def hook(fail: Callable[[str], None]) -> None:
         loop = asyncio.get_running_loop()
         assert isinstance(loop, PartitionLoop)
         loop.on_stall = fail
-        try:
-            return await main
-        except asyncio.CancelledError:
-            if stalled:
-                raise ClockStalled(stalled[0]) from None
-            raise
 
     try:
         with asyncio.Runner(loop_factory=lambda: PartitionLoop(clock)) as runner:
-            return runner.run(guarded())
+            return runner.run(_stoppable(main, hook))
     finally:
         timing.use_shared_clock(None)
         _authority.use(None)

@@ -39,6 +39,7 @@ from typing import Any
 import msgpack
 
 from .shared import SharedClock
+from .writers import WriterSelector
 
 __all__ = ["CLOCK_DIR_ENV", "CLOCK_ENV", "Agent", "VirtualLoop", "agent_from_env", "own_addresses",
            "wait_for_clock"]
@@ -217,46 +218,18 @@ def _bytes_waiting(events: list) -> bool:
     return True
 
 
-class ClockSelector(selectors.EpollSelector):
+class ClockSelector(WriterSelector):
     """The loop's selector; in virtual time a wait with nothing runnable becomes an idle
     report and a wait for the authority (see the module docstring)."""
 
     def __init__(self, agent: Agent) -> None:
         super().__init__()
         self._agent = agent
-        self._writers: set[int] = set()  # fds with bytes left to write (see `register`)
         self.loop: VirtualLoop | None = None
         agent._on_register = self._attach  # type: ignore[method-assign]
 
     def _attach(self, chan: socket.socket) -> None:
         super().register(chan, selectors.EVENT_READ, _CHANNEL)
-
-    # asyncio registers a writer for a socket whose send buffer is full (what it could not
-    # hand the kernel waits in the transport) and for a connect in progress: bytes this
-    # process will still send. The peer's reading frees the buffer and no counted byte says
-    # so, so until every writer is gone this process is busy (a clock advanced meanwhile ran
-    # the timeouts of answers that were half sent: across a bridge the kernel takes a large
-    # message in many pieces, on loopback at once).
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = super().register(fileobj, events, data)
-        self._note(key.fd, events)
-        return key
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = super().modify(fileobj, events, data)
-        self._note(key.fd, events)
-        return key
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        key = super().unregister(fileobj)
-        self._writers.discard(key.fd)
-        return key
-
-    def _note(self, fd: int, events: int) -> None:
-        if events & selectors.EVENT_WRITE:
-            self._writers.add(fd)
-        else:
-            self._writers.discard(fd)
 
     def _poll(self, timeout: float | None) -> tuple[list, bool]:
         """(the loop's events, whether the authority wrote)."""

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import contextvars
 import math
-import selectors
 import socket
 import time
 import weakref
@@ -29,6 +28,7 @@ from typing import Any
 
 from .authority import virtual_origin
 from .shared import REALTIME, VIRTUAL
+from .writers import WriterSelector
 
 __all__ = ["NODE", "PartitionClock", "PartitionLoop"]
 
@@ -218,35 +218,13 @@ class _Book:
 _LISTENING: set[tuple[str, int]] = set()  # this process's servers, for `_Book.sent`
 
 
-class _Selector(selectors.EpollSelector):
+class _Selector(WriterSelector):
     """Epoll, but in virtual time a wait with nothing left to do moves the clock instead."""
 
     def __init__(self, clock: PartitionClock, book: _Book) -> None:
         super().__init__()
         self.clock, self.book = clock, book
         self.loop: PartitionLoop | None = None
-        self._writers: set[int] = set()
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = super().register(fileobj, events, data)
-        self._note(key.fd, events)
-        return key
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = super().modify(fileobj, events, data)
-        self._note(key.fd, events)
-        return key
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        key = super().unregister(fileobj)
-        self._writers.discard(key.fd)
-        return key
-
-    def _note(self, fd: int, events: int) -> None:
-        if events & selectors.EVENT_WRITE:
-            self._writers.add(fd)
-        else:
-            self._writers.discard(fd)
 
     def select(self, timeout: float | None = None) -> list:
         if not self.clock.virtual or (timeout is not None and timeout <= 0):
