@@ -169,9 +169,9 @@ def measure_barriers(rounds: int = 20_000, repeats: int = 3) -> dict[str, Any]:
 
 def topologies(random_nodes: Sequence[int] = RANDOM_NODES) -> list[Any]:
     """The shipped topologies (by file name) and bench scale's random meshes."""
-    from experiments.scaling import tiny_scaled
-    from orchestrator.randomtopo import random_topology
-    from orchestrator.topology import load_topology
+    from experiments.study.scaling import tiny_scaled
+    from orchestrator.scenario.randomtopo import random_topology
+    from orchestrator.scenario.topology import load_topology
 
     out = [load_topology(p) for p in sorted(TOPOLOGIES.glob("*.yaml"))]
     out += [tiny_scaled(random_topology(n, SEED)) for n in random_nodes]
@@ -222,8 +222,8 @@ def scenario_rows(paths: Sequence[str], ks: Sequence[int], costs_ms: Mapping[str
                   ) -> list[dict[str, Any]]:
     """Rows for scenarios, each node weighed by its placement's expected work
     (`orchestrator.partitioner.scenario_load`: seconds a scenario, its placement)."""
-    from orchestrator.arms import load_scenario
     from orchestrator.partitioner import scenario_load
+    from orchestrator.scenario.arms import load_scenario
 
     scenarios = [load_scenario(p) for p in paths]
     out = rows([s.topology for s in scenarios], ks, costs_ms,

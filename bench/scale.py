@@ -5,7 +5,7 @@ Each point is one `moemesh run` (a child process, virtual clock, app shaper, loc
 no quality scoring, no link probe: the probe crosses every pair, O(N^2), and at 40 and 100
 nodes it was most of the run's virtual time and clock advances) of a random heterogeneous
 mesh (`moemesh topology random --nodes N --seed 31`, scaled for tiny-moe with
-`experiments.scaling.tiny_scaled`), the `hetroute` policy, Poisson arrivals at `rate_rps`
+`experiments.study.scaling.tiny_scaled`), the `hetroute` policy, Poisson arrivals at `rate_rps`
 (default 0.4 req/s per node), prompts of 16-48 tokens, 12 tokens a request, for
 `--duration` of scenario time. Per point:
 
@@ -70,9 +70,9 @@ def scenario_data(nodes: int, rate_rps: float, batching: str, duration_s: float,
                   max_rows: int = DEFAULT_MAX_ROWS, workers: int | None = None
                   ) -> dict[str, Any]:
     """The scenario of one point (plain data, topology inline)."""
-    from experiments.scaling import tiny_scaled
-    from orchestrator.randomtopo import random_topology
-    from orchestrator.topology import topology_to_data
+    from experiments.study.scaling import tiny_scaled
+    from orchestrator.scenario.randomtopo import random_topology
+    from orchestrator.scenario.topology import topology_to_data
 
     topo = tiny_scaled(random_topology(nodes, SEED))
     data: dict[str, Any] = {
@@ -163,7 +163,7 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
               max_rows: int = DEFAULT_MAX_ROWS, timeout_s: float = 3600,
               workers: int | None = None) -> dict[str, Any]:
     """One `moemesh run` of the point's scenario; its figures (see the module docstring)."""
-    from orchestrator.yamlio import dump_yaml
+    from orchestrator.scenario.yamlio import dump_yaml
 
     with tempfile.TemporaryDirectory(prefix="moemesh-scale-") as tmp:
         path = Path(tmp) / "scenario.yaml"
@@ -198,7 +198,7 @@ def run_point(nodes: int, rate_rps: float, batching: str, duration_s: float,
         if proc.returncode != 0:
             raise RuntimeError(f"bench scale: the {nodes}-node run failed "
                                f"(exit {proc.returncode}): {log[-2000:]}")
-        from experiments.runmeta import RunMeta
+        from experiments.run.runmeta import RunMeta
 
         meta = RunMeta.read(out / "run.json")
         with open(out / "tokens.csv") as f:
@@ -325,7 +325,7 @@ def _modes(text: str) -> list[str]:
 
 
 def _duration(text: str) -> float:
-    from orchestrator.units import parse_duration_s
+    from orchestrator.scenario.units import parse_duration_s
 
     try:
         value = parse_duration_s(text)

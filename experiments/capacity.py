@@ -41,7 +41,7 @@ run side by side on one mesh with the same seeded requests (one `run_experiment`
   load's when the factor is calibrated there with `--tdf auto`), and what queues is the
   emulated devices and links. The base is the run clock of the scenario with its
   `capacity.time_dilation`, else its `time_dilation` (`--tdf` replaces both). A
-  point where a policy's host overhead share (experiments.faithful's measure and 5% limit:
+  point where a policy's host overhead share (experiments.analysis.faithful's measure and 5% limit:
   the host's lateness over the measured token latency) is above the limit cannot be judged:
   it is skipped (listed as `skipped`), neither a pass nor a miss, and when the loads above
   the policy's last pass were all distorted its capacity is reported as limited by the host,
@@ -72,12 +72,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.arms import Arm
 from orchestrator.runclock import RunClock
-from orchestrator.scenario import Scenario
+from orchestrator.scenario.arms import Arm
+from orchestrator.scenario.scenario import Scenario
 
-from .clock import run_clock
-from .faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT
+from .analysis.faithful import LAG_MS, LAG_SHARE, OVERHEAD_LIMIT
+from .run.clock import run_clock
 
 __all__ = [
     "CAPACITY_REQUESTS",
@@ -251,7 +251,7 @@ def figures_of(load: float, clock: RunClock, summary: Mapping[str, Any],
                requests: Mapping[str, tuple[int, float, int]] | None = None
                ) -> dict[str, Figure]:
     """Each policy's figure from one load's summary.json (`clock`: that run's); a policy is
-    faithful here when its own host overhead share is within experiments.faithful's limit
+    faithful here when its own host overhead share is within experiments.analysis.faithful's limit
     (see the module docstring for the loop lag). `requests`: per policy (requests sent, mean
     request time in scenario s, requests measured), from requests.csv (`_request_times`)."""
     out = {}
@@ -362,8 +362,8 @@ async def run_capacity(scenario: Scenario, arms: Sequence[Arm], open_mesh: Calla
                        notes: Sequence[str] = (), say: Callable[[str], None] = print
                        ) -> dict[str, Any]:
     """Climb the ladder (see the module docstring); returns capacity.json's content."""
-    from .outdir import claim_out, finish_out
-    from .runner import run_experiment
+    from .run.outdir import claim_out, finish_out
+    from .run.runner import run_experiment
 
     if not 0 < target <= 1:
         raise ValueError(f"--slo-target must be in (0, 1], got {target:g}")
@@ -449,7 +449,7 @@ def _flight(load: float, sent: tuple[int, float, int] | None) -> tuple[float, in
 def _request_times(folder: Path) -> dict[str, tuple[int, float, int]]:
     """Per policy: requests sent, the mean time of a measured one (scenario s), and how many
     were measured (outside the warm-up)."""
-    from .rows import RequestRow, read_rows
+    from .run.rows import RequestRow, read_rows
 
     path = folder / "requests.csv"
     if not path.is_file():
@@ -480,7 +480,7 @@ def _point(folder: Path, load: float, clock: RunClock, wall_s: float) -> dict[st
 def rebuild_capacity(out: Path, *, slo_ms: float | None = None) -> dict[str, Any]:
     """capacity.json, .md and .png again from the loads' run folders (`moemesh report DIR`);
     with `slo_ms`, each load's report is first redrawn at that SLO."""
-    from .report import build_report
+    from .report.report import build_report
 
     old = json.loads((out / "capacity.json").read_text())
     points = []
@@ -547,7 +547,7 @@ def _bracket_text(cap: Mapping[str, Any]) -> str:
 
 def write_capacity(out: Path, data: Mapping[str, Any]) -> Path:
     """capacity.json, capacity.md and capacity.png in `out`; returns the plot's path."""
-    from . import plots  # matplotlib loads here, not when the CLI is built
+    from .report import plots  # matplotlib loads here, not when the CLI is built
 
     (out / "capacity.json").write_text(json.dumps(data, indent=1) + "\n")
     figs = _figures(data["points"])

@@ -5,10 +5,10 @@
     moemesh run SCENARIO --repeat 4                      # every policy 4 times, interleaved
     moemesh report results/quickstart                    # redraw from the raw records
     moemesh sweep SCENARIO --knob redundancy --values 1,2,3 --out results/sweep-redundancy
-    moemesh study SCENARIO --topologies 8 --seeds 2      # across worlds (experiments.study)
+    moemesh study SCENARIO --topologies 8 --seeds 2      # across worlds (experiments.study.run)
 
 Bad input (a scenario file, a flag) raises ValueError: `moemesh` prints it and exits 2.
-A run that is not faithful (experiments.faithful) ends with a warning on stderr naming why;
+A run that is not faithful (experiments.analysis.faithful) ends with a warning on stderr naming why;
 the exit status stays 0 (the run itself worked, and its report says the same).
 """
 
@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 from moe.vocab import is_number
 from orchestrator.cli import add_command
 
-from .clock import clock_for_overrides, resolve_clock, run_clocked
+from .run.clock import clock_for_overrides, resolve_clock, run_clocked
 
 if TYPE_CHECKING:
-    from .runmeta import RunMeta
+    from .run.runmeta import RunMeta
 
 __all__ = ["add_shorten_flags", "chosen_arms", "register"]
 
 
 def _duration(text: str) -> float:
-    from orchestrator.units import parse_duration_s
+    from orchestrator.scenario.units import parse_duration_s
 
     try:
         return parse_duration_s(text)
@@ -194,7 +194,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sw.set_defaults(handler=_sweep)
 
     from .load_command import register as register_load  # `moemesh load`
-    from .study_command import register as register_study  # `moemesh study`
+    from .study.command import register as register_study  # `moemesh study`
 
     register_study(sub)
     register_load(sub)
@@ -206,9 +206,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     from dataclasses import replace
 
-    from orchestrator.arms import load_experiment
+    from orchestrator.scenario.arms import load_experiment
 
-    from .runner import shorten
+    from .run.runner import shorten
 
     scenario, arms = load_experiment(args.scenario)
     changes: dict[str, Any] = {}
@@ -242,7 +242,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
 def chosen_arms(wanted: list[str], arms: tuple) -> tuple:
     """`--policies`: the scenario's arms by label; a registered router policy the scenario
     does not list (a plug-in's included) runs as a default arm of its own."""
-    from orchestrator.arms import parse_arm
+    from orchestrator.scenario.arms import parse_arm
     from router.policies import POLICIES
 
     known = {a.label: a for a in arms}
@@ -255,7 +255,7 @@ def chosen_arms(wanted: list[str], arms: tuple) -> tuple:
 
 
 def _options(args: argparse.Namespace, scenario: Any = None) -> Any:
-    from .runner import RunOptions
+    from .run.runner import RunOptions
 
     repeat = args.repeat if args.repeat is not None else getattr(scenario, "repeat", 1)
     if not is_number(repeat, integer=True) or repeat < 1:
@@ -273,7 +273,7 @@ def _trace(args: argparse.Namespace, scenario: Any) -> Any:
         return None
     from moe.profiles import get
 
-    from .routing import load_trace
+    from .run.routing import load_trace
 
     if scenario.model.mode != "modeled":
         raise ValueError(f"--trace {args.trace}: only a modeled run routes by a trace (the "
@@ -313,12 +313,12 @@ def _run(args: argparse.Namespace) -> int:
     caches reset in between), score quality, measure the emulator's overhead, stop the mesh, and
     write tokens.csv, requests.csv, run.json, summary.json, report.md and plots into --out.
     """
-    from .live import open_live
-    from .runner import run_experiment
+    from .run.live import open_live
+    from .run.runner import run_experiment
 
     resume = None
     if args.resume is not None:
-        from .resume import load
+        from .run.resume import load
 
         if args.capacity:
             raise ValueError("--resume: not with --capacity (rerun the capacity ladder; each "
@@ -350,10 +350,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _both(args: argparse.Namespace) -> int:
     """`--clock both`: the scenario in virtual time, then on the wall clock (--tdf, else the
-    scenario's dilation), and the paired comparison of the two (experiments.crosscheck)."""
-    from .crosscheck import crosscheck, crosscheck_lines, write_crosscheck
-    from .live import open_live
-    from .runner import run_experiment
+    scenario's dilation), and the paired comparison of the two (experiments.run.crosscheck)."""
+    from .run.crosscheck import crosscheck, crosscheck_lines, write_crosscheck
+    from .run.live import open_live
+    from .run.runner import run_experiment
 
     base = args.out or Path("results") / f"{args.scenario.stem}-clocks"
     for clock in ("virtual", "realtime"):
@@ -446,7 +446,7 @@ def _capacity(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from .capacity import capacity_lines, run_capacity
-    from .live import open_live
+    from .run.live import open_live
 
     ladder = ladder_of(args)
     assert ladder is not None
@@ -468,11 +468,11 @@ def _capacity(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import build_report
+    from .report.report import build_report
 
     if args.slo_ms is not None and not args.slo_ms > 0:
         raise ValueError(f"--slo-ms must be > 0, got {args.slo_ms:g}")
-    from .plots import FORMATS, formats
+    from .report.plots import FORMATS, formats
 
     chosen = FORMATS if args.format == "both" else (args.format,)
     if (args.folder / "capacity.json").is_file():  # a `moemesh run --capacity` folder
@@ -490,7 +490,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _trace_export(args: argparse.Namespace) -> int:
-    from .routing import export_trace
+    from .run.routing import export_trace
 
     out = args.out or args.folder / "trace.jsonl"
     n = export_trace(args.folder, out, args.policy, args.rep)
@@ -499,9 +499,9 @@ def _trace_export(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .live import open_live
-    from .outdir import claim_out, finish_out
-    from .runner import run_experiment
+    from .run.live import open_live
+    from .run.outdir import claim_out, finish_out
+    from .run.runner import run_experiment
     from .sweep import DEFAULT_VALUES, apply_knob, write_sweep
 
     scenario, arms, notes = _prepare(args)
@@ -519,7 +519,7 @@ def _sweep(args: argparse.Namespace) -> int:
         folder = out / f"{args.knob}={value:g}"
         resume = None
         if args.resume and (folder / "run.json").is_file():  # finished: redrawn; else resumed
-            from .resume import load
+            from .run.resume import load
 
             resume = load(folder)
         run_clocked(run_experiment(point, arms, open_live, folder, options,

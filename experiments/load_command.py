@@ -79,16 +79,16 @@ def _load(args: argparse.Namespace) -> int:
     faults meanwhile with `moemesh fault`. Writes tokens.csv, requests.csv and summary.json into
     --out.
     """
-    from orchestrator.arms import load_experiment
-    from orchestrator.mesh_commands import ready_state
+    from orchestrator.mesh.commands import ready_state
+    from orchestrator.scenario.arms import load_experiment
 
-    from .driver import Driver
-    from .metrics import policy_stats
-    from .outdir import claim_out, finish_out
-    from .progress import RunProgress
-    from .rows import RequestRow, TokenRow, write_rows
-    from .runner import shorten
-    from .workload import plan_workload
+    from .analysis.metrics import policy_stats
+    from .run.driver import Driver
+    from .run.outdir import claim_out, finish_out
+    from .run.progress import RunProgress
+    from .run.rows import RequestRow, TokenRow, write_rows
+    from .run.runner import shorten
+    from .run.workload import plan_workload
 
     scenario, arms = load_experiment(args.scenario)
     faults = len(scenario.faults)  # `run`'s timeline, not this command's

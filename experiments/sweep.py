@@ -37,8 +37,8 @@ from typing import Any
 from moe.vocab import is_number
 from netem.spec import LinkSpec
 from orchestrator.runclock import RunClock
-from orchestrator.scenario import Scenario
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.scenario import Scenario
+from orchestrator.scenario.topology import Node, Topology
 
 __all__ = ["KNOBS", "LOAD_KNOBS", "apply_knob", "grow_topology", "scale_link_rates",
            "set_access", "sweep_rows", "winning_points", "write_sweep"]
@@ -65,7 +65,7 @@ DEFAULT_VALUES = {
     "downlink_rate": (1.0, 2.0, 4.0, 8.0, 32.0),
 }
 ACCESS_KNOBS = {"uplink_rate": "uplink", "downlink_rate": "downlink"}  # knob -> the way
-# The paired metrics the crossing table shows (experiments.paired).
+# The paired metrics the crossing table shows (experiments.analysis.paired).
 CROSSING_METRICS = ("mean_latency", "traffic")
 
 
@@ -121,7 +121,7 @@ def apply_knob(scenario: Scenario, knob: str, value: float) -> Scenario:
     base = replace(scenario, faults=())
     if knob in LOAD_KNOBS:
         from .capacity import at_load, load_knob, load_of
-        from .clock import run_clock
+        from .run.clock import run_clock
 
         if load_knob(scenario) != knob:
             raise ValueError(f"sweep {knob}: needs an "
@@ -174,8 +174,8 @@ def sweep_rows(points: Sequence[tuple[float, dict[str, Any]]]) -> list[dict[str,
 
 def _load_plot(out: Path, knob: str, points: Sequence[tuple[float, dict[str, Any]]],
                slo_ms: float) -> Path:
-    from . import plots
     from .capacity import SLO_TARGET, figures_of
+    from .report import plots
 
     by: dict[str, list[Any]] = {}
     for value, summary in points:
@@ -190,7 +190,7 @@ def _paired_plot(out: Path, knob: str, rows: Sequence[dict[str, Any]],
                  values: Sequence[float]) -> Path | None:
     """sweep_<knob>_paired.png: each policy's paired change against the run's first one,
     per metric of the crossing table, with its CI; None when nothing was compared."""
-    from . import plots
+    from .report import plots
 
     compared = [r for r in rows if r.get("paired")]
     if not compared:
@@ -266,7 +266,7 @@ def write_sweep(out: Path, knob: str, points: Sequence[tuple[float, dict[str, An
     """sweep.json, sweep.md and sweep_<knob>.png in `out` (and, for a load knob,
     sweep_<knob>_slo.png; with compared policies, sweep_<knob>_paired.png); returns the first
     plot's path."""
-    from . import plots  # matplotlib loads here, not when the CLI is built
+    from .report import plots  # matplotlib loads here, not when the CLI is built
 
     rows = sweep_rows(points)
     (out / "sweep.json").write_text(json.dumps({"knob": knob, "rows": rows}, indent=1) + "\n")

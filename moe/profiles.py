@@ -44,7 +44,7 @@ class ModelProfile:
     dense_layers: int = 0  # FFN layers without experts (DeepSeek's first, Switch's alternate ones)
     dense_d_ff: int = 0
     # Of dense_layers, those before the first MoE layer (DeepSeek's first_k_dense_replace): a
-    # vLLM routed-experts array has a row for each, which experiments.routing drops
+    # vLLM routed-experts array has a row for each, which experiments.run.routing drops
     leading_dense_layers: int = 0
     heads: int = 0
     kv_heads: int = 0

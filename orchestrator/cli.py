@@ -26,13 +26,13 @@ COMMAND_MODULES = (
     "netem.commands",
     "bench.commands",  # after netem: it adds `lab bench-links`; no lower package imports bench
     "orchestrator.commands",
-    "orchestrator.mesh_commands",
-    "orchestrator.meshd",
-    "orchestrator.docker_commands",
+    "orchestrator.mesh.commands",
+    "orchestrator.mesh.daemon",
+    "orchestrator.compose.commands",
     "orchestrator.doctor",
     "orchestrator.clean",
     "experiments.commands",
-    "experiments.chaos_command",
+    "experiments.chaos.command",
 )
 
 

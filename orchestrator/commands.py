@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.arms import load_scenario
-from orchestrator.randomtopo import MAX_NODES, random_topology_yaml
-from orchestrator.scenario import Scenario, scenario_to_data
-from orchestrator.topology import Topology, load_topology, topology_to_data
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.randomtopo import MAX_NODES, random_topology_yaml
+from orchestrator.scenario.scenario import Scenario, scenario_to_data
+from orchestrator.scenario.topology import Topology, load_topology, topology_to_data
 
 __all__ = ["register", "scenario_summary", "topology_summary"]
 

@@ -50,7 +50,7 @@ from typing import Any
 
 from moe.vocab import clip, is_number
 from netem.spec import LinkSpec
-from orchestrator.topology import Topology
+from orchestrator.scenario.topology import Topology
 
 __all__ = [
     "DEFAULT_MAX_IMBALANCE",

@@ -19,7 +19,7 @@ __all__ = ["REAL", "RunClock"]
 @dataclass(frozen=True)
 class RunClock:
     """`dilation` wall seconds per scenario second; `virtual`: the run is on a shared
-    virtual clock (netem.virtual), where `experiments.clock.resolve_clock` made it 1."""
+    virtual clock (netem.virtual), where `experiments.run.clock.resolve_clock` made it 1."""
 
     dilation: float = 1.0
     virtual: bool = False

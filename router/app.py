@@ -325,7 +325,8 @@ async def _put_mesh(request: web.Request) -> web.Response:
 
 
 async def _probe(request: web.Request) -> web.Response:
-    """Messages to one peer over the data plane, timed (router.probe; experiments.fidelity)."""
+    """Messages to one peer over the data plane, timed (router.probe;
+    experiments.analysis.fidelity)."""
     if (denied := _authorized(request)) is not None:
         return denied
     try:

@@ -7,7 +7,7 @@ One engine for both compute modes; what differs is where a layer's rows come fro
   greedily one token at a time with a KV cache, for latency.
 - modeled compute (`TraceSteps`, paper-scale profiles without weights): each token's experts
   per layer come from a seeded synthetic routing trace (`moe.traces`) or from the trace the
-  request brings (`Routing`: a recorded one, experiments.routing), the gate weights from the
+  request brings (`Routing`: a recorded one, experiments.run.routing), the gate weights from the
   trace or a seeded draw, the activations are zeros of the real size; the prompt only sets
   how many tokens to prefill. No NLL. `generate(..., routing=True)` records what the gate
   chose for every routed position (`RoutingTap`), in both modes.

@@ -5,7 +5,7 @@ dispatcher's own transport (its egress shaping, the peer's `/v1/forward`, the an
 on the peer's link back), each a group of zero rows for one expert the peer holds. Each
 sample gives the round trip on the emulated timeline (sent → answer back, `arrived`), the
 peer's own queue, load and compute times, and the body bytes both ways, so a caller can
-separate the link (delay and serialisation) from the node (experiments.fidelity). Times are
+separate the link (delay and serialisation) from the node (experiments.analysis.fidelity). Times are
 this node's milliseconds (time dilation included).
 """
 
@@ -78,7 +78,7 @@ async def probe_together(svc: Any, data: dict[str, Any]) -> dict[str, Any]:
     message of `rows` rows to each peer alone, one after another, then one to every peer at
     the same instant. The messages sent together share this node's uplink, and their answers
     its downlink, so the last of them is late by what the others put through the slower of the
-    two first (experiments.fidelity.uplink_fit). Each send waits `gap_s` (this node's
+    two first (experiments.analysis.fidelity.uplink_fit). Each send waits `gap_s` (this node's
     seconds) after the answer before it, so a kernel shaper's token buckets start it full: a
     bucket part full at a lone send and full at the joint one moves the lateness by up to a
     bucket."""

@@ -48,7 +48,7 @@ __all__ = [
 
 DEFAULT_ROUTER = "hetroute"  # the router a placement is built for, unless told (router)
 # a scenario's `placement.router: arm`: each arm's placement is built for the arm's own router
-# (orchestrator.arms); where no arm is in view (`moemesh placement`), DEFAULT_ROUTER's
+# (orchestrator.scenario.arms); where no arm is in view (`moemesh placement`), DEFAULT_ROUTER's
 EACH_ARM = "arm"
 
 # Token-layers of calibration traffic by default (tokens = this / layers, at least 128).

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from moe.vocab import is_number
-from orchestrator.lifetime import to_the_end
+from orchestrator.mesh.lifetime import to_the_end
 
 __all__ = ["Endpoint", "NodeLaunch", "Runtime", "RuntimeFailure", "check_launches",
            "node_named", "wait_listening"]

@@ -43,7 +43,7 @@ from typing import Any, Literal
 from netem.spec import LinkSpec
 from netem.virtual import clock_held
 from netem.virtual import current as clock_authority
-from orchestrator.lifetime import together, undone_on_error
+from orchestrator.mesh.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import (
     Endpoint,
     NodeLaunch,

@@ -32,8 +32,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.lifetime import together, undone_on_error
 from orchestrator.markers import mark
+from orchestrator.mesh.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.forkserver import ForkServer, forkable
 from orchestrator.runtimes.processes import (

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import doctor
-from orchestrator.lifetime import together, undone_on_error
 from orchestrator.markers import mark
+from orchestrator.mesh.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.processes import (
     ProcessNode,

@@ -25,7 +25,7 @@ from typing import Protocol, TypeVar
 from netem.probe import has_capability
 from netem.virtual import clock_held
 from netem.virtual import current as clock_authority
-from orchestrator.lifetime import together
+from orchestrator.mesh.lifetime import together
 from orchestrator.runtimes.base import (
     Endpoint,
     NodeLaunch,

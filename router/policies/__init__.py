@@ -53,7 +53,7 @@ def _dist(ep: EntryPoint) -> str:
 _PLUGINS = _plugin_entry_points()
 POLICIES = (*_CLASSES, *sorted(_PLUGINS))
 # What a scenario's plain `policies:` list may name: all but `exact`, which serves the home
-# node's own model with no network and is only ever an arm (orchestrator/arms.py).
+# node's own model with no network and is only ever an arm (orchestrator/scenario/arms.py).
 MESH_POLICIES = tuple(name for name in POLICIES if _CLASSES.get(name) is not Exact)
 # A scenario without a `policies:` list runs these: installing a plug-in changes no scenario.
 BUILTIN_MESH_POLICIES = tuple(name for name, cls in _CLASSES.items() if cls is not Exact)

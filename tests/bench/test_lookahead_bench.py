@@ -20,7 +20,7 @@ from bench.lookahead import (
 )
 from netem.spec import LinkSpec
 from orchestrator.cli import build_parser
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.topology import Node, Topology
 from services.device import builtin_profiles
 
 

@@ -15,8 +15,8 @@ from bench.scale import (
     scenario_data,
     watch_interval_s,
 )
-from orchestrator.scenario import scenario_from_data
-from orchestrator.yamlio import Loc
+from orchestrator.scenario.scenario import scenario_from_data
+from orchestrator.scenario.yamlio import Loc
 
 
 @pytest.mark.parametrize("mode", ["none", "iteration"])

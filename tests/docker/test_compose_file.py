@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from netem.spec import LinkSpec
-from orchestrator.arms import load_scenario
-from orchestrator.compose import CONTROLLER, ComposeOptions, compose_data, compose_text
-from orchestrator.topology import Node, Topology
+from orchestrator.compose.file import CONTROLLER, ComposeOptions, compose_data, compose_text
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.topology import Node, Topology
 from services.device import DeviceProfile, builtin_profiles, load_profile
 from tests.helpers import ROOT
 

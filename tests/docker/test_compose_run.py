@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from netem.spec import LinkSpec
-from orchestrator.compose import ComposeOptions, compose_text
+from orchestrator.compose.file import ComposeOptions, compose_text
 from orchestrator.runtimes.base import NodeLaunch
 from orchestrator.runtimes.docker import DockerRuntime
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.topology import Node, Topology
 from services.client import ClientSettings, NodeClient
 from services.device import DeviceProfile, builtin_profiles
 from services.errors import NodeRefused

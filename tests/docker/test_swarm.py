@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from netem.spec import LinkSpec
-from orchestrator.compose import ComposeOptions, compose_text
+from orchestrator.compose.file import ComposeOptions, compose_text
 from orchestrator.runtimes import make_runtime
 from orchestrator.runtimes.swarm import SwarmRuntime, stack_from_env
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.topology import Node, Topology
 from services.device import builtin_profiles
 from tests.docker.conftest import docker_cli
 from tests.helpers import ROOT
@@ -74,8 +74,8 @@ def test_a_virtual_file_loads_in_a_stack_and_runs_on_the_clock_it_is_given(
     `--clock realtime`. Loading the file must not judge where it runs (it did: the stack's
     controller exited 2 before the flag was read); the clock the run takes is refused there,
     with the reason, only when it is virtual."""
-    from experiments.clock import resolve_clock
-    from orchestrator.arms import load_scenario
+    from experiments.run.clock import resolve_clock
+    from orchestrator.scenario.arms import load_scenario
 
     monkeypatch.setenv("MOEMESH_SWARM_SERVICE", "mm_controller")
     scenario = load_scenario(Path(__file__).resolve().parents[2] / "docker" / "scenarios"

@@ -3,7 +3,7 @@ router container whose egress is rate-limited with tbf (the real link between th
 with a generated compose file and its own controller running a short experiment over both.
 
 What it shows: the nodes shape only their own egress, so the emulated links stack on the
-network that joins the sites, and the run's base-network probe (experiments.fidelity,
+network that joins the sites, and the run's base-network probe (experiments.analysis.fidelity,
 probe_base) sees that network as it is: a cross-site pair's base goodput is the join's rate,
 a same-site pair's is far above it, and report.md says how the base meets the emulated delay.
 The sites are made unreachable from each other except through the join: Docker isolates two
@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from netem.spec import LinkSpec
-from orchestrator.compose import ComposeOptions, compose_text
-from orchestrator.topology import Node, Topology
+from orchestrator.compose.file import ComposeOptions, compose_text
+from orchestrator.scenario.topology import Node, Topology
 from services.device import builtin_profiles
 from tests.docker.conftest import docker_cli, leftovers
 from tests.helpers.machine import require_compose

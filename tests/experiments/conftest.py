@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from experiments.rows import RequestRow, TokenRow, write_rows
-from experiments.runmeta import RunMeta
+from experiments.run.rows import RequestRow, TokenRow, write_rows
+from experiments.run.runmeta import RunMeta
 from netem.spec import LinkSpec
-from orchestrator.scenario import IntRange, Scenario, Workload
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.scenario import IntRange, Scenario, Workload
+from orchestrator.scenario.topology import Node, Topology
 from services.device import builtin_profiles
 
 TEXT = bytes(range(32, 127)) * 40  # stands in for the held-out corpus in pure-data tests

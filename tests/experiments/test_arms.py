@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.arms import Arm, arms_of, load_experiment, parse_arm
-from orchestrator.yamlio import InputError
+from orchestrator.scenario.arms import Arm, arms_of, load_experiment, parse_arm
+from orchestrator.scenario.yamlio import InputError
 from tests.experiments.conftest import small_scenario
 from tests.helpers import ROOT
 
@@ -167,7 +167,7 @@ def test_placement_router_arm_builds_each_arms_placement_for_its_own_router() ->
 def test_placement_router_is_read_checked_and_kept(tmp_path: Path) -> None:
     """`placement.router` in a file: a router name or `arm`; a bad one names its line; the
     scenario's data keeps it (and leaves out the default)."""
-    from orchestrator.scenario import scenario_to_data
+    from orchestrator.scenario.scenario import scenario_to_data
 
     text = (SCENARIOS / "quickstart.yaml").read_text().replace(
         "topology: topologies/", f"topology: {SCENARIOS}/topologies/")

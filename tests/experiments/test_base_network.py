@@ -1,4 +1,5 @@
-"""The base network beside the emulated links (experiments.fidelity.base_rows and the report's
+"""The base network beside the emulated links (experiments.analysis.fidelity.base_rows and the
+report's
 "Base network" section): measured wall-clock base, its share in scenario time, and the
 configured round trip it is added to."""
 
@@ -6,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.fidelity import _fit, base_rows, combine
-from experiments.report import _base_lines
-from experiments.runmeta import RunMeta
+from experiments.analysis.fidelity import _fit, base_rows, combine
+from experiments.report.report import _base_lines
+from experiments.run.runmeta import RunMeta
 from orchestrator.runclock import RunClock
 
 

@@ -49,7 +49,7 @@ def test_a_batched_run_repeats_to_the_bit(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_an_arm_unbatched_in_a_batched_scenario_runs_as_the_unbatched_scenario(
         tmp_path: Path) -> None:
-    """An arm's `batching: none` (orchestrator.arms) is the scenario's `batching: none` for
+    """An arm's `batching: none` (orchestrator.scenario.arms) is the scenario's `batching: none` for
     that arm, token for token, beside a batched arm in the same run."""
     text = QUICKSTART.read_text().replace(
         "topologies/", str(QUICKSTART.parent / "topologies") + "/")

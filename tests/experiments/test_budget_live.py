@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from experiments.live import open_live
-from experiments.quality import identical_set
-from experiments.rows import TokenRow, read_rows
-from experiments.runner import RunOptions, run_experiment
-from orchestrator.arms import load_experiment
-from orchestrator.chaos import Invariants
-from orchestrator.scenario import Scenario
+from experiments.analysis.quality import identical_set
+from experiments.run.live import open_live
+from experiments.run.rows import TokenRow, read_rows
+from experiments.run.runner import RunOptions, run_experiment
+from orchestrator.mesh.chaos import Invariants
+from orchestrator.scenario.arms import load_experiment
+from orchestrator.scenario.scenario import Scenario
 
 TIGHT = """
 name: tight-budget

@@ -1,4 +1,4 @@
-"""The time-dilation search (experiments.calibrate) on measured shares given by a table: the
+"""The time-dilation search (experiments.run.calibrate) on measured shares given by a table: the
 probes themselves need a live mesh (the slow live-run tests start one)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from experiments.calibrate import FACTORS, Probe, overhead_share, search
-from experiments.rows import TokenRow
+from experiments.run.calibrate import FACTORS, Probe, overhead_share, search
+from experiments.run.rows import TokenRow
 
 
 def _measure(shares: dict[float, float], asked: list[float]):

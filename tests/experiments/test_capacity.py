@@ -30,10 +30,10 @@ from experiments.capacity import (
     steady_requests,
     write_capacity,
 )
-from experiments.rows import RequestRow, write_rows
-from orchestrator.arms import Arm
-from orchestrator.faults import Fault
+from experiments.run.rows import RequestRow, write_rows
+from orchestrator.mesh.faults import Fault
 from orchestrator.runclock import RunClock
+from orchestrator.scenario.arms import Arm
 from tests.experiments.conftest import small_scenario
 from tests.helpers import moemesh
 

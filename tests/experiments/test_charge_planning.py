@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.arms import load_experiment, parse_arm
-from orchestrator.yamlio import InputError
+from orchestrator.scenario.arms import load_experiment, parse_arm
+from orchestrator.scenario.yamlio import InputError
 from router.settings import Settings
 from tests.helpers import ROOT, moemesh_process
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from experiments.clock import resolve_clock
-from experiments.live import open_live
-from experiments.parts import PART_FILE, RunFolder
-from experiments.progress import RunProgress
-from experiments.runner import RunOptions, run_experiment, shorten
+from experiments.run.clock import resolve_clock
+from experiments.run.live import open_live
+from experiments.run.parts import PART_FILE, RunFolder
+from experiments.run.progress import RunProgress
+from experiments.run.runner import RunOptions, run_experiment, shorten
 from netem.virtual import run_on_clock
-from orchestrator.arms import load_experiment
+from orchestrator.scenario.arms import load_experiment
 from tests.helpers import ROOT
 
 QUICKSTART = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"  # tiny-moe: quick

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from experiments.driver import Driver, rows_of_answer
-from experiments.runner import RunOptions, shorten
-from experiments.workload import Request, plan_workload
-from orchestrator.arms import Arm
-from orchestrator.faults import Fault
+from experiments.run.driver import Driver, rows_of_answer
+from experiments.run.runner import RunOptions, shorten
+from experiments.run.workload import Request, plan_workload
+from orchestrator.mesh.faults import Fault
 from orchestrator.runclock import RunClock
+from orchestrator.scenario.arms import Arm
 from tests.experiments.conftest import TEXT, small_scenario
 from tests.helpers import free_port
 
@@ -121,7 +121,7 @@ async def _serve(handler) -> tuple[str, object]:
 async def test_a_500_from_generate_fails_the_run_with_the_nodes_message() -> None:
     from aiohttp import web
 
-    from experiments.driver import RequestRefused
+    from experiments.run.driver import RequestRefused
 
     async def crash(request: web.Request) -> web.Response:
         return web.json_response({"error": "internal", "detail": "KeyError: 'edge9'"},
@@ -144,7 +144,7 @@ async def test_a_503_is_a_fault_and_connections_are_bounded() -> None:
 
     from aiohttp import web
 
-    from experiments.driver import DriveLimits
+    from experiments.run.driver import DriveLimits
 
     inflight, most = 0, 0
 
@@ -202,8 +202,8 @@ async def test_a_request_whose_home_is_down_is_served_by_the_node_rehome_names()
 
 
 def test_the_nearest_live_node_is_the_shortest_round_trip_ties_by_name() -> None:
-    from orchestrator.topology import topology_from_data
-    from orchestrator.yamlio import Loc
+    from orchestrator.scenario.topology import topology_from_data
+    from orchestrator.scenario.yamlio import Loc
 
     topo = topology_from_data({
         "nodes": [{"name": n, "gpu_tflops": 1, "gpu_mem_gb": 1, "cpu_mem_gb": 1,
@@ -223,8 +223,8 @@ async def test_a_fault_the_workload_ended_before_is_recorded_as_not_applied() ->
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from experiments.progress import RunProgress
-    from experiments.runner import _drive_with_faults
+    from experiments.run.progress import RunProgress
+    from experiments.run.runner import _drive_with_faults
 
     port = free_port()  # nothing listens: the three requests fail at once
     sc = small_scenario(arrival="closed", rate_rps=None, concurrency=1, duration_s=None,

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from experiments.analysis.faithful import NO_SPLIT, assess, loop_lag_of
+from experiments.analysis.metrics import policy_stats
+from experiments.analysis.quality import identical_set
 from experiments.commands import register, warn_unfaithful
-from experiments.faithful import NO_SPLIT, assess, loop_lag_of
-from experiments.metrics import policy_stats
-from experiments.quality import identical_set
-from experiments.report import build_report
-from experiments.rows import TokenRow
+from experiments.report.report import build_report
+from experiments.run.rows import TokenRow
 from tests.experiments.conftest import arm, make_rows, meta_of, write_run
 
 
@@ -245,7 +245,7 @@ def test_repeat_flag_reaches_the_run_options() -> None:
 
 
 def test_a_dead_node_a_partial_run_and_runtime_notes_reach_the_verdict(tmp_path: Path) -> None:
-    """run.json's `node_deaths` (orchestrator.supervisor), `error`, an unreadable or
+    """run.json's `node_deaths` (orchestrator.mesh.supervisor), `error`, an unreadable or
     overwritten loop-lag record and the runtime's notes all appear in report.md's verdict."""
     from tests.experiments.conftest import arm, make_rows, write_run
 

@@ -1,4 +1,4 @@
-"""Per-pair fidelity (experiments.fidelity): the fit from probe samples, the run's own
+"""Per-pair fidelity (experiments.analysis.fidelity): the fit from probe samples, the run's own
 transfers, the verdict per pair, and a real probe over the app shaper's data plane."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.fidelity import (
+from experiments.analysis.fidelity import (
     _fit,
     configured,
     link_samples,
@@ -20,7 +20,7 @@ from experiments.fidelity import (
 )
 from netem.spec import LinkSpec
 from orchestrator.runclock import RunClock
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.topology import Node, Topology
 from services.device import builtin_profiles
 
 
@@ -147,7 +147,7 @@ def test_an_access_link_probe_measures_the_shared_rate_over_the_app_shaper(way: 
     summary carry it; a rate off by more shows as off."""
     import asyncio
 
-    from experiments.fidelity import RATE_REL, uplink_fit, uplink_rows
+    from experiments.analysis.fidelity import RATE_REL, uplink_fit, uplink_rows
 
     # a wall-clock measurement: the host's other work can only slow a round, never speed it
     # up, so the fastest of three rounds stands (a shaper that is too fast still fails)
@@ -202,7 +202,7 @@ async def _probe_together(way: str = "uplink") -> dict:
 
 def test_a_base_probe_that_did_not_fit_is_shown_as_such_not_a_crash() -> None:
     """run.json keeps a failed fit (NaN) as null: the redrawn report must say so."""
-    from experiments.fidelity import base_rows
+    from experiments.analysis.fidelity import base_rows
 
     fidelity = {"configured": {"a-b": {"delay_ms": 2.0}}, "combine": "added",
                 "base": {"a-b": {"delay_ms": None, "rate_mbit": None}}}
@@ -237,7 +237,7 @@ def test_under_tc_a_message_counts_its_frames_and_head() -> None:
     """tc's HTB counts frames, the app shaper bodies (`wire_bytes`): a 10,000-byte body is
     10,250 sent bytes in 8 segments of 1,448, 66 bytes of headers each; the uplink fit from
     the same samples then reads the rate higher by that ratio."""
-    from experiments.fidelity import uplink_fit, wire_bytes
+    from experiments.analysis.fidelity import uplink_fit, wire_bytes
 
     assert wire_bytes(10_000, framed=False) == 10_000
     assert wire_bytes(10_000, framed=True) == 10_250 + 8 * 66

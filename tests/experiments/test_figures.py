@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import plots
+from experiments.analysis.intervals import policy_intervals
 from experiments.commands import register
-from experiments.intervals import policy_intervals
-from experiments.report import build_report
+from experiments.report.report import build_report, plots
 from tests.experiments.conftest import arm, make_rows, write_run
 
 PNG = b"\x89PNG\r\n\x1a\n"

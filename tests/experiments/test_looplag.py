@@ -1,4 +1,5 @@
-"""What run.json keeps of the nodes' event-loop lag (experiments.looplag) and the plot's marks."""
+"""What run.json keeps of the nodes' event-loop lag (experiments.run.looplag) and the plot's
+marks."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from experiments.looplag import collect_loop_lag, lag_intervals, worst_node
-from experiments.plots import lag_spans
+from experiments.report.plots import lag_spans
+from experiments.run.looplag import collect_loop_lag, lag_intervals, worst_node
 from orchestrator.runclock import RunClock
 
 
@@ -63,7 +64,7 @@ def test_intervals_merge_and_the_plot_joins_nodes() -> None:
 
 
 def test_the_latency_plot_marks_lag_spans(tmp_path) -> None:
-    from experiments import plots
+    from experiments.report.report import plots
     from tests.experiments.conftest import make_rows
 
     tokens, _ = make_rows("hetroute", 20.0, n_requests=10)
@@ -79,7 +80,7 @@ async def test_a_long_arm_is_read_in_chunks_and_merged_and_keeps_lost() -> None:
     added, max of maxima, p99 the worst chunk's) and a chunk that lost samples says so."""
     import asyncio
 
-    from experiments.looplag import arm_lag, merge_windows
+    from experiments.run.looplag import arm_lag, merge_windows
 
     chunks = [
         {"edge1": {**window([[1.0, 40.0]], [], count=100, p99_ms=2.0, max_ms=40.0,

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.metrics import LatencyHist, compare, policy_stats, summary_json
-from experiments.rows import RequestRow, TokenRow, read_rows, write_rows
+from experiments.analysis.metrics import LatencyHist, compare, policy_stats, summary_json
+from experiments.run.rows import RequestRow, TokenRow, read_rows, write_rows
 from tests.experiments.conftest import make_rows, meta_of, token
 
 POLICY_KEYS = {"tokens", "failed_tokens", "rerouted_tokens", "latency_ms", "ttft_ms",

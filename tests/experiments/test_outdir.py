@@ -1,5 +1,5 @@
 """`--out`: a run claims its folder before writing, never over another run's data
-(experiments.outdir)."""
+(experiments.run.outdir)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.outdir import claim_out, finish_out
-from experiments.runner import RunOptions, run_experiment
-from orchestrator.arms import Arm
+from experiments.run.outdir import claim_out, finish_out
+from experiments.run.runner import RunOptions, run_experiment
 from orchestrator.markers import NotOurs, marker, update
+from orchestrator.scenario.arms import Arm
 from tests.experiments.conftest import small_scenario
 
 

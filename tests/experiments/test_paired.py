@@ -1,4 +1,4 @@
-"""Comparisons paired by request (experiments.paired) and the repetitions' orders."""
+"""Comparisons paired by request (experiments.analysis.paired) and the repetitions' orders."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from experiments.paired import paired_compare
-from experiments.repeats import base_label, rep_label, rep_of, rep_orders
-from experiments.rows import TokenRow
+from experiments.analysis.paired import paired_compare
+from experiments.run.repeats import base_label, rep_label, rep_of, rep_orders
+from experiments.run.rows import TokenRow
 from tests.experiments.conftest import make_rows, token
 
 
@@ -45,7 +45,7 @@ def test_a_known_shift_is_found_with_a_paired_interval_that_excludes_zero() -> N
 
 
 def test_pairing_is_what_makes_a_small_shift_visible() -> None:
-    from experiments.metrics import compare
+    from experiments.analysis.metrics import compare
 
     a, _ = make_rows("a", 20.0, seed=1)
     b = _shifted(a, "b", 1.05, noise=0.05)
@@ -130,7 +130,7 @@ def test_failing_ten_percent_of_tokens_cannot_look_faster_than_completing_them_s
             slow.append(token("slow", r, i, lat))
     plain = paired_compare("slow", slow, "fails", fails, "mean_latency", seed=1)
     assert plain.change_pct < -20  # the trap: dropping failed tokens rewards failing
-    from experiments.paired import failed_charge
+    from experiments.analysis.paired import failed_charge
 
     charge = failed_charge(slow, fails)
     assert charge == max(t.latency_ms for t in slow)
@@ -140,9 +140,9 @@ def test_failing_ten_percent_of_tokens_cannot_look_faster_than_completing_them_s
         back = paired_compare("fails", fails, "slow", slow, metric, seed=1, failed_at=charge)
         assert back.change_pct <= 0 and back.verdict() != "higher", (metric, back)
     # the report's comparisons apply the rule, and say the failed share beside the latency
-    from experiments.metrics import policy_stats
-    from experiments.report import comparisons
-    from experiments.runmeta import RunMeta
+    from experiments.analysis.metrics import policy_stats
+    from experiments.report.report import comparisons
+    from experiments.run.runmeta import RunMeta
 
     meta = RunMeta.from_json({"scenario": "s", "seed": 1, "arms": [{"label": "slow"},
                                                                   {"label": "fails"}]})

@@ -79,7 +79,7 @@ def test_one_partition_gives_the_process_per_node_rows(tmp_path: Path, case: str
 def test_workers_it_cannot_honour_are_refused_naming_the_key(changes: dict, needle: str) -> None:
     from dataclasses import replace
 
-    from orchestrator.arms import load_experiment
+    from orchestrator.scenario.arms import load_experiment
 
     scenario, _ = load_experiment(SCENARIOS / "tiny-quick.yaml")
     with pytest.raises(ValueError, match=r"^workers: .*" + needle):

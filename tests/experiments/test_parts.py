@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from experiments.parts import OVERHEAD, RunFolder, missing
-from experiments.resume import check, load
-from experiments.rows import RequestRow, TokenRow, read_rows
-from experiments.runmeta import RunMeta
+from experiments.run.parts import OVERHEAD, RunFolder, missing
+from experiments.run.resume import check, load
+from experiments.run.rows import RequestRow, TokenRow, read_rows
+from experiments.run.runmeta import RunMeta
 from tests.experiments.conftest import meta_of, token
 from tests.helpers import moemesh
 
@@ -148,10 +148,10 @@ def test_a_refused_resume_hands_the_folder_back_as_the_stopped_run_left_it(
     where before it saw its own pid 'writing' it and refused."""
     import asyncio
 
-    from experiments.outdir import claim_out, finish_out
-    from experiments.runner import RunOptions, run_experiment
-    from orchestrator.arms import load_experiment
+    from experiments.run.outdir import claim_out, finish_out
+    from experiments.run.runner import RunOptions, run_experiment
     from orchestrator.markers import marker
+    from orchestrator.scenario.arms import load_experiment
     from tests.helpers import ROOT
 
     scenario, arms = load_experiment(ROOT / "experiments" / "scenarios" / "quickstart.yaml")

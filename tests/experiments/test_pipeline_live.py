@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.live import open_live
-from experiments.rows import TokenRow, read_rows
-from experiments.runner import RunOptions, run_experiment
-from orchestrator.arms import load_experiment
+from experiments.run.live import open_live
+from experiments.run.rows import TokenRow, read_rows
+from experiments.run.runner import RunOptions, run_experiment
+from orchestrator.scenario.arms import load_experiment
 
 SCENARIO = """
 name: pipelined

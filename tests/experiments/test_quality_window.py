@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments.runner import quality_seq_for, quality_windows
+from experiments.run.runner import quality_seq_for, quality_windows
 from moe.registry import model_dir
 
 

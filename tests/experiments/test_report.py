@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from experiments.analysis.metrics import Comparison, PolicyStats, policy_stats
+from experiments.analysis.paired import paired_compare
 from experiments.commands import register
-from experiments.headline import headline_lines, why
-from experiments.metrics import Comparison, PolicyStats, policy_stats
-from experiments.paired import paired_compare
-from experiments.report import build_report, quality_delta
-from experiments.reproduce import claims
-from experiments.rows import TokenRow
-from experiments.runmeta import RunMeta
+from experiments.report.headline import headline_lines, why
+from experiments.report.report import build_report, quality_delta
+from experiments.reproduce.papers import claims
+from experiments.run.rows import TokenRow
+from experiments.run.runmeta import RunMeta
 from tests.experiments.conftest import arm, make_rows, write_run
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from experiments.metrics import policy_stats
-from experiments.repro_table import folder_rows, main, markdown
-from experiments.reproduce_load import load_rows, paired_slo, slo_passes
-from experiments.rows import RequestRow, TokenRow
+from experiments.analysis.metrics import policy_stats
+from experiments.reproduce.load import load_rows, paired_slo, slo_passes
+from experiments.reproduce.table import folder_rows, main, markdown
+from experiments.run.rows import RequestRow, TokenRow
 from tests.experiments.conftest import arm, make_rows, meta_of, write_run
 
 ARMS = [arm("edgeshard", "greedy", placement="layer-shard"),
@@ -237,7 +237,7 @@ def test_arms_that_routed_alike_are_inert_not_a_test_of_the_claim(tmp_path: Path
 def test_edgeshard_is_the_pipelined_arm_and_layer_shard_only_in_older_runs() -> None:
     """Issue 25 item 3: the EdgeShard rows compare against the pipelined arm; a run recorded
     before it existed (no arm with `dense: pipeline`) still reads its layer-shard arm."""
-    from experiments.reproduce import edgeshard, find_arm
+    from experiments.reproduce.papers import edgeshard, find_arm
 
     piped = {"label": "edgeshard", "policy": "greedy", "placement": "edgeshard",
              "dense": "pipeline"}

@@ -2,7 +2,7 @@
 
 Real processes: `moemesh run` as a child (the `local` runtime, real node processes on
 loopback), killed with `kill -9` as soon as its first policy's part is on disk
-(experiments.parts: the test waits for that file, it does not sleep), then resumed, and
+(experiments.run.parts: the test waits for that file, it does not sleep), then resumed, and
 compared with an uninterrupted run of the same scenario.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.rows import RequestRow, TokenRow, read_rows
+from experiments.run.rows import RequestRow, TokenRow, read_rows
 from tests.helpers import ROOT, env, moemesh_process, processes_with
 
 SCENARIO = Path(__file__).parent / "scenarios" / "three-arms.yaml"

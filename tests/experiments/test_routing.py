@@ -1,4 +1,4 @@
-"""Routing traces in and out (experiments.routing): trace files read, checked and exported;
+"""Routing traces in and out (experiments.run.routing): trace files read, checked and exported;
 end to end, a modeled run driven by a vLLM-format array routes exactly what it holds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.routing import ROUTING_FILE, export_trace, load_trace, request_offsets
+from experiments.run.routing import ROUTING_FILE, export_trace, load_trace, request_offsets
 from tests.helpers import moemesh, moemesh_process
 
 
@@ -78,7 +78,7 @@ def test_bad_trace_files_name_the_file_and_field(tmp_path: Path, name: str, cont
 def test_a_trace_file_is_bounded_before_it_is_read(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 38: a device, a folder or a file above the cap is refused by name, unopened."""
-    import experiments.routing as routing
+    import experiments.run.routing as routing
 
     fifo = tmp_path / "pipe.npy"
     os.mkfifo(fifo)  # opening it would block

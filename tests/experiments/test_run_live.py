@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from experiments.live import open_live
-from experiments.rows import TokenRow, read_rows
-from experiments.runner import RunOptions, run_experiment
+from experiments.run.live import open_live
+from experiments.run.rows import TokenRow, read_rows
+from experiments.run.runner import RunOptions, run_experiment
 from orchestrator import lockfile
-from orchestrator.arms import load_experiment
-from orchestrator.chaos import Invariants
+from orchestrator.mesh.chaos import Invariants
+from orchestrator.scenario.arms import load_experiment
 from tests.helpers import ROOT, moemesh, moemesh_process, processes_with
 
 QUICKSTART = ROOT / "experiments" / "scenarios" / "quickstart.yaml"

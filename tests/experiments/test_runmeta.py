@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.runmeta import RunMeta, jsonable
+from experiments.run.runmeta import RunMeta, jsonable
 
 # run.json's keys as the runner wrote them before the record (tiny-quick, virtual time):
 # the record must keep this order, so old and new folders diff cleanly

@@ -1,4 +1,4 @@
-"""Studies across worlds (experiments.study, .worlds, .study_report): the hierarchical CI on
+"""Studies across worlds (experiments.study.run, .worlds, .study_report): the hierarchical CI on
 synthetic worlds, the shares, the world draw and the generator, the written study."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from experiments.paired import paired_changes, paired_compare
-from experiments.quality import identical_set
-from experiments.study import (
+from experiments.analysis.paired import paired_changes, paired_compare
+from experiments.analysis.quality import identical_set
+from experiments.study.report import write_study
+from experiments.study.run import (
     QUALITY,
     Row,
     hierarchical_ci,
@@ -20,10 +21,9 @@ from experiments.study import (
     rows_for,
     world_effect,
 )
-from experiments.study_report import write_study
-from experiments.worlds import draw_worlds, generator_of, world_scenario
-from orchestrator.arms import load_experiment
-from orchestrator.claims import Claim
+from experiments.study.worlds import draw_worlds, generator_of, world_scenario
+from orchestrator.scenario.arms import load_experiment
+from orchestrator.scenario.claims import Claim
 from tests.experiments.conftest import make_rows
 from tests.helpers import ROOT
 
@@ -208,7 +208,7 @@ def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
     partial = write_study(tmp_path, {**data, "missing_worlds": ["t5-w9"]}).read_text()
     assert "**Partial study**: 1 of 5 worlds drawn are not complete on disk" in partial
     assert not (tmp_path / "levels.png").exists()  # no levels, no plot
-    from experiments.study_levels import pool_level
+    from experiments.study.levels import pool_level
 
     shares = [{"world": f"w{i}", "value_pct": v, "ci95_pct": (v - 2, v + 2),
                "replicates": np.array([v - 1, v + 1]), "largest": "local_exact"}
@@ -224,7 +224,7 @@ def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
 def test_worlds_share_the_host_in_virtual_time_and_never_on_the_wall_clock(monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from experiments import study_command
+    from experiments.study.run import command as study_command
 
     virtual, wall = SimpleNamespace(clock="virtual"), SimpleNamespace(clock="realtime")
     monkeypatch.setattr(study_command.os, "cpu_count", lambda: 8)
@@ -240,10 +240,10 @@ def test_worlds_share_the_host_in_virtual_time_and_never_on_the_wall_clock(monke
 @pytest.mark.slow
 def _tiny_study(tmp_path, requests: int = 3):
     """A tiny scenario of 4-node worlds (tiny-moe, virtual time, app shaper)."""
-    from experiments.scaling import tiny_scaled
-    from orchestrator.randomtopo import random_topology
-    from orchestrator.topology import topology_to_data
-    from orchestrator.yamlio import dump_yaml
+    from experiments.study.scaling import tiny_scaled
+    from orchestrator.scenario.randomtopo import random_topology
+    from orchestrator.scenario.topology import topology_to_data
+    from orchestrator.scenario.yamlio import dump_yaml
 
     # scaled for tiny-moe (as paper10-tiny.yaml): unscaled, every node holds every expert
     topo = tiny_scaled(random_topology(4, 3), name="random-4n-seed3")
@@ -359,10 +359,10 @@ def test_an_interrupted_study_starts_no_further_world_and_leaves_no_process(tmp_
 
 
 def test_an_arms_execution_shares_are_pooled_across_worlds_with_the_largest_category() -> None:
-    """Levels (experiments.study_levels): a world's share counts the measured tokens'
+    """Levels (experiments.study.levels): a world's share counts the measured tokens'
     executions (warm-up and failed tokens left out), its CI resamples requests, and the pooled
     row says in how many worlds local exact was the largest category."""
-    from experiments.study_levels import level_in_world, pool_level
+    from experiments.study.levels import level_in_world, pool_level
 
     def world(local_exact: int, remote: int, seed: int) -> list:
         tokens, _ = make_rows("h", 10.0, n_requests=30, seed=seed)
@@ -401,10 +401,10 @@ def _cap(load, tok, sure_load=None, sure_miss=None) -> dict:
 
 def test_a_capacity_study_pools_the_throughput_ratio_and_says_which_worlds_are_sure(
         tmp_path) -> None:
-    """experiments.study_capacity: a world's ratio of max throughput at the SLO, 'higher'
+    """experiments.study.capacity: a world's ratio of max throughput at the SLO, 'higher'
     from the ladder loads, 'surely higher' only where the 95% brackets do not overlap; the
     pooled geometric mean and its CI over topologies; the written study and its plot."""
-    from experiments.study_capacity import capacity_pairs, pool_ratio, world_ratio
+    from experiments.study.capacity import capacity_pairs, pool_ratio, world_ratio
 
     assert capacity_pairs(["e", "p", "h"]) == [("p", "e"), ("h", "e"), ("h", "p")]
     assert capacity_pairs(["e", "p", "h"], "h") == [("e", "h"), ("p", "h")]
@@ -430,7 +430,7 @@ def test_a_capacity_study_pools_the_throughput_ratio_and_says_which_worlds_are_s
     worse = world_ratio({"h": _cap(None, None, None, 2), "e": _cap(10, 100.0)}, "h", "e")
     assert worse["lower"] and not worse["higher"] and worse["note"] == "policy passed no load"
 
-    from experiments.study_report import write_study
+    from experiments.study.report import write_study
 
     caps = {"w0": {"h": _cap(20, 300.0, 10, 40), "e": _cap(2, 30.0, 2, 5)},
             "w1": {"h": _cap(5, 80.0), "e": _cap(None, None, None, 2)}}
@@ -480,7 +480,7 @@ def test_a_capacity_study_climbs_the_ladder_in_every_world(tmp_path) -> None:
 
 
 def test_a_world_made_with_other_package_versions_is_named() -> None:
-    from experiments.study import version_notes
+    from experiments.study.run import version_notes
 
     same = {"torch": "2.13.0", "numpy": "2.4.6"}
     assert version_notes([("a", same), ("b", dict(same))]) == []

@@ -1,4 +1,4 @@
-"""Studies as tasks of a Ray cluster (experiments.executors; `moemesh study --executor ray`).
+"""Studies as tasks of a Ray cluster (experiments.study.executors; `moemesh study --executor ray`).
 
 The slow tests start a real two-node Ray cluster on this host (`ray start --head` and a second
 `ray start --address`, each told it has CPUS cores, in a temporary folder of their own) and
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.executors import (
+from experiments.study.executors import (
     INSTALL,
     TEMP_PREFIX,
     WorldsFailed,
@@ -31,8 +31,8 @@ from experiments.executors import (
     run_world_task,
     unpack,
 )
-from experiments.study import world_done
-from experiments.worlds import draw_worlds
+from experiments.study.run import world_done
+from experiments.study.worlds import draw_worlds
 from tests.experiments.test_study import _tokens  # tokens.csv but dense_host_ms
 from tests.helpers import ROOT, alive, env, free_port, machine, moemesh, moemesh_process
 
@@ -90,8 +90,8 @@ def test_a_worlds_folder_travels_whole_and_replaces_what_was_there(tmp_path: Pat
 
 def test_a_world_needs_a_cpu_per_mesh_process_and_refuses_another_commit(tmp_path: Path) -> None:
     from experiments.commands import _prepare
-    from experiments.study_command import WorldRunner
-    from experiments.worlds import generator_of
+    from experiments.study.command import WorldRunner
+    from experiments.study.worlds import generator_of
     from orchestrator.cli import build_parser
 
     args = build_parser().parse_args(["study", str(QUICKSTART)])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.scaling import EXPERT_RATIO, MODEL_RATIO, ratios, scaled_for, tiny_scaled
+from experiments.study.scaling import EXPERT_RATIO, MODEL_RATIO, ratios, scaled_for, tiny_scaled
 from experiments.sweep import (
     apply_knob,
     grow_topology,
@@ -18,9 +18,9 @@ from experiments.sweep import (
 )
 from moe import profiles
 from moe.config import TINY_MOE_FG
-from orchestrator.faults import Fault
-from orchestrator.randomtopo import random_topology
-from orchestrator.topology import load_topology
+from orchestrator.mesh.faults import Fault
+from orchestrator.scenario.randomtopo import random_topology
+from orchestrator.scenario.topology import load_topology
 from tests.experiments.conftest import small_scenario
 from tests.helpers import ROOT
 

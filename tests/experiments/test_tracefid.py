@@ -1,4 +1,4 @@
-"""Fidelity of links that follow a Mahimahi trace (experiments.tracefid): the replay of the
+"""Fidelity of links that follow a Mahimahi trace (experiments.analysis.tracefid): the replay of the
 trace, and the verdict on probes timed by the real app shaper, right and wrongly shaped."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from experiments.fidelity import _fit, configured, pair_rows, summary_of
-from experiments.tracefid import expectation, leaves_ms, traces_of
+from experiments.analysis.fidelity import _fit, configured, pair_rows, summary_of
+from experiments.analysis.tracefid import expectation, leaves_ms, traces_of
 from netem.app import AppShaper
 from netem.mahimahi import DeliveryTrace, OpportunityQueue
 from netem.schedule import read_schedule
 from netem.spec import LinkSpec
 from orchestrator.runclock import RunClock
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.topology import Node, Topology
 from services.device import builtin_profiles
 
 TRACES = Path(__file__).resolve().parents[2] / "netem" / "traces"

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from experiments.clock import resolve_clock
-from experiments.live import open_live
-from experiments.progress import RunProgress
-from experiments.runner import RunOptions, run_experiment, shorten
+from experiments.run.clock import resolve_clock
+from experiments.run.live import open_live
+from experiments.run.progress import RunProgress
+from experiments.run.runner import RunOptions, run_experiment, shorten
 from netem.virtual import run_on_clock
-from orchestrator.arms import load_experiment
-from orchestrator.scenario import Scenario
+from orchestrator.scenario.arms import load_experiment
+from orchestrator.scenario.scenario import Scenario
 from tests.helpers import ROOT, moemesh, moemesh_process, processes_with
 
 TINY_QUICK = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"

@@ -10,10 +10,10 @@ from itertools import pairwise
 import pytest
 from aiohttp import web
 
-from experiments.driver import Driver
-from experiments.workload import heldout_text, plan_workload
-from orchestrator.arms import Arm
-from orchestrator.scenario import IntRange
+from experiments.run.driver import Driver
+from experiments.run.workload import heldout_text, plan_workload
+from orchestrator.scenario.arms import Arm
+from orchestrator.scenario.scenario import IntRange
 from tests.experiments.conftest import TEXT, small_scenario
 
 

@@ -54,7 +54,7 @@ def missing(group: str, *, bridge: bool = True) -> str:
     if group == "uml":
         return doctor.feature("lab").reason()
     if group == "ray":
-        from experiments.executors import INSTALL
+        from experiments.study.executors import INSTALL
 
         return "" if importlib.util.find_spec("ray") else f"Ray is not installed: {INSTALL}"
     raise ValueError(f"unknown test group {group!r} (known: {', '.join(GROUPS)})")

@@ -9,7 +9,8 @@ pair whose probe fit failed ended the run with a TypeError.
 Asserted: the issue's 3% (`RATE_REL`, the run's own verdict). Two things got it there. The
 node's interface hands HTB one TCP segment per packet (netem.tc: with the kernel's 64 KiB
 super-packets a lone message crossed the uplink at once), and each probe send waits two refills
-of HTB's bucket (experiments.fidelity: a bucket part full before a lone send read high). Five
+of HTB's bucket (experiments.analysis.fidelity: a bucket part full before a lone send read high).
+Five
 runs in the lab's one-CPU guest, where the three nodes share the CPU, read 1.999, 1.999, 2.008,
 1.995 and 1.967 Mbit/s for 2 (2026-12-05; single rounds -2.6% to +13.7%, the median of five). Before
 them: 1.90 (-5.0%), then 2.01 to 2.08 with the cap alone. The kernel's sharing by itself is
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.fidelity import RATE_REL
+from experiments.analysis.fidelity import RATE_REL
 from tests.netem.test_mahimahi_scenario import run_scenario_file
 
 SCENARIO = """

@@ -381,7 +381,8 @@ def test_a_filter_is_deleted_by_its_priority() -> None:
 
 
 def test_a_bucket_refills_in_its_burst_over_its_rate() -> None:
-    """The access-link probe's gap (experiments.fidelity): 1 ms at the rate plus one frame's
+    """The access-link probe's gap (experiments.analysis.fidelity): 1 ms at the rate plus one
+    frame's
     1,600 B, over the rate: 7.4 ms at 2 Mbit/s, the frame's share growing as the rate falls."""
     from netem.plan import burst_for, refill_s
 

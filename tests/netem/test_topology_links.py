@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from netem.gemodel import GeLoss
-from orchestrator.topology import topology_from_data, topology_to_data
-from orchestrator.yamlio import InputError, Loc, dump_yaml, load_yaml_text
+from orchestrator.scenario.topology import topology_from_data, topology_to_data
+from orchestrator.scenario.yamlio import InputError, Loc, dump_yaml, load_yaml_text
 
 NODES = "nodes:\n  - {name: a, profile: tiny-edge}\n  - {name: b, profile: tiny-edge}\n"
 

@@ -1,5 +1,5 @@
 """`arrival: trace`: real services' arrival traces (Azure, BurstGPT) read, checked and replayed
-as the workload's requests (orchestrator.arrival_trace, experiments.workload)."""
+as the workload's requests (orchestrator.scenario.arrival_trace, experiments.run.workload)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.workload import plan_workload
-from orchestrator.arms import load_scenario
-from orchestrator.arrival_trace import read_arrival_trace
-from orchestrator.scenario import Workload, scenario_from_data, scenario_to_data
-from orchestrator.yamlio import InputError, Loc
+from experiments.run.workload import plan_workload
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.arrival_trace import read_arrival_trace
+from orchestrator.scenario.scenario import Workload, scenario_from_data, scenario_to_data
+from orchestrator.scenario.yamlio import InputError, Loc
 
 ROOT = Path(__file__).resolve().parents[2]
 AZURE = ROOT / "experiments" / "traces" / "azure-llm-conv-2023-first10min.csv"

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.arms import load_scenario
-from orchestrator.chaos import (
+from orchestrator.mesh.chaos import (
     ChaosSpec,
     Invariants,
     LeakProbe,
@@ -21,8 +20,9 @@ from orchestrator.chaos import (
     fp_holders,
     plan_chaos,
 )
-from orchestrator.faults import Fault
+from orchestrator.mesh.faults import Fault
 from orchestrator.placement import place, problem_from_scenario
+from orchestrator.scenario.arms import load_scenario
 from tests.helpers import ROOT
 
 TINY_QUICK = ROOT / "experiments" / "scenarios" / "tiny-quick.yaml"
@@ -117,8 +117,8 @@ def test_degrade_multiplies_each_directions_delay(quickstart) -> None:
 def test_a_single_replica_is_never_cut_off() -> None:
     """Expert (0, 0) lives only on n2 in full precision: n2 is never killed, its link to the
     home never cut; the planner refuses those candidates and says how many."""
-    from orchestrator.topology import topology_from_data
-    from orchestrator.yamlio import Loc
+    from orchestrator.scenario.topology import topology_from_data
+    from orchestrator.scenario.yamlio import Loc
 
     topo = topology_from_data({"name": "t", "nodes": [{"name": n, "profile": "tiny-edge"}
                                                       for n in ("h", "n2", "n3")],

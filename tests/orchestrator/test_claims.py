@@ -1,4 +1,4 @@
-"""Pre-registered claims (orchestrator.claims): parsing with errors naming the field, the
+"""Pre-registered claims (orchestrator.scenario.claims): parsing with errors naming the field, the
 verdict rule, the file's sha256, and the report's section and p-value mark (experiments)."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from experiments.metrics import Comparison
-from experiments.paired import METRICS
-from experiments.prereg import judge_run, prereg_lines
-from experiments.report import p_disagrees
-from experiments.runmeta import RunMeta
-from orchestrator.arms import load_experiment
-from orchestrator.claims import CLAIM_METRICS, Claim, judge
-from orchestrator.scenario import scenario_from_data, scenario_to_data
-from orchestrator.yamlio import InputError, Loc
+from experiments.analysis.metrics import Comparison
+from experiments.analysis.paired import METRICS
+from experiments.analysis.prereg import judge_run, prereg_lines
+from experiments.report.report import p_disagrees
+from experiments.run.runmeta import RunMeta
+from orchestrator.scenario.arms import load_experiment
+from orchestrator.scenario.claims import CLAIM_METRICS, Claim, judge
+from orchestrator.scenario.scenario import scenario_from_data, scenario_to_data
+from orchestrator.scenario.yamlio import InputError, Loc
 from tests.experiments.conftest import make_rows
 
 HEAD = """\

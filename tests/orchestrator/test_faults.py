@@ -12,10 +12,7 @@ from typing import Any
 import pytest
 
 from netem.spec import LinkSpec
-from orchestrator import faults as faults_mod
-from orchestrator import scenario as scenario_mod
-from orchestrator.arms import load_scenario
-from orchestrator.faults import (
+from orchestrator.mesh.faults import (
     Fault,
     FaultError,
     FaultTimeline,
@@ -23,11 +20,14 @@ from orchestrator.faults import (
     fault_from_data,
     fault_to_data,
 )
-from orchestrator.mesh import LiveMesh
+from orchestrator.mesh.live import LiveMesh
+from orchestrator.mesh.live import faults as faults_mod
 from orchestrator.placement import place, problem_from_scenario
 from orchestrator.runclock import RunClock
 from orchestrator.runtimes.local import LocalRuntime, process_alive
-from orchestrator.yamlio import InputError, Loc
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.scenario import scenario as scenario_mod
+from orchestrator.scenario.yamlio import InputError, Loc
 from services.client import ClientSettings, NodeClient
 from services.wire import Group, Work
 from tests.helpers import TOKEN, wait_until

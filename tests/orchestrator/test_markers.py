@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.markers import MARKER, NotOurs, mark, marker, private_dir, remove_ours
-from orchestrator.mesh_commands import _clean_stale
+from orchestrator.mesh.commands import _clean_stale
 from tests.helpers import moemesh
 
 

@@ -12,7 +12,6 @@ import pytest
 
 from netem.schedule import Schedule
 from netem.spec import LinkSpec
-from orchestrator.arms import load_scenario
 from orchestrator.partitioner import (
     frontier,
     min_delay_ms,
@@ -20,7 +19,8 @@ from orchestrator.partitioner import (
     partition,
     scenario_load,
 )
-from orchestrator.topology import Node, Topology, load_topology
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.topology import Node, Topology, load_topology
 from services.device import builtin_profiles
 from tests.helpers import ROOT
 

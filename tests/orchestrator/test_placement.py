@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from moe.vocab import PlacementEntry
 from netem.spec import LinkSpec
-from orchestrator.arms import load_scenario
 from orchestrator.placement import (
     POLICIES,
     PlacementError,
@@ -29,9 +28,10 @@ from orchestrator.placement.evaluate import simulate
 from orchestrator.placement.ordermoe import similarity_groups
 from orchestrator.placement.prism import layer_counts
 from orchestrator.placement.problem import estimates_from_topology
-from orchestrator.randomtopo import random_topology
-from orchestrator.scenario import ModelChoice, PlacementSpec, Scenario, Workload
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.randomtopo import random_topology
+from orchestrator.scenario.scenario import ModelChoice, PlacementSpec, Scenario, Workload
+from orchestrator.scenario.topology import Node, Topology
 from router.quality import QualityTable
 from router.types import ModelShape, Replica
 from services.device import DeviceProfile

@@ -13,7 +13,7 @@ from orchestrator.placement import POLICIES, PlacementError, PlacementProblem, c
 from orchestrator.placement import ilp as ilp_mod
 from orchestrator.placement.evaluate import cost_tables, separable_cost
 from orchestrator.placement.problem import estimates_from_topology
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.topology import Node, Topology
 from router.quality import QualityTable
 from router.types import ModelShape, Replica
 from services.device import DeviceProfile

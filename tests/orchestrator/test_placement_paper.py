@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from netem.spec import LinkSpec
-from orchestrator.arms import load_scenario
 from orchestrator.placement import PlacementResult, make_policy, place, problem_from_scenario
 from orchestrator.placement.base import Ledger
 from orchestrator.placement.coverage import local_group_coverage
 from orchestrator.placement.ilp import max_coverage
 from orchestrator.placement.prism import plan_migration, remote_share
-from orchestrator.topology import Node, Topology
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.topology import Node, Topology
 from router.quality import QualityTable
 from router.types import Replica
 from services.device import DeviceProfile

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from experiments.clock import resolve_clock, run_clock
+from experiments.run.clock import resolve_clock, run_clock
 from orchestrator.runclock import REAL, RunClock
 from tests.experiments.conftest import small_scenario
 

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments.scaling import scaled_for
+from experiments.study.scaling import scaled_for
 from experiments.sweep import set_access
 from moe import profiles
 from moe.config import TINY_MOE_FG
 from netem.spec import LinkSpec
-from orchestrator.arms import load_scenario
-from orchestrator.randomtopo import random_topology
-from orchestrator.scenario import (
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.randomtopo import random_topology
+from orchestrator.scenario.scenario import (
     ROUTER_POLICIES,
     CapacitySpec,
     Fault,
@@ -28,8 +28,8 @@ from orchestrator.scenario import (
     scenario_from_data,
     scenario_to_data,
 )
-from orchestrator.topology import load_topology
-from orchestrator.yamlio import InputError, Loc, dump_yaml, load_yaml_text
+from orchestrator.scenario.topology import load_topology
+from orchestrator.scenario.yamlio import InputError, Loc, dump_yaml, load_yaml_text
 from tests.helpers import ROOT, moemesh
 
 SCENARIOS = ROOT / "experiments" / "scenarios"
@@ -455,7 +455,7 @@ def test_any_damaged_file_loads_or_says_where(edits: list[tuple[tuple, object]])
 def test_every_shipped_scenario_loads_with_its_arms(path: Path) -> None:
     """A shipped file that no longer reads (a renamed key, a moved topology) fails here, not
     in a user's first run."""
-    from orchestrator.arms import load_experiment
+    from orchestrator.scenario.arms import load_experiment
 
     scenario, arms = load_experiment(path)
     assert scenario.name == path.stem and arms

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.arms import load_scenario
-from orchestrator.scenario import scenario_from_data, scenario_to_data
-from orchestrator.yamlio import InputError, Loc, dump_yaml, load_yaml_text
+from orchestrator.scenario.arms import load_scenario
+from orchestrator.scenario.scenario import scenario_from_data, scenario_to_data
+from orchestrator.scenario.yamlio import InputError, Loc, dump_yaml, load_yaml_text
 from router.batching import Batching
 from tests.helpers import ROOT
 
@@ -67,7 +67,7 @@ def test_the_paper_load_scenario_batches() -> None:
 
 
 def test_routers_are_told_to_batch_only_where_the_dense_part_is_at_home(tmp_path: Path) -> None:
-    from orchestrator.mesh import LiveMesh
+    from orchestrator.mesh.live import LiveMesh
 
     path = tmp_path / "scen.yaml"
     path.write_text(TOPO + "batching: {mode: iteration, max_rows: 64}\n")
@@ -98,7 +98,7 @@ policies:
 
 def test_an_arm_may_step_otherwise_than_its_scenario(tmp_path: Path) -> None:
     """`batching` of an arm: so one study pairs the same policy batched and not."""
-    from orchestrator.arms import load_experiment
+    from orchestrator.scenario.arms import load_experiment
 
     path = tmp_path / "scen.yaml"
     path.write_text(TOPO + ARMS)
@@ -132,7 +132,7 @@ def test_a_bad_arm_batching_names_its_line(tmp_path: Path, arm: str, expected: s
 
 
 def test_the_routers_are_told_the_arms_batching(tmp_path: Path) -> None:
-    from orchestrator.mesh import LiveMesh
+    from orchestrator.mesh.live import LiveMesh
 
     path = tmp_path / "scen.yaml"
     path.write_text(TOPO + "batching: {mode: iteration, max_rows: 64}\n")

@@ -1,4 +1,4 @@
-"""The node supervisor (orchestrator.supervisor) on real processes of the local runtime: a node
+"""The node supervisor (orchestrator.mesh.supervisor) on real processes of the local runtime: a node
 killed with SIGKILL, one stopped with SIGSTOP (hung), and one a fault took down.
 
 The mesh here is the part of `LiveMesh` the supervisor uses (`launcher`, `urls`, `down`,
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from orchestrator.mesh.supervisor import Supervisor, supervise
 from orchestrator.runclock import RunClock
 from orchestrator.runtimes.base import NodeLaunch
 from orchestrator.runtimes.local import LocalRuntime
-from orchestrator.supervisor import Supervisor, supervise
 from services.client import ClientSettings, NodeClient
 
 SERVER = str(Path(__file__).parent.parent / "netem" / "aiohttp_node.py")
@@ -71,7 +71,7 @@ async def test_a_target_without_a_runtime_is_not_watched() -> None:
 
 
 def test_a_runtimes_notes_and_how_its_nodes_went_down_become_runtime_notes() -> None:
-    from orchestrator.supervisor import runtime_notes
+    from orchestrator.mesh.supervisor import runtime_notes
 
     swarm_like = SimpleNamespace(
         notes=["service mm_edge1 has no NET_ADMIN"],

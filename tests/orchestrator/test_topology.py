@@ -11,8 +11,13 @@ from hypothesis import strategies as st
 
 from netem import classes
 from netem.spec import LinkSpec
-from orchestrator.randomtopo import GPU_MEM_GB, RANGES, random_topology, random_topology_yaml
-from orchestrator.topology import (
+from orchestrator.scenario.randomtopo import (
+    GPU_MEM_GB,
+    RANGES,
+    random_topology,
+    random_topology_yaml,
+)
+from orchestrator.scenario.topology import (
     CUSTOM_DEVICE,
     Link,
     Node,
@@ -21,7 +26,7 @@ from orchestrator.topology import (
     topology_from_data,
     topology_to_data,
 )
-from orchestrator.yamlio import InputError, Loc, dump_yaml, load_yaml_text
+from orchestrator.scenario.yamlio import InputError, Loc, dump_yaml, load_yaml_text
 from services.device import DeviceProfile, builtin_profiles, paper_mem_gbps
 from tests.helpers import ROOT, moemesh
 

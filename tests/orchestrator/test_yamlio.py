@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.yamlio import (
+from orchestrator.scenario.yamlio import (
     InputError,
     Loc,
     Section,

@@ -52,7 +52,7 @@ def test_a_plugin_policy_is_listed_and_made_and_a_broken_one_is_named(tmp_path: 
         from router.policies import MESH_POLICIES, POLICIES, make_policy
         print(POLICIES)
         assert "nearest" in MESH_POLICIES
-        from orchestrator.scenario import Scenario  # no `policies:`: the built-ins only
+        from orchestrator.scenario.scenario import Scenario  # no `policies:`: the built-ins only
         assert "nearest" not in Scenario.__dataclass_fields__["policies"].default
         print(type(make_policy("nearest", None, 3)).__name__)
         print(type(make_policy("greedy")).__name__)  # a built-in name stays the built-in

@@ -1,0 +1,2 @@
+"""Rows → figures and checks: statistics, paired comparisons, intervals, quality, fidelity and
+faithfulness."""

@@ -1,0 +1,1 @@
+"""Docker Compose: the file for a topology, faults into a compose mesh, `moemesh compose`."""

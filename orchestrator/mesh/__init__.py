@@ -1,0 +1,2 @@
+"""A live mesh: started, supervised, faulted and stopped; `moemesh up|status|down|fault` and
+meshd."""

@@ -1,0 +1,1 @@
+"""What an experiment is, as validated data: scenarios, topologies, arms, claims, units, YAML."""
