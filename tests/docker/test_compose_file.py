@@ -41,7 +41,7 @@ def resolved(text: str) -> dict:
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """`moemesh compose ...` through the real argparse wiring of docker_commands.register."""
     code = ("import argparse, sys\n"
-            "from orchestrator import docker_commands\n"
+            "from orchestrator.compose import commands as docker_commands\n"
             "p = argparse.ArgumentParser(prog='moemesh')\n"
             "docker_commands.register(p.add_subparsers(dest='command', required=True))\n"
             "a = p.parse_args(sys.argv[1:])\n"

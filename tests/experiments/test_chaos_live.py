@@ -91,7 +91,7 @@ def test_bad_input_is_exit_2_naming_it(capsys: pytest.CaptureFixture[str]) -> No
 def test_exit_code_follows_the_invariants(monkeypatch: pytest.MonkeyPatch) -> None:
     """The command's wiring alone (the run replaced: the live runs are the slow tests above):
     a violation is exit 1, none is exit 0, and the spec carries the flags."""
-    from experiments.chaos.run import run as chaos
+    from experiments.chaos import run as chaos
     from orchestrator.mesh.chaos import ChaosPlan, Invariants, Violation
 
     seen = []

@@ -12,7 +12,8 @@ import pytest
 
 from experiments.analysis.intervals import policy_intervals
 from experiments.commands import register
-from experiments.report.report import build_report, plots
+from experiments.report import plots
+from experiments.report.report import build_report
 from tests.experiments.conftest import arm, make_rows, write_run
 
 PNG = b"\x89PNG\r\n\x1a\n"

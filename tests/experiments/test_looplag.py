@@ -64,7 +64,7 @@ def test_intervals_merge_and_the_plot_joins_nodes() -> None:
 
 
 def test_the_latency_plot_marks_lag_spans(tmp_path) -> None:
-    from experiments.report.report import plots
+    from experiments.report import plots
     from tests.experiments.conftest import make_rows
 
     tokens, _ = make_rows("hetroute", 20.0, n_requests=10)

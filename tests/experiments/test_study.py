@@ -224,7 +224,7 @@ def test_a_study_is_written_with_its_forest_plots(tmp_path) -> None:
 def test_worlds_share_the_host_in_virtual_time_and_never_on_the_wall_clock(monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from experiments.study.run import command as study_command
+    from experiments.study import command as study_command
 
     virtual, wall = SimpleNamespace(clock="virtual"), SimpleNamespace(clock="realtime")
     monkeypatch.setattr(study_command.os, "cpu_count", lambda: 8)

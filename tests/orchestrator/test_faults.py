@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from netem.spec import LinkSpec
+from orchestrator.mesh import faults as faults_mod
 from orchestrator.mesh.faults import (
     Fault,
     FaultError,
@@ -21,12 +22,11 @@ from orchestrator.mesh.faults import (
     fault_to_data,
 )
 from orchestrator.mesh.live import LiveMesh
-from orchestrator.mesh.live import faults as faults_mod
 from orchestrator.placement import place, problem_from_scenario
 from orchestrator.runclock import RunClock
 from orchestrator.runtimes.local import LocalRuntime, process_alive
+from orchestrator.scenario import scenario as scenario_mod
 from orchestrator.scenario.arms import load_scenario
-from orchestrator.scenario.scenario import scenario as scenario_mod
 from orchestrator.scenario.yamlio import InputError, Loc
 from services.client import ClientSettings, NodeClient
 from services.wire import Group, Work
