@@ -49,8 +49,7 @@ it, the smaller the error.
 probe (`TRACE_LARGE` large messages) is judged against the traces over the probe's own window,
 each message replayed from its emulated send time where the trace stood then, jitter drawn
 (experiments.analysis.tracefid): the expected delay and goodput are the draws' median, and the
-limits
-apply beyond the middle `tracefid.BAND` of the draws. Its run delay is shown, not judged (a
+limits apply beyond the middle `tracefid.BAND` of the draws. Its run delay is shown, not judged (a
 token's record does not say when its bytes met the trace).
 
 **What a rate counts.** The app shaper serialises a message's body; tc's HTB counts every

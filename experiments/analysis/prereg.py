@@ -4,8 +4,7 @@ The claims come from the scenario (`claims:`, orchestrator.scenario.claims) thro
 (`claims`, `scenario_sha256`). Each is judged on the paired comparison of its two arms on its
 metric (experiments.analysis.paired, the report's CI, seeded with the run's seed) by
 `orchestrator.scenario.claims.judge`: the CI rules, never the p-value. A study judges the same
-claims
-on its hierarchical CI across worlds (experiments.study.run).
+claims on its hierarchical CI across worlds (experiments.study.run).
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 A reader should not have to find the comparison table to learn what a run showed. Each
 sentence says who won the mean token latency (paired by request, `experiments.analysis.paired`), by
-how
-much, with its paired 95% CI, and where the difference lies in the latency split
+how much, with its paired 95% CI, and where the difference lies in the latency split
 (docs/measurement.md: network, queue, load, compute, dense, host overhead; means per
 completed measured token). A change whose CI holds 0 is "no significant difference", with
 its CI, and no winner is named. Traffic per token follows in the same sentence, as HetRoute's

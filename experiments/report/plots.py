@@ -3,8 +3,7 @@
 Each function takes plain data, writes one figure and returns its path; nothing here reads
 the run's files or computes a statistic the report does not also show (the bars' intervals
 come from experiments.analysis.intervals). Latencies are scenario ms. Every figure is written in
-each
-format of `formats(...)` (default PNG at 200 dpi and SVG, for a paper): the path given names
+each format of `formats(...)` (default PNG at 200 dpi and SVG, for a paper): the path given names
 the PNG, its SVG twin sits beside it; the path returned is the first format written. SVGs
 carry no date and a fixed id salt, so a redrawn report gives the same files, and keep their
 text as text (the viewer's font), so a paper can edit a label.

@@ -9,8 +9,7 @@ A run that is not faithful (`experiments.analysis.faithful`: host overhead above
 latency, event-loop lag, failed scoring tokens) says so in its first lines. Each policy's
 latency is split into what the mesh enforced (emulated) and the host's overhead; comparisons
 are paired by request (`experiments.analysis.paired`); quality is compared on the identical token
-set
-(`experiments.analysis.quality`); with repetitions the run-to-run spread is shown.
+set (`experiments.analysis.quality`); with repetitions the run-to-run spread is shown.
 """
 
 from __future__ import annotations

@@ -22,8 +22,7 @@ against `exact` on the identical token set (experiments.analysis.quality), its p
 held-out positions resampled, pooled the same way. Exploratory rows: no claim names them.
 
 Comparisons: the pairs of the scenario's pre-registered claims (orchestrator.scenario.claims) when
-it
-states any, else each arm against `baseline` (the first arm by default); a `baseline` named
+it states any, else each arm against `baseline` (the first arm by default); a `baseline` named
 beside claims adds each other arm against it (a claim's pair read backwards is not added
 again), exploratory: judged by nobody; each on
 `STUDY_METRICS` (plus a claim's own metric). A claim is judged on the hierarchical CI by the

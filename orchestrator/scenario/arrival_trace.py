@@ -11,8 +11,7 @@ tokens it had and how many it generated. Two public layouts are read by their he
 
 Times become seconds from the first row. The file is read as the other input files are
 (`orchestrator.scenario.yamlio.read_bounded`: a regular UTF-8 file of at most 16 MiB); an error
-names the
-file, the line and the column, and never quotes the file's content.
+names the file, the line and the column, and never quotes the file's content.
 """
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ from orchestrator.scenario.yamlio import Loc, describe
 __all__ = ["CLAIM_METRICS", "DIRECTIONS", "Claim", "check_labels", "judge", "read_claims"]
 
 # experiments.analysis.paired.METRICS, repeated here so that orchestrator does not import
-# experiments
-# (a test checks the two agree)
+# experiments (a test checks the two agree)
 CLAIM_METRICS = ("mean_latency", "p99_latency", "ttft", "decode_latency", "traffic")
 DIRECTIONS = ("lower", "higher")
 _KEYS = ("metric", "policy", "baseline", "direction", "min_effect_pct")

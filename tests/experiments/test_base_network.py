@@ -1,6 +1,5 @@
 """The base network beside the emulated links (experiments.analysis.fidelity.base_rows and the
-report's
-"Base network" section): measured wall-clock base, its share in scenario time, and the
+report's "Base network" section): measured wall-clock base, its share in scenario time, and the
 configured round trip it is added to."""
 
 from __future__ import annotations

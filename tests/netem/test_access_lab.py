@@ -10,8 +10,7 @@ Asserted: the issue's 3% (`RATE_REL`, the run's own verdict). Two things got it 
 node's interface hands HTB one TCP segment per packet (netem.tc: with the kernel's 64 KiB
 super-packets a lone message crossed the uplink at once), and each probe send waits two refills
 of HTB's bucket (experiments.analysis.fidelity: a bucket part full before a lone send read high).
-Five
-runs in the lab's one-CPU guest, where the three nodes share the CPU, read 1.999, 1.999, 2.008,
+Five runs in the lab's one-CPU guest, where the three nodes share the CPU, read 1.999, 1.999, 2.008,
 1.995 and 1.967 Mbit/s for 2 (2026-12-05; single rounds -2.6% to +13.7%, the median of five). Before
 them: 1.90 (-5.0%), then 2.01 to 2.08 with the cap alone. The kernel's sharing by itself is
 checked with UDP (`test_tc_lab.py::test_an_access_link_caps_what_the_peers_receive_together`);

@@ -382,8 +382,8 @@ def test_a_filter_is_deleted_by_its_priority() -> None:
 
 def test_a_bucket_refills_in_its_burst_over_its_rate() -> None:
     """The access-link probe's gap (experiments.analysis.fidelity): 1 ms at the rate plus one
-    frame's
-    1,600 B, over the rate: 7.4 ms at 2 Mbit/s, the frame's share growing as the rate falls."""
+    frame's 1,600 B, over the rate: 7.4 ms at 2 Mbit/s, the frame's share growing as the rate
+    falls."""
     from netem.plan import burst_for, refill_s
 
     assert refill_s(2) == pytest.approx(7.4e-3)
