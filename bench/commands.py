@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from orchestrator.cli import add_command
+from services.commandline import add_command
 
 __all__ = ["add_target", "bench_subparsers", "register"]
 
@@ -33,7 +33,7 @@ def add_target(sub: argparse._SubParsersAction, name: str,
                handler: Callable[[argparse.Namespace], int],
                arguments: Callable[[argparse.ArgumentParser], None]) -> None:
     """One `moemesh bench NAME` target: what runs it (its docstring is the target's help, as
-    `orchestrator.cli.add_command` reads it) and its flags (`arguments`, shared with the
+    `services.commandline.add_command` reads it) and its flags (`arguments`, shared with the
     module's own `python -m bench.NAME`)."""
     arguments(add_command(bench_subparsers(sub), name, handler))
 

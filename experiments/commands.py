@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moe.vocab import is_number
-from orchestrator.cli import add_command
+from services.commandline import add_command
 
 from .run.clock import clock_for_overrides, resolve_clock, run_clocked
 

@@ -24,8 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli import add_command
 from orchestrator.runclock import RunClock
+from services.commandline import add_command
 
 from .commands import add_shorten_flags, chosen_arms
 

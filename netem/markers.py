@@ -3,7 +3,8 @@
 Every folder the tool creates holds a marker file, `.moemesh-marker`: JSON with the tool, what
 the folder is (`kind`: mesh, run, work, logs), the id of the run or mesh that made it, and
 the creating process (pid and start time, so `moemesh clean` can tell a live owner from a
-dead one). Kernel objects carry the id in their names (netns `mm<id>-<node>`, veths
+dead one: `process_start_ticks`, `process_alive`, which the runtimes use to name their node
+processes too). Kernel objects carry the id in their names (netns `mm<id>-<node>`, veths
 `mv<id>…`, bridge `mmbr<id>`, an iptables rule commented `moemesh-<id>`); containers carry
 labels. `moemesh down`, the stale clean-up of `up`, `--out` and `moemesh clean` refuse a
 folder without a marker and say what they found in it.
@@ -32,9 +33,9 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-__all__ = ["MANIFEST", "MARKER", "NotOurs", "describe", "mark", "marker", "new_id",
-           "owner_alive", "private_dir", "record", "recorded", "remove_ours", "remove_recorded",
-           "require_ours", "restore", "update"]
+__all__ = ["MANIFEST", "MARKER", "NotOurs", "describe", "mark", "marker", "new_id", "owner_alive",
+           "private_dir", "process_alive", "process_start_ticks", "record", "recorded",
+           "remove_ours", "remove_recorded", "require_ours", "restore", "update"]
 
 MARKER = ".moemesh-marker"
 MANIFEST = ".moemesh-manifest"
@@ -51,10 +52,29 @@ def new_id() -> str:
     return secrets.token_hex(4)
 
 
-def _start_ticks(pid: int) -> int | None:
-    from orchestrator.runtimes.processes import process_start_ticks
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None
+    when it does not exist: with the pid it names one process, never a later reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return int(fields[19]) if len(fields) > 19 else None
 
-    return process_start_ticks(pid)
+
+def process_alive(pid: int, start_ticks: int | None) -> bool:
+    """Is this exact process (pid and start time) still there and not a zombie?"""
+    ticks = process_start_ticks(pid)
+    if ticks is None or (start_ticks is not None and ticks != start_ticks):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().decode(errors="replace")
+    except OSError:
+        return False
+    return state[state.rfind(")") + 2:][:1] != "Z"
 
 
 def mark(folder: Path, kind: str, run_id: str | None = None, made: Iterable[str] = (),
@@ -66,7 +86,7 @@ def mark(folder: Path, kind: str, run_id: str | None = None, made: Iterable[str]
     record(folder, *made)
     run_id = run_id or new_id()
     data = {"tool": TOOL, "kind": kind, "id": run_id, "pid": os.getpid(),
-            "start_ticks": _start_ticks(os.getpid()), "uid": os.getuid(),
+            "start_ticks": process_start_ticks(os.getpid()), "uid": os.getuid(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
     tmp = folder / f"{MARKER}.tmp"
     tmp.write_text(json.dumps(data) + "\n")
@@ -200,8 +220,6 @@ def remove_ours(folder: Path, what: str, kind: str | None = None) -> list[str]:
 
 def owner_alive(data: dict[str, Any]) -> bool:
     """Whether the process that wrote a marker still runs (pid and start time)."""
-    from orchestrator.runtimes.processes import process_alive
-
     pid = data.get("pid")
     return isinstance(pid, int) and process_alive(pid, data.get("start_ticks"))
 

@@ -1,7 +1,7 @@
 """`moemesh clean`: find and remove what runs killed hard (SIGKILL, OOM) left behind.
 
 A run releases what it made when it ends, even on Ctrl-C, SIGTERM or SIGHUP; after SIGKILL
-nothing of it runs. What it made is found by its marks only (`orchestrator.markers`), never
+nothing of it runs. What it made is found by its marks only (`netem.markers`), never
 by a sweep of names alone:
 
 * folders in the temporary folder (`moemesh-*`) whose marker names a creating process that is
@@ -16,7 +16,7 @@ by a sweep of names alone:
 A folder without a marker, or with a marker but no manifest of what moemesh made in it, a
 marker whose process still runs, another user's folder, and a namespace that looks like ours
 but whose id no marker names are left alone and listed as such (`kept`). Of a dead run's
-folder only what its manifest lists goes (`orchestrator.markers.remove_recorded`): a file the
+folder only what its manifest lists goes (`netem.markers.remove_recorded`): a file the
 tool did not record stays, and so does the folder holding it. `doctor` reports what `find`
 finds.
 """
@@ -36,9 +36,16 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.cli import add_command
-from orchestrator.markers import MANIFEST, marker, owner_alive, recorded, remove_recorded
-from orchestrator.runtimes.processes import process_alive, process_start_ticks
+from netem.markers import (
+    MANIFEST,
+    marker,
+    owner_alive,
+    process_alive,
+    process_start_ticks,
+    recorded,
+    remove_recorded,
+)
+from services.commandline import add_command
 
 __all__ = ["Found", "Leftover", "find", "register", "remove"]
 

@@ -2,7 +2,8 @@
 
 Each package that offers commands has a `commands.py` with `register(subparsers)`; handlers
 take the parsed args and return an exit code. A command with more to say than a line is added
-with `add_command`, which reads its help and description from the handler's docstring.
+with `add_command` (services/commandline.py), which reads its help and description from the
+handler's docstring.
 Exit codes (docs/contracts.md): 0 ok, 2 bad input (the message names the problem), 1 failure.
 Library code raises; only this module decides codes.
 """
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 # Packages whose commands.py adds subcommands, in the order `moemesh --help` lists them.
 COMMAND_MODULES = (
@@ -38,22 +38,6 @@ COMMAND_MODULES = (
 
 class BadInput(Exception):
     """Raised by a handler for input the user can fix; printed and mapped to exit code 2."""
-
-
-def add_command(sub: argparse._SubParsersAction, name: str,
-                handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-    """`moemesh NAME`, run by `handler`, whose docstring is the command's text: its first
-    paragraph the one-line help in `moemesh --help`, the rest the description in
-    `moemesh NAME --help`. The words that say what a command does live with the code that
-    does it."""
-    doc = inspect.cleandoc(handler.__doc__ or "")
-    if not doc:
-        raise TypeError(f"{handler.__qualname__}: a command's handler needs a docstring")
-    first, _, rest = doc.partition("\n\n")
-    parser = sub.add_parser(name, help=" ".join(first.split()),
-                            description=" ".join(rest.split()) or None)
-    parser.set_defaults(handler=handler)
-    return parser
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:

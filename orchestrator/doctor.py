@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli import add_command
+from services.commandline import add_command
 
 __all__ = ["Check", "Feature", "checks", "feature", "features", "forget", "register"]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.cli import add_command
-
+from .commandline import add_command
 from .settings import NodeSettings, add_flags
 
 __all__ = ["register"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from orchestrator.cli import add_command
+from services.commandline import add_command
 
 from ..commands import _duration
 

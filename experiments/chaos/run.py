@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.markers import mark
+from netem.markers import mark
 from orchestrator.mesh.chaos import (
     ChaosPlan,
     ChaosSpec,

@@ -1,7 +1,7 @@
 """A run's `--out` folder: claimed before anything is written, never over another run's data.
 
 `claim_out` runs before a run writes anything. The folder may be new or empty (it is marked
-as a run folder, `orchestrator.markers`, with the run's id and `status: running`), or a
+as a run folder, `netem.markers`, with the run's id and `status: running`), or a
 folder moemesh marked as a run folder earlier: then the run refuses, naming what is there,
 unless `force` (the earlier run's output is deleted first: what `finish_out` listed as the
 run's, so a file put there since stays; the whole folder where the run was killed before it
@@ -24,7 +24,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from orchestrator.markers import (
+from netem.markers import (
     MANIFEST,
     MARKER,
     NotOurs,

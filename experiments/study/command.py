@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli import add_command
+from services.commandline import add_command
 
 from ..commands import (
     _add_run_flags,

@@ -184,9 +184,8 @@ class Authority:
         if folder is None:
             self.folder = Path(tempfile.mkdtemp(prefix="moemesh-clock-"))
             # moemesh clean finds it after a killed run by this marker and removes what it
-            # lists (the orchestrator's marker, imported here: netem itself writes no other
-            # folder)
-            from orchestrator.markers import mark
+            # lists (netem.markers, the marks on every folder moemesh makes)
+            from netem.markers import mark
 
             mark(self.folder, "clock", made=("time", "sock"))
         else:

@@ -16,7 +16,6 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.cli import add_command
 from orchestrator.compose.file import (
     CLOCKS,
     DEFAULT_IMAGE,
@@ -28,6 +27,7 @@ from orchestrator.scenario.arms import load_scenario
 from orchestrator.scenario.scenario import SHAPERS
 from orchestrator.scenario.topology import load_topology
 from orchestrator.scenario.yamlio import load_yaml
+from services.commandline import add_command
 
 __all__ = ["register"]
 

@@ -5,7 +5,7 @@ its own and returns once every node is healthy and configured, printing the endp
 supervisor keeps the mesh until `down`. One mesh per state folder: `--mesh-dir`, else
 $MOEMESH_MESH_DIR, else $XDG_RUNTIME_DIR/moemesh, else /tmp/moemesh-<uid>. The folder (mode
 0700, owned by this user: checked, so another user cannot plant one) holds a marker
-(`orchestrator.markers`: the mesh's id), state.json (endpoints, pids, the mesh token), the
+(`netem.markers`: the mesh's id), state.json (endpoints, pids, the mesh token), the
 supervisor's and nodes' logs. `down` and the stale clean-up of `up` act only on a folder with
 that marker: a folder moemesh did not make is refused, named, and left as it is.
 
@@ -29,8 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from netem.markers import describe, mark, marker, private_dir, remove_ours, require_ours
 from orchestrator.cli import BadInput
-from orchestrator.markers import describe, mark, marker, private_dir, remove_ours, require_ours
 from orchestrator.mesh.daemon import (
     LOG_FILE,
     SOCKET_FILE,

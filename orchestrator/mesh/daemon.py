@@ -28,8 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli import add_command
 from orchestrator.mesh.lifetime import to_the_end
+from services.commandline import add_command
 
 __all__ = ["SOCKET_FILE", "STATE_FILE", "live_scenario", "make_runtime", "read_state", "register",
            "request", "write_state"]

@@ -38,11 +38,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from netem.markers import mark
 from netem.spec import LinkSpec
 from netem.timing import now as clock_now
 from netem.timing import sleep_until
 from netem.virtual import current as current_authority
-from orchestrator.markers import mark
 from orchestrator.mesh.faults import Fault
 from orchestrator.mesh.lifetime import to_the_end, together, undone_on_error
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, Runtime, RuntimeFailure

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from netem.markers import process_start_ticks
 from netem.spec import LinkSpec
 from netem.virtual import clock_held
 from netem.virtual import current as clock_authority
@@ -52,7 +53,6 @@ from orchestrator.runtimes.base import (
     check_launches,
     wait_listening,
 )
-from orchestrator.runtimes.processes import process_start_ticks
 
 __all__ = ["DEFAULT_IMAGE", "LABEL_RUN", "DockerRuntime", "EngineRuntime", "open_engine",
            "status_of"]

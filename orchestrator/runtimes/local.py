@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.markers import mark
+from netem.markers import mark, process_alive, process_start_ticks
 from orchestrator.mesh.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.forkserver import ForkServer, forkable
@@ -40,8 +40,6 @@ from orchestrator.runtimes.processes import (
     ProcessNode,
     ProcessRuntime,
     preexec,
-    process_alive,
-    process_start_ticks,
     starting_nice,
 )
 

@@ -39,15 +39,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from netem.markers import mark, process_start_ticks
 from orchestrator import doctor
-from orchestrator.markers import mark
 from orchestrator.mesh.lifetime import together, undone_on_error
 from orchestrator.runtimes.base import Endpoint, NodeLaunch, RuntimeFailure, check_launches
 from orchestrator.runtimes.processes import (
     ProcessNode,
     ProcessRuntime,
     preexec,
-    process_start_ticks,
     starting_nice,
 )
 

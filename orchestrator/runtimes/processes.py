@@ -36,8 +36,7 @@ from orchestrator.runtimes.base import (
 )
 
 __all__ = ["STARTING_NICE", "NodeProcess", "ProcessNode", "ProcessRuntime", "can_renice",
-           "end_process", "preexec", "process_alive", "process_start_ticks",
-           "restore_priority", "starting_nice"]
+           "end_process", "preexec", "restore_priority", "starting_nice"]
 
 STARTING_NICE = 10
 T = TypeVar("T")
@@ -52,31 +51,6 @@ class NodeProcess(Protocol):
     returncode: int | None
 
     async def wait(self) -> int: ...
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None
-    when it does not exist: with the pid it names one process, never a later reuse."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode(errors="replace")
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    return int(fields[19]) if len(fields) > 19 else None
-
-
-def process_alive(pid: int, start_ticks: int | None) -> bool:
-    """Is this exact process (pid and start time) still there and not a zombie?"""
-    ticks = process_start_ticks(pid)
-    if ticks is None or (start_ticks is not None and ticks != start_ticks):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().decode(errors="replace")
-    except OSError:
-        return False
-    return state[state.rfind(")") + 2:][:1] != "Z"
 
 
 def can_renice() -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.run.outdir import claim_out, finish_out
 from experiments.run.runner import RunOptions, run_experiment
-from orchestrator.markers import NotOurs, marker, update
+from netem.markers import NotOurs, marker, update
 from orchestrator.scenario.arms import Arm
 from tests.experiments.conftest import small_scenario
 
@@ -111,7 +111,7 @@ def test_a_run_in_progress_is_never_replaced_and_an_interrupted_one_says_so(
     dead = tmp_path / "dead"
     claim_out(dead, scenario="s")
     (dead / "tokens.csv").write_text("rows\n")
-    from orchestrator.markers import update
+    from netem.markers import update
 
     update(dead, pid=2**22 + 1, start_ticks=1)  # as after kill -9: no such process
     with pytest.raises(NotOurs,

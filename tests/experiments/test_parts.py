@@ -150,7 +150,7 @@ def test_a_refused_resume_hands_the_folder_back_as_the_stopped_run_left_it(
 
     from experiments.run.outdir import claim_out, finish_out
     from experiments.run.runner import RunOptions, run_experiment
-    from orchestrator.markers import marker
+    from netem.markers import marker
     from orchestrator.scenario.arms import load_experiment
     from tests.helpers import ROOT
 

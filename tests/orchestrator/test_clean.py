@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from netem.markers import mark
 from orchestrator.clean import find, remove
-from orchestrator.markers import mark
 from tests.helpers import ROOT
 
 
@@ -20,7 +20,7 @@ def _mark_from_a_dead_process(folder: Path, kind: str = "work",
                               made: tuple[str, ...] = ("profiles", "nodes")) -> None:
     """The marker and manifest a run writes (a mesh's work folder: profiles/ and nodes/), from
     a process that has ended since (as after kill -9)."""
-    code = (f"from orchestrator.markers import mark; mark({str(folder)!r}, {kind!r}, "
+    code = (f"from netem.markers import mark; mark({str(folder)!r}, {kind!r}, "
             f"made={made!r})")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -1,5 +1,5 @@
 """Only what moemesh made: markers on folders, and the refusals of `down`, the stale clean-up
-and a state folder another user could have made (orchestrator.markers)."""
+and a state folder another user could have made (netem.markers)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.markers import MARKER, NotOurs, mark, marker, private_dir, remove_ours
+from netem.markers import MARKER, NotOurs, mark, marker, private_dir, remove_ours
 from orchestrator.mesh.commands import _clean_stale
 from tests.helpers import moemesh
 
