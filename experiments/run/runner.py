@@ -86,7 +86,7 @@ class RunOptions:
     render: bool = True  # write summary.json, report.md and plots after the raw records
     repeat: int = 1  # the whole set of arms this many times, counterbalanced (.repeats)
     trace: RoutingTrace | None = None  # modeled mode: route by this trace file (.routing)
-    link_probe: bool = True  # probe every pair's link before the first arm (.fidelity)
+    link_probe: bool = True  # probe every pair's link before the first arm (..analysis.fidelity)
     force: bool = False  # replace an earlier run's --out folder (.outdir)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""`moemesh study SCENARIO --topologies N --seeds M`: a scenario across worlds (.study).
+"""`moemesh study SCENARIO --topologies N --seeds M`: a scenario across worlds (.run).
 
     moemesh study experiments/scenarios/fg-access.yaml --topologies 8 --seeds 2
     moemesh study SCENARIO --topologies 2 --seeds 1 --duration 10s --out /tmp/study   # a look

@@ -1,4 +1,4 @@
-"""Studies across worlds (experiments.study.run, .worlds, .study_report): the hierarchical CI on
+"""Studies across worlds (experiments.study.run, .worlds, .report): the hierarchical CI on
 synthetic worlds, the shares, the world draw and the generator, the written study."""
 
 from __future__ import annotations
