@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from netem.markers import describe, mark, marker, private_dir, remove_ours, require_ours
-from orchestrator.cli import BadInput
 from orchestrator.mesh.daemon import (
     LOG_FILE,
     SOCKET_FILE,
@@ -40,6 +39,7 @@ from orchestrator.mesh.daemon import (
     request,
 )
 from orchestrator.runtimes.local import process_alive
+from services.commandline import BadInput
 
 __all__ = ["down_command", "mesh_dir", "ready_state", "register"]
 

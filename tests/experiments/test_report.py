@@ -94,7 +94,7 @@ def test_quality_comes_from_scores_or_from_the_budget_spent(tmp_path: Path) -> N
 
 
 def _cli(argv: list[str]) -> int:
-    from orchestrator.cli import _bad_input_types
+    from services.commandline import bad_input_types as _bad_input_types
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command", required=True))
