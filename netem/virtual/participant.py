@@ -22,7 +22,6 @@ starting up); in real-time mode it is an ordinary loop on that clock.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import math
@@ -38,8 +37,8 @@ from typing import Any
 
 import msgpack
 
+from .loops import CountingLoop, WriterSelector
 from .shared import SharedClock
-from .writers import WriterSelector
 
 __all__ = ["CLOCK_DIR_ENV", "CLOCK_ENV", "Agent", "VirtualLoop", "agent_from_env", "own_addresses",
            "wait_for_clock"]
@@ -269,7 +268,7 @@ class ClockSelector(WriterSelector):
                 return []  # the clock moved (timers are due) or the mode changed
 
 
-class VirtualLoop(asyncio.SelectorEventLoop):
+class VirtualLoop(CountingLoop):
     """asyncio's selector loop on the mesh's shared clock (see the module docstring)."""
 
     def __init__(self, agent: Agent) -> None:
@@ -281,21 +280,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self.agent.clock.now()
 
-    def next_deadline(self) -> float:
-        """When the earliest timer is due (inf: none)."""
-        scheduled = self._scheduled  # type: ignore[attr-defined]
-        return scheduled[0].when() if scheduled else math.inf
-
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any
-                        ) -> asyncio.Future:
-        fut = super().run_in_executor(executor, func, *args)
-        self.agent.threads += 1
-
-        def back(_: asyncio.Future) -> None:
-            self.agent.threads -= 1
-
-        fut.add_done_callback(back)
-        return fut
+    def _count_jobs(self, change: int) -> None:
+        self.agent.threads += change
 
     def _make_socket_transport(self, sock: socket.socket, protocol: Any, waiter: Any = None,
                                *, extra: Any = None, server: Any = None) -> Any:

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .authority import virtual_origin
+from .loops import CountingLoop, WriterSelector
 from .shared import REALTIME, VIRTUAL
-from .writers import WriterSelector
 
 __all__ = ["NODE", "PartitionClock", "PartitionLoop"]
 
@@ -253,7 +253,7 @@ class _Selector(WriterSelector):
                 waited = time.monotonic()
 
 
-class PartitionLoop(asyncio.SelectorEventLoop):
+class PartitionLoop(CountingLoop):
     """asyncio's selector loop on a partition's own clock (module docstring)."""
 
     def __init__(self, clock: PartitionClock) -> None:
@@ -294,20 +294,8 @@ class PartitionLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self.clock.now()
 
-    def next_deadline(self) -> float:
-        scheduled = self._scheduled  # type: ignore[attr-defined]
-        return scheduled[0].when() if scheduled else math.inf
-
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any
-                        ) -> asyncio.Future:
-        fut = super().run_in_executor(executor, func, *args)
-        self.threads += 1
-
-        def back(_: asyncio.Future) -> None:
-            self.threads -= 1
-
-        fut.add_done_callback(back)
-        return fut
+    def _count_jobs(self, change: int) -> None:
+        self.threads += change
 
     def _make_socket_transport(self, sock: socket.socket, protocol: Any, waiter: Any = None,
                                *, extra: Any = None, server: Any = None) -> Any:
