@@ -168,6 +168,7 @@ class _Book:
         self.socks: dict[tuple, _Counted] = {}
         self.owed: dict[tuple, int] = {}
         self.closed: set[tuple] = set()  # sockets closed since: nothing sent to them is owed
+        self.listening: set[tuple[str, int]] = set()  # the partition's servers' addresses
 
     def wrap(self, sock: socket.socket) -> socket.socket:
         if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
@@ -192,7 +193,7 @@ class _Book:
         if peer is not None:
             if peer.received < sock.sent:
                 self.owed[key] = sock.sent
-        elif key[1] in _LISTENING and _reverse(key) not in self.closed:
+        elif key[1] in self.listening and _reverse(key) not in self.closed:
             self.owed[key] = sock.sent
 
     def read(self, sock: _Counted) -> None:
@@ -207,15 +208,15 @@ class _Book:
         key = sock._key
         if self.socks.get(key) is sock:
             del self.socks[key]
-            self.closed.add(key)
+            if _reverse(key) in self.socks:
+                self.closed.add(key)  # its peer may still send to it
+            else:
+                self.closed.discard(_reverse(key))  # both ends gone: neither is asked about
         self.owed.pop(_reverse(key), None)
 
     def in_flight(self) -> bool:
         """Whether a byte one socket of this process sent is not yet read by its reader."""
         return bool(self.owed)
-
-
-_LISTENING: set[tuple[str, int]] = set()  # this process's servers, for `_Book.sent`
 
 
 class _Selector(WriterSelector):
@@ -282,7 +283,7 @@ class PartitionLoop(CountingLoop):
         for server in servers:
             for sock in server.sockets:
                 name = sock.getsockname()
-                _LISTENING.discard((str(name[0]), int(name[1])))
+                self.book.listening.discard((str(name[0]), int(name[1])))
             server.close()
         for transport in list(transports):
             transport.abort()
@@ -310,7 +311,7 @@ class PartitionLoop(CountingLoop):
         server = await super().create_server(*args, **kwargs)
         for sock in server.sockets:
             name = sock.getsockname()
-            _LISTENING.add((str(name[0]), int(name[1])))
+            self.book.listening.add((str(name[0]), int(name[1])))
         node = NODE.get()
         if node is not None:
             self._of(node)[2].append(server)
